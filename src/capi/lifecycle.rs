@@ -1,0 +1,69 @@
+//! `hipObjInit` and `hipObjShutdown`.
+
+use super::args::opt_string;
+use super::boundary::enter;
+use super::types::{hipObjConfig_t, hipObjError_t};
+use crate::core::{Config, Error, Options, CURRENT};
+use crate::platform;
+
+/// Initializes the library: reads the `HIPOBJ_*` environment, loads
+/// libibverbs, resolves the GPU, chooses the RDMA NIC nearest to it (among
+/// those `nicHint` names, if given) and opens it.
+///
+/// Ownership: `config` and its strings are only read during the call;
+/// `endpoint`, `region` and `nicHint` are copied, `accessKey` and `secretKey`
+/// are never stored or logged.
+///
+/// Thread safety: may race with any call; init and shutdown are serialized.
+///
+/// Returns `hipObjInvalidValue` for a NULL `config`, non-zero `flags` or
+/// `gpuDevice` < -1 (checked before the next rule); `hipObjAlreadyInitialized`
+/// if initialized; `hipObjRdmaError` if libibverbs cannot be loaded, if no GPU
+/// can be used and no `nicHint` is given (with `hipError` set), or if the
+/// device cannot be opened; `hipObjInvalidValue` if `gpuDevice` is not below
+/// the GPU count; `hipObjNicNotFound` if no RDMA device matches. Nothing is
+/// initialized when it fails.
+///
+/// # Safety
+///
+/// `config` is NULL or points to a readable `hipObjConfig_t` whose strings are NULL or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn hipObjInit(config: *mut hipObjConfig_t) -> hipObjError_t {
+    enter("hipObjInit", || {
+        // SAFETY: the caller passes NULL or a valid hipObjConfig_t.
+        let raw = unsafe { config.as_ref() }.ok_or(Error::InvalidValue("config is NULL"))?;
+        Config::check_values(raw.flags, raw.gpuDevice)?;
+        if CURRENT.is_initialized() {
+            return Err(Error::AlreadyInitialized);
+        }
+        // SAFETY: the config's string members are NULL or NUL-terminated
+        // strings, per the hipObjConfig_t contract.
+        let config = unsafe {
+            Config {
+                endpoint: opt_string(raw.endpoint),
+                region: opt_string(raw.region),
+                gpu_device: raw.gpuDevice,
+                nic_hint: opt_string(raw.nicHint)
+                    .as_deref()
+                    .map(Config::parse_nic_hint)
+                    .unwrap_or_default(),
+            }
+        };
+        CURRENT.init_with(platform::system(), config, Options::from_env())
+    })
+}
+
+/// Shuts the library down: later calls see it uninitialized, and calls
+/// waiting for a connection return `hipObjNotInitialized`. Calls in progress
+/// are not waited for; they finish on the state they started with, which is
+/// released when the last of them returns.
+///
+/// Thread safety: may race with any call. Returns `hipObjSuccess`, also when
+/// the library was not initialized.
+#[no_mangle]
+pub extern "C" fn hipObjShutdown() -> hipObjError_t {
+    enter("hipObjShutdown", || {
+        CURRENT.shutdown();
+        Ok(())
+    })
+}

@@ -1,0 +1,143 @@
+//! The library's one error type, and the frozen result codes it maps to.
+
+/// The result codes of the C ABI (`hipObjOpError_t`). Values are frozen and
+/// never reused; `capi` converts them to the C enum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Code {
+    /// `hipObjSuccess` (0)
+    Success,
+    /// `hipObjInvalidValue` (1)
+    InvalidValue,
+    /// `hipObjNotInitialized` (2)
+    NotInitialized,
+    /// `hipObjAlreadyInitialized` (3)
+    AlreadyInitialized,
+    /// `hipObjRdmaError` (4)
+    Rdma,
+    /// `hipObjS3Error` (5)
+    S3,
+    /// `hipObjBufNotRegistered` (6)
+    BufNotRegistered,
+    /// `hipObjBufAlreadyRegistered` (7)
+    BufAlreadyRegistered,
+    /// `hipObjNicNotFound` (8)
+    NicNotFound,
+    /// `hipObjDmabufNotSupported` (9)
+    DmabufNotSupported,
+    /// `hipObjSizeTooLarge` (10)
+    SizeTooLarge,
+    /// `hipObjInternalError` (11)
+    Internal,
+    /// `hipObjNotSupported` (12)
+    NotSupported,
+    /// `hipObjBusy` (13)
+    Busy,
+}
+
+/// `hipErrorNoDevice`: the HIP code reported when no GPU can be used at all,
+/// including when the HIP runtime library itself cannot be loaded.
+pub const HIP_ERROR_NO_DEVICE: i32 = 100;
+
+/// Everything that can go wrong, grouped by what the caller can do about it.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Error {
+    // ---- The caller passed something wrong: fix the call.
+    /// An argument or configuration value breaks the contract of the call.
+    #[error("invalid value: {0}")]
+    InvalidValue(&'static str),
+    /// A buffer is larger than the 4 GiB one registration may cover.
+    #[error("size {0} exceeds the 4 GiB registration limit")]
+    SizeTooLarge(u64),
+    /// The address is not the exact base of a registered buffer.
+    #[error("buffer not registered")]
+    BufNotRegistered,
+    /// The address is already the base of a registered buffer.
+    #[error("buffer already registered")]
+    BufAlreadyRegistered,
+
+    // ---- The library is in the wrong state: retry later or in order.
+    /// No instance: `hipObjInit` was not called, failed, or was undone.
+    #[error("library not initialized")]
+    NotInitialized,
+    /// `hipObjInit` was called while an instance exists.
+    #[error("library already initialized")]
+    AlreadyInitialized,
+    /// Something this call needs is held by another call or a running copy.
+    #[error("busy: {0}")]
+    Busy(&'static str),
+
+    // ---- The machine cannot do it: fix the environment.
+    /// A libibverbs or librdmacm call, or loading one of them, failed; the
+    /// text names the call.
+    #[error("RDMA: {0}")]
+    Rdma(String),
+    /// A HIP call failed; `code` is its `hipError_t`, `call` names it.
+    #[error("HIP: {call} failed with hipError_t {code}")]
+    Hip {
+        /// The HIP function (or loading step) that failed.
+        call: &'static str,
+        /// The `hipError_t` it returned.
+        code: i32,
+    },
+    /// No RDMA device matched.
+    #[error("no usable RDMA NIC: {0}")]
+    NicNotFound(String),
+    /// dma-buf registration was required and is not available.
+    #[error("dma-buf registration not supported")]
+    DmabufNotSupported,
+    /// The operation is not available in this build or on this device.
+    #[error("not supported: {0}")]
+    NotSupported(&'static str),
+
+    // ---- The S3 conversation failed: the application decides.
+    /// A callback failed, or the server's reply was not a success.
+    #[error("S3: {0}")]
+    S3(String),
+
+    // ---- A bug or an unrecoverable local failure.
+    /// Staging copy failure or timeout, or a broken internal invariant.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// The frozen result code the C ABI reports for this error.
+    pub fn code(&self) -> Code {
+        match self {
+            Error::InvalidValue(_) => Code::InvalidValue,
+            Error::SizeTooLarge(_) => Code::SizeTooLarge,
+            Error::BufNotRegistered => Code::BufNotRegistered,
+            Error::BufAlreadyRegistered => Code::BufAlreadyRegistered,
+            Error::NotInitialized => Code::NotInitialized,
+            Error::AlreadyInitialized => Code::AlreadyInitialized,
+            Error::Busy(_) => Code::Busy,
+            Error::Rdma(_) | Error::Hip { .. } => Code::Rdma,
+            Error::NicNotFound(_) => Code::NicNotFound,
+            Error::DmabufNotSupported => Code::DmabufNotSupported,
+            Error::NotSupported(_) => Code::NotSupported,
+            Error::S3(_) => Code::S3,
+            Error::Internal(_) => Code::Internal,
+        }
+    }
+
+    /// The `hipError_t` behind the failure, or 0 when HIP was not involved.
+    pub fn hip_error(&self) -> i32 {
+        match self {
+            Error::Hip { code, .. } => *code,
+            _ => 0,
+        }
+    }
+
+    /// Whether the error comes from the environment rather than from the
+    /// caller's arguments: such errors are worth a line on stderr, since the
+    /// code alone cannot say which library, device or call failed.
+    pub fn is_environmental(&self) -> bool {
+        matches!(
+            self,
+            Error::Rdma(_) | Error::Hip { .. } | Error::NicNotFound(_) | Error::Internal(_)
+        )
+    }
+}
+
+/// The library's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

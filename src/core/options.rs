@@ -1,0 +1,164 @@
+//! Settings read from `HIPOBJ_*` environment variables, once, at init.
+//!
+//! An unset or invalid value leaves the default; nothing here fails.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+use std::time::Duration;
+
+/// The library's settings (ABI spec, section 7; README).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// `HIPOBJ_MAX_TRANSFERS`: connections in the pool, so transfers at once.
+    pub max_transfers: u32,
+    /// `HIPOBJ_STAGE_TIMEOUT_MS`: how long one staging copy may take.
+    pub stage_timeout: Duration,
+    /// `HIPOBJ_DMABUF`: try dma-buf registration for GPU memory.
+    pub dmabuf: bool,
+    /// `HIPOBJ_REQUIRE_GPU_DIRECT`: refuse the host-staged fallback.
+    pub require_gpu_direct: bool,
+    /// `HIPOBJ_RDMA_DEBUG`: report failed dma-buf exports on stderr.
+    pub rdma_debug: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            max_transfers: 16,
+            stage_timeout: Duration::from_millis(30_000),
+            dmabuf: true,
+            require_gpu_direct: false,
+            rdma_debug: false,
+        }
+    }
+}
+
+/// Highest `HIPOBJ_MAX_TRANSFERS`.
+pub const MAX_TRANSFERS_LIMIT: u32 = 1024;
+/// Highest `HIPOBJ_STAGE_TIMEOUT_MS`: 24 hours.
+pub const STAGE_TIMEOUT_LIMIT_MS: u64 = 86_400_000;
+
+impl Options {
+    /// Reads the process environment.
+    pub fn from_env() -> Options {
+        Options::from_lookup(|name| std::env::var_os(name))
+    }
+
+    /// Reads settings through `lookup`, which returns a variable's value.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<OsString>) -> Options {
+        let defaults = Options::default();
+        let value = |name: &str| lookup(name).map(|v| v.as_bytes().to_vec());
+        Options {
+            max_transfers: value("HIPOBJ_MAX_TRANSFERS")
+                .and_then(|v| decimal_in(&v, 1, u64::from(MAX_TRANSFERS_LIMIT)))
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(defaults.max_transfers),
+            stage_timeout: value("HIPOBJ_STAGE_TIMEOUT_MS")
+                .and_then(|v| decimal_in(&v, 1, STAGE_TIMEOUT_LIMIT_MS))
+                .map_or(defaults.stage_timeout, Duration::from_millis),
+            dmabuf: value("HIPOBJ_DMABUF").map_or(defaults.dmabuf, |v| !starts_with_no(&v)),
+            require_gpu_direct: value("HIPOBJ_REQUIRE_GPU_DIRECT")
+                .map_or(defaults.require_gpu_direct, |v| !starts_with_no(&v)),
+            rdma_debug: value("HIPOBJ_RDMA_DEBUG")
+                .map_or(defaults.rdma_debug, |v| v.first() != Some(&b'0')),
+        }
+    }
+}
+
+/// A value of plain decimal digits (no sign, space or other text) within
+/// `lo..=hi`. Leading zeros are digits like any other.
+fn decimal_in(text: &[u8], lo: u64, hi: u64) -> Option<u64> {
+    if text.is_empty() || !text.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n = text.iter().try_fold(0u64, |acc, d| {
+        acc.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    })?;
+    (lo..=hi).contains(&n).then_some(n)
+}
+
+/// The switch convention of the original: a value starting with `0`, `n` or
+/// `N` means no. An empty value is set and starts with none of them.
+fn starts_with_no(text: &[u8]) -> bool {
+    matches!(text.first(), Some(b'0' | b'n' | b'N'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn with(vars: &[(&str, &str)]) -> Options {
+        let vars: Vec<(String, OsString)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), OsString::from(v)))
+            .collect();
+        Options::from_lookup(|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn unset_gives_the_documented_defaults() {
+        let o = with(&[]);
+        assert_eq!(o.max_transfers, 16);
+        assert_eq!(o.stage_timeout, Duration::from_secs(30));
+        assert!(o.dmabuf);
+        assert!(!o.require_gpu_direct);
+        assert!(!o.rdma_debug);
+    }
+
+    #[test]
+    fn max_transfers_takes_1_to_1024_digits_only() {
+        let m = |v| with(&[("HIPOBJ_MAX_TRANSFERS", v)]).max_transfers;
+        assert_eq!(m("1"), 1);
+        assert_eq!(m("1024"), 1024);
+        assert_eq!(m("0064"), 64);
+        for bad in [
+            "0",
+            "1025",
+            "",
+            " 8",
+            "8 ",
+            "+8",
+            "-8",
+            "8x",
+            "0x10",
+            "99999999999999999999999",
+        ] {
+            assert_eq!(m(bad), 16, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn stage_timeout_takes_1_to_a_day_in_ms() {
+        let t = |v| with(&[("HIPOBJ_STAGE_TIMEOUT_MS", v)]).stage_timeout;
+        assert_eq!(t("1"), Duration::from_millis(1));
+        assert_eq!(t("86400000"), Duration::from_secs(86_400));
+        for bad in ["0", "86400001", "1e3", "1.5", "", "-5", " 10"] {
+            assert_eq!(t(bad), Duration::from_secs(30), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn switches_follow_the_first_character() {
+        let d = |v| with(&[("HIPOBJ_DMABUF", v)]).dmabuf;
+        assert!(!d("0") && !d("no") && !d("N") && !d("nope"));
+        assert!(d("1") && d("yes") && d("off") && d(""));
+        let r = |v| with(&[("HIPOBJ_REQUIRE_GPU_DIRECT", v)]).require_gpu_direct;
+        assert!(r("1") && r("yes") && r("true") && r(""));
+        assert!(!r("0") && !r("n") && !r("No"));
+        let g = |v| with(&[("HIPOBJ_RDMA_DEBUG", v)]).rdma_debug;
+        assert!(g("1") && g("n") && g(""));
+        assert!(!g("0") && !g("00"));
+    }
+
+    proptest! {
+        #[test]
+        fn any_value_gives_a_setting_within_range(v in proptest::collection::vec(any::<u8>(), 0..24)) {
+            use std::os::unix::ffi::OsStringExt;
+            let o = Options::from_lookup(|_| Some(OsString::from_vec(v.clone())));
+            prop_assert!((1..=MAX_TRANSFERS_LIMIT).contains(&o.max_transfers));
+            prop_assert!(o.stage_timeout >= Duration::from_millis(1));
+            prop_assert!(o.stage_timeout <= Duration::from_millis(STAGE_TIMEOUT_LIMIT_MS));
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! The `x-amz-rdma-token` codec: 44 bytes serialized field by field in
+//! little-endian order, carried as 88 hex digits (lowercase out, either case
+//! in). The layout is part of the wire protocol and never changes.
+
+use std::fmt;
+
+/// Bytes in a serialized token.
+pub const TOKEN_BYTES: usize = 44;
+/// Hex digits in an encoded token.
+pub const TOKEN_HEX_LEN: usize = 2 * TOKEN_BYTES;
+
+// Field offsets (ABI spec, section 5). Each field's end is the next one's start.
+const TRANSPORT_AT: usize = 0;
+const QP_NUM_AT: usize = 1;
+const GID_AT: usize = 5;
+const RKEY_AT: usize = 21;
+const ADDR_AT: usize = 25;
+const LENGTH_AT: usize = 33;
+const PORT_AT: usize = 41;
+const LID_AT: usize = 42;
+
+/// How the server reaches the client's queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// `0x00`: Dynamic Connection (NVIDIA cuObject servers).
+    Dc,
+    /// `0x01`: Reliable Connection.
+    Rc,
+}
+
+impl Transport {
+    /// The wire byte.
+    pub fn to_byte(self) -> u8 {
+        match self {
+            Transport::Dc => 0x00,
+            Transport::Rc => 0x01,
+        }
+    }
+}
+
+impl TryFrom<u8> for Transport {
+    type Error = TokenError;
+    fn try_from(byte: u8) -> Result<Self, TokenError> {
+        match byte {
+            0x00 => Ok(Transport::Dc),
+            0x01 => Ok(Transport::Rc),
+            other => Err(TokenError::UnknownTransport(other)),
+        }
+    }
+}
+
+/// Why a token was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// The text is not exactly 88 digits long.
+    #[error("a token is {TOKEN_HEX_LEN} hex digits, got {0} bytes")]
+    BadLength(usize),
+    /// A byte is not a hex digit.
+    #[error("a token holds only hex digits")]
+    NotHex,
+    /// The transport byte is not one this library knows.
+    #[error("unknown token transport 0x{0:02x}")]
+    UnknownTransport(u8),
+}
+
+/// One decoded token: which buffer range and which queue pair a server may
+/// use for one transfer.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Token {
+    /// How the server reaches the queue pair.
+    pub transport: Transport,
+    /// The client's queue pair number.
+    pub qp_num: u32,
+    /// The client's GID, raw as `ibv_query_gid` returns it.
+    pub gid: [u8; 16],
+    /// The remote key of the registration (or window) covering the range.
+    pub rkey: u32,
+    /// The first byte of the range, as the NIC addresses it.
+    pub addr: u64,
+    /// Bytes in the range.
+    pub length: u64,
+    /// The NIC's port number.
+    pub port: u8,
+    /// The port's LID; 0 on RoCE.
+    pub lid: u16,
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Token")
+            .field("transport", &self.transport)
+            .field("qp_num", &self.qp_num)
+            .field("gid", &hex::encode(self.gid))
+            .field("rkey", &format_args!("{:#x}", self.rkey))
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("length", &self.length)
+            .field("port", &self.port)
+            .field("lid", &self.lid)
+            .finish()
+    }
+}
+
+impl Token {
+    /// Serializes the token field by field.
+    pub fn to_bytes(&self) -> [u8; TOKEN_BYTES] {
+        let mut out = [0u8; TOKEN_BYTES];
+        out[TRANSPORT_AT] = self.transport.to_byte();
+        out[QP_NUM_AT..GID_AT].copy_from_slice(&self.qp_num.to_le_bytes());
+        out[GID_AT..RKEY_AT].copy_from_slice(&self.gid);
+        out[RKEY_AT..ADDR_AT].copy_from_slice(&self.rkey.to_le_bytes());
+        out[ADDR_AT..LENGTH_AT].copy_from_slice(&self.addr.to_le_bytes());
+        out[LENGTH_AT..PORT_AT].copy_from_slice(&self.length.to_le_bytes());
+        out[PORT_AT] = self.port;
+        out[LID_AT..TOKEN_BYTES].copy_from_slice(&self.lid.to_le_bytes());
+        out
+    }
+
+    /// Deserializes 44 bytes; only the transport byte can be invalid.
+    pub fn from_bytes(bytes: &[u8; TOKEN_BYTES]) -> Result<Token, TokenError> {
+        Ok(Token {
+            transport: Transport::try_from(bytes[TRANSPORT_AT])?,
+            qp_num: u32::from_le_bytes(field(bytes, QP_NUM_AT)),
+            gid: field(bytes, GID_AT),
+            rkey: u32::from_le_bytes(field(bytes, RKEY_AT)),
+            addr: u64::from_le_bytes(field(bytes, ADDR_AT)),
+            length: u64::from_le_bytes(field(bytes, LENGTH_AT)),
+            port: bytes[PORT_AT],
+            lid: u16::from_le_bytes(field(bytes, LID_AT)),
+        })
+    }
+
+    /// The 88 lowercase hex digits of the token.
+    pub fn to_hex(&self) -> [u8; TOKEN_HEX_LEN] {
+        let mut out = [0u8; TOKEN_HEX_LEN];
+        // Cannot fail: the output is exactly twice the input's length.
+        hex::encode_to_slice(self.to_bytes(), &mut out).expect("88 digits hold 44 bytes");
+        out
+    }
+
+    /// Parses exactly 88 hex digits, in either case.
+    pub fn parse_hex(text: &[u8]) -> Result<Token, TokenError> {
+        if text.len() != TOKEN_HEX_LEN {
+            return Err(TokenError::BadLength(text.len()));
+        }
+        let mut bytes = [0u8; TOKEN_BYTES];
+        hex::decode_to_slice(text, &mut bytes).map_err(|_| TokenError::NotHex)?;
+        Token::from_bytes(&bytes)
+    }
+
+    /// The IPv4 address in the GID, when the GID is IPv4-mapped (bytes 10
+    /// and 11 both `0xff`), as RoCE v2 GIDs of IPv4 interfaces are.
+    pub fn ipv4(&self) -> Option<std::net::Ipv4Addr> {
+        let g = &self.gid;
+        (g[10] == 0xff && g[11] == 0xff)
+            .then(|| std::net::Ipv4Addr::new(g[12], g[13], g[14], g[15]))
+    }
+}
+
+/// Copies the `N` bytes of the field that starts at `at`.
+fn field<const N: usize>(bytes: &[u8; TOKEN_BYTES], at: usize) -> [u8; N] {
+    let mut out = [0u8; N];
+    out.copy_from_slice(&bytes[at..at + N]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> Token {
+        Token {
+            transport: Transport::Rc,
+            qp_num: 0x0102_0304,
+            gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 0, 2, 1],
+            rkey: 0xa0b0_c0d0,
+            addr: 0x1122_3344_5566_7788,
+            length: 4096,
+            port: 1,
+            lid: 0xbeef,
+        }
+    }
+
+    #[test]
+    fn fields_sit_at_their_documented_offsets_in_little_endian() {
+        let b = sample().to_bytes();
+        assert_eq!(b[0], 0x01);
+        assert_eq!(&b[1..5], &[0x04, 0x03, 0x02, 0x01]);
+        assert_eq!(&b[5..21], &sample().gid);
+        assert_eq!(&b[21..25], &[0xd0, 0xc0, 0xb0, 0xa0]);
+        assert_eq!(
+            &b[25..33],
+            &[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]
+        );
+        assert_eq!(&b[33..41], &[0x00, 0x10, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(b[41], 1);
+        assert_eq!(&b[42..44], &[0xef, 0xbe]);
+    }
+
+    #[test]
+    fn hex_is_lowercase_and_upper_case_parses_back() {
+        let hex = sample().to_hex();
+        let text = std::str::from_utf8(&hex).unwrap();
+        assert_eq!(text.len(), 88);
+        assert_eq!(text, text.to_lowercase());
+        assert!(text.starts_with("0104030201"));
+        let upper = text.to_uppercase();
+        assert_eq!(Token::parse_hex(upper.as_bytes()), Ok(sample()));
+    }
+
+    #[test]
+    fn wrong_length_non_hex_and_unknown_transport_are_rejected() {
+        let hex = sample().to_hex();
+        assert_eq!(Token::parse_hex(&hex[..87]), Err(TokenError::BadLength(87)));
+        let mut long = hex.to_vec();
+        long.push(b'0');
+        assert_eq!(Token::parse_hex(&long), Err(TokenError::BadLength(89)));
+        let mut bad = hex;
+        bad[50] = b'g';
+        assert_eq!(Token::parse_hex(&bad), Err(TokenError::NotHex));
+        let mut unknown = hex;
+        unknown[..2].copy_from_slice(b"07");
+        assert_eq!(
+            Token::parse_hex(&unknown),
+            Err(TokenError::UnknownTransport(7))
+        );
+    }
+
+    #[test]
+    fn ipv4_is_read_only_from_mapped_gids() {
+        assert_eq!(sample().ipv4(), Some(std::net::Ipv4Addr::new(192, 0, 2, 1)));
+        let mut t = sample();
+        t.gid[11] = 0xfe;
+        assert_eq!(t.ipv4(), None);
+    }
+
+    proptest! {
+        #[test]
+        fn any_token_bytes_with_a_known_transport_round_trip(
+            transport in 0u8..=1,
+            rest in proptest::collection::vec(any::<u8>(), TOKEN_BYTES - 1),
+        ) {
+            let mut bytes = [0u8; TOKEN_BYTES];
+            bytes[0] = transport;
+            bytes[1..].copy_from_slice(&rest);
+            let token = Token::from_bytes(&bytes).unwrap();
+            prop_assert_eq!(token.to_bytes(), bytes);
+            prop_assert_eq!(Token::parse_hex(&token.to_hex()).unwrap(), token);
+            let expected = hex::encode(bytes);
+            prop_assert_eq!(expected.as_bytes(), &token.to_hex()[..]);
+        }
+
+        #[test]
+        fn any_other_transport_byte_is_rejected(
+            transport in 2u8..,
+            rest in proptest::collection::vec(any::<u8>(), TOKEN_BYTES - 1),
+        ) {
+            let mut bytes = [0u8; TOKEN_BYTES];
+            bytes[0] = transport;
+            bytes[1..].copy_from_slice(&rest);
+            prop_assert_eq!(Token::from_bytes(&bytes), Err(TokenError::UnknownTransport(transport)));
+        }
+
+        #[test]
+        fn parsing_arbitrary_bytes_never_panics(text in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = Token::parse_hex(&text);
+        }
+
+        #[test]
+        fn mixed_case_hex_parses(bytes in proptest::collection::vec(any::<u8>(), TOKEN_BYTES - 1), mask in any::<u128>()) {
+            let mut raw = [1u8; TOKEN_BYTES];
+            raw[1..].copy_from_slice(&bytes);
+            let mut text: Vec<u8> = hex::encode(raw).into_bytes();
+            for (i, c) in text.iter_mut().enumerate() {
+                if mask >> (i % 128) & 1 == 1 {
+                    c.make_ascii_uppercase();
+                }
+            }
+            prop_assert_eq!(Token::parse_hex(&text).unwrap().to_bytes(), raw);
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! hipobj: a drop-in replacement for `libhipobj.so`, the client library that
+//! moves S3 object data between an S3 server and GPU or host memory by RDMA.
+//!
+//! # Layers
+//!
+//! ```text
+//!            C application (hipobj.h)
+//!                 |            ^ hipObjOps_t callbacks
+//!                 v            |
+//!   capi      exports: argument conversion, the panic boundary
+//!                 |
+//!   core      Current/Instance, Options, argument rules, token and
+//!             reply codecs (no unsafe)
+//!                 |
+//!   platform  traits Platform, Verbs, Gpu; production implementations
+//!             over dlopen'd libibverbs and libamdhip64
+//! ```
+//!
+//! Calls go down the diagram or across a row, never up: nothing below `capi`
+//! calls an exported function, and only `platform` touches vendor libraries.
+//! `docs/architecture.md` describes each layer as built.
+
+pub mod capi;
+/// cbindgen:ignore
+pub mod core;
+/// cbindgen:ignore
+pub mod platform;

@@ -1,0 +1,49 @@
+//! Opening vendor libraries at run time.
+//!
+//! Libraries are opened by their runtime sonames with `RTLD_NOW` (every
+//! symbol resolved up front, so a broken install fails at load, not in the
+//! middle of a transfer) and `RTLD_LOCAL`, and the handles live for the rest
+//! of the process: the tables that hold them sit in statics, which are never
+//! dropped.
+
+use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+
+/// A loaded library and the name it was found under.
+pub(crate) struct Loaded {
+    pub(crate) lib: Library,
+    pub(crate) name: &'static str,
+}
+
+/// Opens the first of `names` that loads; the error lists every attempt.
+pub(crate) fn open_first(names: &[&'static str]) -> Result<Loaded, String> {
+    let mut failures = Vec::with_capacity(names.len());
+    for &name in names {
+        // SAFETY: loading runs the library's initializers. The names are the
+        // vendors' own runtime libraries (libibverbs, libamdhip64), whose
+        // initializers are safe to run at any time on any thread.
+        match unsafe { Library::open(Some(name), RTLD_NOW | RTLD_LOCAL) } {
+            Ok(lib) => return Ok(Loaded { lib, name }),
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    Err(failures.join("; "))
+}
+
+/// Looks up `symbol` (NUL-terminated) as a value of type `T`.
+///
+/// # Safety
+///
+/// `T` must be the exact C type of the symbol (for a function, a function
+/// pointer with its C prototype), and the value must not be used after
+/// `lib` is unloaded (ours never are).
+pub(crate) unsafe fn symbol<T: Copy>(loaded: &Loaded, symbol: &'static [u8]) -> Result<T, String> {
+    // SAFETY: the caller guarantees that `T` is the symbol's type.
+    match unsafe { loaded.lib.get::<T>(symbol) } {
+        Ok(sym) => Ok(*sym),
+        Err(_) => Err(format!(
+            "{}: symbol {} not found",
+            loaded.name,
+            String::from_utf8_lossy(symbol.strip_suffix(b"\0").unwrap_or(symbol))
+        )),
+    }
+}

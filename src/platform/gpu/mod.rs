@@ -1,0 +1,5 @@
+//! The HIP runtime, opened with `dlopen`.
+
+pub mod loader;
+
+pub use loader::LoadedHip;

@@ -1,0 +1,5 @@
+//! libibverbs, opened with `dlopen`.
+
+pub mod loader;
+
+pub use loader::LoadedVerbs;
