@@ -155,7 +155,6 @@ mod tests {
             b"err\r\nx",
             b"\n200",
             b"200 ",
-            b"200:",
         ] {
             assert_eq!(
                 code(bad),
