@@ -230,6 +230,10 @@ extern "C" {
  * `hipObjBufAlreadyRegistered` if `devPtr` is registered; `hipObjRdmaError`
  * beyond 256 registrations, when registration fails, or when staging is
  * refused.
+ *
+ * # Safety
+ *
+ * `devPtr` is any address; the memory it names must stay allocated until it is deregistered.
  */
 HIPOBJ_API hipObjError_t hipObjBufRegister(void *devPtr, size_t size);
 
@@ -239,6 +243,10 @@ HIPOBJ_API hipObjError_t hipObjBufRegister(void *devPtr, size_t size);
  *
  * Ownership and thread safety as `hipObjBufRegister`. Returns the codes of
  * `hipObjBufRegister` except the HIP allocation check.
+ *
+ * # Safety
+ *
+ * `hostPtr` is any address; the memory it names must stay allocated until it is deregistered.
  */
 HIPOBJ_API hipObjError_t hipObjBufRegisterHost(void *hostPtr, size_t size);
 
@@ -250,6 +258,10 @@ HIPOBJ_API hipObjError_t hipObjBufRegisterHost(void *hostPtr, size_t size);
  * `hipObjInvalidValue` for NULL; `hipObjBufNotRegistered` if `devPtr` is not
  * a registered base address; `hipObjBusy` while a transfer in flight or an
  * abandoned staging copy still holds the buffer.
+ *
+ * # Safety
+ *
+ * `devPtr` is any address; it is only compared with registered ones.
  */
 HIPOBJ_API hipObjError_t hipObjBufDeregister(void *devPtr);
 
@@ -264,6 +276,10 @@ HIPOBJ_API hipObjError_t hipObjBufDeregister(void *devPtr);
  * `hipObjInvalidValue` for a `direction` other than 0 or 1; then the buffer
  * codes of `hipObjGet`; `hipObjInternalError` if the copy fails or exceeds
  * `HIPOBJ_STAGE_TIMEOUT_MS`.
+ *
+ * # Safety
+ *
+ * `devPtr` is any address; it is only compared with registered ones.
  */
 HIPOBJ_API hipObjError_t hipObjBufSync(void *devPtr, size_t size, off_t offset, int direction);
 
@@ -285,8 +301,13 @@ HIPOBJ_API hipObjError_t hipObjBufSync(void *devPtr, size_t size, off_t offset, 
  * device cannot be opened; `hipObjInvalidValue` if `gpuDevice` is not below
  * the GPU count; `hipObjNicNotFound` if no RDMA device matches. Nothing is
  * initialized when it fails.
+ *
+ * # Safety
+ *
+ * `config` is NULL or points to a readable `hipObjConfig_t` whose strings are NULL or NUL-terminated.
  */
-HIPOBJ_API hipObjError_t hipObjInit(hipObjConfig_t *config);
+HIPOBJ_API
+hipObjError_t hipObjInit(hipObjConfig_t *config);
 
 /**
  * Shuts the library down: later calls see it uninitialized, and calls
@@ -312,6 +333,10 @@ HIPOBJ_API hipObjError_t hipObjShutdown(void);
  * Thread safety: any thread. Returns `hipObjNotInitialized` first;
  * `hipObjInvalidValue` for a NULL `outToken` or an `op` other than 0 or 1;
  * then the buffer codes of `hipObjGet` with an offset of 0.
+ *
+ * # Safety
+ *
+ * `outToken` is NULL or points to a writable `char *`.
  */
 HIPOBJ_API
 hipObjError_t hipObjGetRdmaToken(const void *devPtr,
@@ -324,6 +349,10 @@ hipObjError_t hipObjGetRdmaToken(const void *devPtr,
  *
  * Needs no initialized library; any thread. Returns `hipObjInvalidValue`
  * for NULL, else `hipObjSuccess`.
+ *
+ * # Safety
+ *
+ * `token` is NULL or a token from `hipObjGetRdmaToken` not yet released.
  */
 HIPOBJ_API hipObjError_t hipObjPutRdmaToken(char *token);
 
@@ -336,8 +365,15 @@ HIPOBJ_API hipObjError_t hipObjPutRdmaToken(char *token);
  * Needs no initialized library; any thread. Returns `hipObjInvalidValue`
  * for a NULL `reply` or `httpCode`, or a reply outside the grammar;
  * `*httpCode` is written only on success.
+ *
+ * # Safety
+ *
+ * `reply` is NULL or points to `replyLen` readable bytes; `httpCode` is NULL or points to a writable `int`.
  */
-HIPOBJ_API hipObjError_t hipObjParseRdmaReply(const char *reply, size_t replyLen, int *httpCode);
+HIPOBJ_API
+hipObjError_t hipObjParseRdmaReply(const char *reply,
+                                   size_t replyLen,
+                                   int *httpCode);
 
 /**
  * Writes into `nicIp` the IPv4 address of the NIC a token names, as a
@@ -348,8 +384,15 @@ HIPOBJ_API hipObjError_t hipObjParseRdmaReply(const char *reply, size_t replyLen
  * for a NULL argument or a `nicIpLen` of 0 (nothing written); otherwise
  * `nicIp[0]` is set to 0 first, and a malformed token or a buffer too small
  * for the address gives `hipObjInvalidValue` with an empty string.
+ *
+ * # Safety
+ *
+ * `token` is NULL or a NUL-terminated string; `nicIp` is NULL or points to `nicIpLen` writable bytes.
  */
-HIPOBJ_API hipObjError_t hipObjTokenClientNic(const char *token, char *nicIp, size_t nicIpLen);
+HIPOBJ_API
+hipObjError_t hipObjTokenClientNic(const char *token,
+                                   char *nicIp,
+                                   size_t nicIpLen);
 
 /**
  * Reads `size` bytes of an S3 object into the registered buffer `devPtr`,
@@ -371,6 +414,10 @@ HIPOBJ_API hipObjError_t hipObjTokenClientNic(const char *token, char *nicIp, si
  * connection is taken; `hipObjS3Error` if a callback returns non-zero or the
  * reply is not ok/200/204/206; `hipObjRdmaError` if the transport fails;
  * `hipObjInternalError` if a staging copy fails or times out.
+ *
+ * # Safety
+ *
+ * `ops` is NULL or points to a readable `hipObjOps_t` whose callbacks are NULL or callable with `ctx`.
  */
 HIPOBJ_API
 hipObjError_t hipObjGet(hipObjHandle_t handle,
@@ -386,6 +433,10 @@ hipObjError_t hipObjGet(hipObjHandle_t handle,
  * direction: on success the server holds the bytes.
  *
  * Arguments, thread safety and codes as `hipObjGet`.
+ *
+ * # Safety
+ *
+ * `ops` is NULL or points to a readable `hipObjOps_t` whose callbacks are NULL or callable with `ctx`.
  */
 HIPOBJ_API
 hipObjError_t hipObjPut(hipObjHandle_t handle,
@@ -415,6 +466,10 @@ HIPOBJ_API const char *hipObjGetVersionString(void);
  *
  * Needs no initialized library; any thread. Returns `hipObjInvalidValue`,
  * writing nothing, if any pointer is NULL.
+ *
+ * # Safety
+ *
+ * Each pointer is NULL or points to a writable `int`.
  */
 HIPOBJ_API hipObjError_t hipObjGetVersion(int *major, int *minor, int *patch);
 
