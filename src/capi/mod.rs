@@ -1,6 +1,6 @@
 //! The C ABI of `hipobj.h`: the only `#[no_mangle]` code in the library.
 //!
-//! Each export is one call to [`boundary::enter`]; the files follow the
+//! Each export is one call to `boundary::enter`; the files follow the
 //! header's sections. Raw pointers are turned into Rust values here, and
 //! nothing below this module calls an export.
 

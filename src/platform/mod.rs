@@ -2,7 +2,7 @@
 //!
 //! `core` sees the machine only through these traits, and receives the
 //! implementation by injection (`Current::init_with`): the production one
-//! from [`system`], fakes in tests. Trait methods speak domain types, so
+//! from `system()`, fakes in tests. Trait methods speak domain types, so
 //! `core` needs no `unsafe`.
 //!
 //! This release covers what initialization needs to find out whether the

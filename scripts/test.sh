@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test suite: what CI runs (.ci/run) and what the README gives.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+
+echo "== format, lints, docs"
+cargo fmt --check
+cargo clippy --locked --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps
+
+echo "== release library: SONAME and exports"
+cargo build --locked --release
+HIPOBJ_LIB_UNDER_TEST="${CARGO_TARGET_DIR:-target}/release/libhipobj.so" \
+    cargo test --locked --test abi_symbols
+
+echo "== tests"
+cargo test --locked
