@@ -79,6 +79,10 @@ pub enum Error {
         /// The `hipError_t` it returned.
         code: i32,
     },
+    /// The HIP runtime library cannot be loaded, so no GPU can be used
+    /// (reported with `hipErrorNoDevice`); the text says what was tried.
+    #[error("HIP runtime unavailable: {0}")]
+    HipMissing(String),
     /// No RDMA device matched.
     #[error("no usable RDMA NIC: {0}")]
     NicNotFound(String),
@@ -111,7 +115,7 @@ impl Error {
             Error::NotInitialized => Code::NotInitialized,
             Error::AlreadyInitialized => Code::AlreadyInitialized,
             Error::Busy(_) => Code::Busy,
-            Error::Rdma(_) | Error::Hip { .. } => Code::Rdma,
+            Error::Rdma(_) | Error::Hip { .. } | Error::HipMissing(_) => Code::Rdma,
             Error::NicNotFound(_) => Code::NicNotFound,
             Error::DmabufNotSupported => Code::DmabufNotSupported,
             Error::NotSupported(_) => Code::NotSupported,
@@ -124,6 +128,7 @@ impl Error {
     pub fn hip_error(&self) -> i32 {
         match self {
             Error::Hip { code, .. } => *code,
+            Error::HipMissing(_) => HIP_ERROR_NO_DEVICE,
             _ => 0,
         }
     }
@@ -134,7 +139,11 @@ impl Error {
     pub fn is_environmental(&self) -> bool {
         matches!(
             self,
-            Error::Rdma(_) | Error::Hip { .. } | Error::NicNotFound(_) | Error::Internal(_)
+            Error::Rdma(_)
+                | Error::Hip { .. }
+                | Error::HipMissing(_)
+                | Error::NicNotFound(_)
+                | Error::Internal(_)
         )
     }
 }

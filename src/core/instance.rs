@@ -312,7 +312,7 @@ mod tests {
         }
         fn gpu(&self) -> Result<Arc<dyn crate::platform::Gpu>> {
             match self.0.gpu {
-                None => Err(hip("dlopen libamdhip64", HIP_ERROR_NO_DEVICE)),
+                None => Err(Error::HipMissing("libamdhip64.so.6".into())),
                 Some(_) => Ok(Arc::new(P(self.0.clone()))),
             }
         }
@@ -375,7 +375,7 @@ mod tests {
             },
             config(0, ""),
         );
-        assert_eq!(r, Err(hip("dlopen libamdhip64", HIP_ERROR_NO_DEVICE)));
+        assert_eq!(r.unwrap_err().hip_error(), HIP_ERROR_NO_DEVICE);
         let (_, r, _) = init(
             Script {
                 devices: vec!["mlx0"],

@@ -14,19 +14,26 @@ pub(crate) struct Loaded {
     pub(crate) name: &'static str,
 }
 
-/// Opens the first of `names` that loads; the error lists every attempt.
+/// Opens the first of `names` that loads. The error names every soname
+/// tried and the loader's reason for the first (preferred) one.
 pub(crate) fn open_first(names: &[&'static str]) -> Result<Loaded, String> {
-    let mut failures = Vec::with_capacity(names.len());
+    let mut first_failure = None;
     for &name in names {
         // SAFETY: loading runs the library's initializers. The names are the
         // vendors' own runtime libraries (libibverbs, libamdhip64), whose
         // initializers are safe to run at any time on any thread.
         match unsafe { Library::open(Some(name), RTLD_NOW | RTLD_LOCAL) } {
             Ok(lib) => return Ok(Loaded { lib, name }),
-            Err(e) => failures.push(e.to_string()),
+            Err(e) => {
+                first_failure.get_or_insert(e.to_string());
+            }
         }
     }
-    Err(failures.join("; "))
+    Err(format!(
+        "none of {} could be loaded ({})",
+        names.join(", "),
+        first_failure.unwrap_or_else(|| "no names given".into())
+    ))
 }
 
 /// Looks up `symbol` (NUL-terminated) as a value of type `T`.

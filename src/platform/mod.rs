@@ -25,8 +25,8 @@ pub use system::system;
 pub trait Platform: Send + Sync {
     /// libibverbs, or `Error::Rdma` naming what could not be loaded.
     fn verbs(&self) -> Result<Arc<dyn Verbs>>;
-    /// The HIP runtime, or `Error::Hip` with `hipErrorNoDevice` when the
-    /// runtime library itself is missing.
+    /// The HIP runtime, or `Error::HipMissing` (reported with
+    /// `hipErrorNoDevice`) when the runtime library itself is missing.
     fn gpu(&self) -> Result<Arc<dyn Gpu>>;
 }
 

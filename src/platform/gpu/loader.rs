@@ -5,7 +5,6 @@
 
 use std::ffi::c_int;
 
-use crate::core::error::HIP_ERROR_NO_DEVICE;
 use crate::core::{Error, Result};
 use crate::platform::dl::{self, Loaded};
 use crate::platform::Gpu;
@@ -33,13 +32,7 @@ impl LoadedHip {
     /// Opens the first of `sonames` that loads and resolves every required
     /// symbol. A missing runtime is `hipErrorNoDevice`: no GPU can be used.
     pub fn open(sonames: &[&'static str]) -> Result<LoadedHip> {
-        let missing = |what: String| {
-            eprintln!("hipobj: HIP runtime unavailable: {what}");
-            Error::Hip {
-                call: "loading the HIP runtime",
-                code: HIP_ERROR_NO_DEVICE,
-            }
-        };
+        let missing = Error::HipMissing;
         let loaded = dl::open_first(sonames).map_err(missing)?;
         // SAFETY: the aliases match hip_runtime_api.h's prototypes, and
         // `loaded` is kept beside the pointers.
@@ -91,7 +84,11 @@ mod tests {
         let err = LoadedHip::open(&["libhipobj-test-no-such-hip.so.6"])
             .err()
             .unwrap();
-        assert_eq!(err.hip_error(), HIP_ERROR_NO_DEVICE);
+        assert_eq!(err.hip_error(), crate::core::error::HIP_ERROR_NO_DEVICE);
+        assert!(
+            err.to_string().contains("libhipobj-test-no-such-hip.so.6"),
+            "{err}"
+        );
         assert_eq!(err.code(), crate::core::Code::Rdma);
     }
 }
