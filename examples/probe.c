@@ -17,6 +17,7 @@ int main(int argc, char **argv) {
     int major = 0, minor = 0, patch = 0;
     hipObjGetVersion(&major, &minor, &patch);
     printf("libhipobj %s (%d.%d.%d)\n", hipObjGetVersionString(), major, minor, patch);
+    fflush(stdout); /* keep the library's stderr lines after this one */
 
     hipObjConfig_t config = {0};
     config.gpuDevice = -1;
