@@ -11,69 +11,14 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+
+mod common;
+
+use common::{built_library, manifest_dir, Scratch};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const MAJOR: &str = env!("CARGO_PKG_VERSION_MAJOR");
 const MINOR: &str = env!("CARGO_PKG_VERSION_MINOR");
-
-/// A directory under the system temporary directory, removed on drop (also
-/// when the test panics).
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        static COUNTER: AtomicU32 = AtomicU32::new(0);
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let name = format!(
-            "hipobj-{tag}-{}-{nanos}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
-        let path = std::env::temp_dir().join(name);
-        fs::create_dir_all(&path)
-            .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));
-        // Canonical, so that paths CMake reports compare equal to ours.
-        let path = fs::canonicalize(&path)
-            .unwrap_or_else(|e| panic!("cannot canonicalize {}: {e}", path.display()));
-        TempDir(path)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The cdylib cargo built for this run: this test binary is
-/// `target/<profile>/deps/install-<hash>`, the library `target/<profile>/libhipobj.so`.
-fn built_cdylib() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let lib = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|profile_dir| profile_dir.join("libhipobj.so"))
-        .unwrap_or_else(|| panic!("unexpected test binary location {}", exe.display()));
-    assert!(
-        lib.is_file(),
-        "the cdylib {} is missing: cargo should have built it for this test run",
-        lib.display()
-    );
-    lib
-}
 
 fn c_compiler() -> String {
     std::env::var("CC")
@@ -127,8 +72,8 @@ fn run(cmd: &mut Command) -> Output {
 
 /// `scripts/install.sh` with a clean environment for what it reads.
 fn install_cmd() -> Command {
-    let mut cmd = Command::new(root().join("scripts/install.sh"));
-    cmd.current_dir(root()).env_remove("DESTDIR");
+    let mut cmd = Command::new(manifest_dir().join("scripts/install.sh"));
+    cmd.current_dir(manifest_dir()).env_remove("DESTDIR");
     cmd
 }
 
@@ -206,7 +151,7 @@ fn check_tree(root_dir: &Path, prefix: &Path, lib: &Path) {
 
     let header = root_dir.join("include/hipobj/hipobj.h");
     assert!(
-        read(&header) == read(&root().join("include/hipobj.h")),
+        read(&header) == read(&manifest_dir().join("include/hipobj.h")),
         "{} differs from include/hipobj.h",
         header.display()
     );
@@ -269,7 +214,7 @@ fn run_consumer(binary: &Path) {
 fn cmake_build(prefix: &Path, build: &Path) -> PathBuf {
     run(Command::new("cmake")
         .arg("-S")
-        .arg(root().join("examples/consumer"))
+        .arg(manifest_dir().join("examples/consumer"))
         .arg("-B")
         .arg(build)
         .arg(format!("-DCMAKE_PREFIX_PATH={}", prefix.display()))
@@ -389,7 +334,7 @@ fn pkg_config_build(prefix: &Path, out_dir: &Path) -> PathBuf {
     let mut cmd = Command::new(cc_words.next().expect("CC is not empty"));
     cmd.args(cc_words)
         .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"])
-        .arg(root().join("examples/consumer/main.c"))
+        .arg(manifest_dir().join("examples/consumer/main.c"))
         .args(flags.split_whitespace())
         .arg(format!("-Wl,-rpath,{}", prefix.join("lib").display()))
         .arg("-o")
@@ -403,9 +348,9 @@ fn install_then_build_consumers_with_cmake_and_pkg_config() {
     require_tool("cmake");
     require_tool("pkg-config");
     require_tool(&c_compiler());
-    let lib = built_cdylib();
+    let lib = built_library();
 
-    let tmp = TempDir::new("install");
+    let tmp = Scratch::new("install");
     let prefix = tmp.path().join("prefix");
 
     // Twice: re-running over an existing installation must work.
@@ -435,8 +380,8 @@ fn install_then_build_consumers_with_cmake_and_pkg_config() {
 
 #[test]
 fn install_honours_destdir() {
-    let lib = built_cdylib();
-    let tmp = TempDir::new("destdir");
+    let lib = built_library();
+    let tmp = Scratch::new("destdir");
     let stage = tmp.path().join("stage");
     let prefix = Path::new("/opt/hipobj-destdir-test");
     run(install_cmd()
@@ -456,7 +401,7 @@ fn install_honours_destdir() {
 
 #[test]
 fn install_fails_clearly_on_bad_arguments() {
-    let tmp = TempDir::new("badargs");
+    let tmp = Scratch::new("badargs");
     let prefix = tmp.path().join("prefix");
     let missing_lib = tmp.path().join("no-such-libhipobj.so");
 
