@@ -15,5 +15,8 @@ cargo build --locked --release
 HIPOBJ_LIB_UNDER_TEST="${CARGO_TARGET_DIR:-target}/release/libhipobj.so" \
     cargo test --locked --test abi_symbols
 
+echo "== C programs under AddressSanitizer and UndefinedBehaviorSanitizer"
+HIPOBJ_TEST_SANITIZE=address,undefined cargo test --locked --test c_api
+
 echo "== tests"
 cargo test --locked

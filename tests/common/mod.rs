@@ -156,7 +156,8 @@ pub fn link_args(link_dir: &Path) -> Vec<String> {
 
 /// Compiles and links the C11 program `src` into `out` with
 /// `cc -std=c11 -Wall -Wextra -Wpedantic -Werror`, then `extra_args`
-/// (include directories, libraries...). Panics with the compiler's output
+/// (include directories, libraries...). With `HIPOBJ_TEST_SANITIZE` set
+/// (a `-fsanitize=` list), the program is built with those sanitizers. Panics with the compiler's output
 /// on failure, and if `cc` cannot be run: a missing compiler is a failure.
 pub fn compile_c<S: AsRef<OsStr>>(src: &Path, out: &Path, extra_args: &[S]) {
     compile("cc", "-std=c11", src, out, extra_args);
@@ -169,11 +170,15 @@ pub fn compile_cxx<S: AsRef<OsStr>>(src: &Path, out: &Path, extra_args: &[S]) {
 
 fn compile<S: AsRef<OsStr>>(compiler: &str, std: &str, src: &Path, out: &Path, extra: &[S]) {
     let mut cmd = Command::new(compiler);
-    cmd.args([std, "-Wall", "-Wextra", "-Wpedantic", "-Werror", "-g"])
-        .arg(src)
-        .arg("-o")
-        .arg(out)
-        .args(extra);
+    cmd.args([std, "-Wall", "-Wextra", "-Wpedantic", "-Werror", "-g"]);
+    // The sanitizer lane of scripts/test.sh: HIPOBJ_TEST_SANITIZE=address,undefined.
+    if let Some(list) = std::env::var_os("HIPOBJ_TEST_SANITIZE").filter(|v| !v.is_empty()) {
+        let mut flag = std::ffi::OsString::from("-fsanitize=");
+        flag.push(list);
+        cmd.arg(flag)
+            .args(["-fno-omit-frame-pointer", "-fno-sanitize-recover=all"]);
+    }
+    cmd.arg(src).arg("-o").arg(out).args(extra);
     let output = cmd
         .output()
         .unwrap_or_else(|e| panic!("cannot run {compiler} (a C toolchain is required): {e}"));
