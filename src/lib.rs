@@ -25,3 +25,6 @@ pub mod capi;
 pub mod core;
 /// cbindgen:ignore
 pub mod platform;
+/// cbindgen:ignore
+#[cfg(feature = "fake-platform")]
+pub mod testing;

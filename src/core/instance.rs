@@ -14,7 +14,7 @@ use parking_lot::{Mutex, RwLock};
 use super::args::{BufferRange, Slice};
 use super::error::{Error, Result, HIP_ERROR_NO_DEVICE};
 use super::options::Options;
-use crate::platform::{Platform, RdmaDevice, Verbs};
+use crate::platform::{Context, Platform, Verbs};
 
 /// What `hipObjInit` was given, copied out of the caller's `hipObjConfig_t`.
 /// The access and secret keys are never stored.
@@ -67,7 +67,7 @@ pub struct Instance {
     /// The GPU chosen at init; `None` on a GPU-less host (with a NIC hint).
     pub gpu: Option<i32>,
     /// The open RDMA device.
-    pub device: Arc<dyn RdmaDevice>,
+    pub device: Arc<dyn Context>,
     // Declared last so it is dropped last: everything above came from it.
     _platform: Arc<dyn Platform>,
 }
@@ -90,7 +90,7 @@ impl Instance {
         let verbs = platform.verbs()?;
         let gpu = resolve_gpu(&*platform, &config)?;
         let nic = choose_nic(&*verbs, &config)?;
-        let device = verbs.open_device(&nic)?;
+        let device = verbs.open(&nic)?;
         Ok(Instance {
             options,
             config,
@@ -291,9 +291,33 @@ mod tests {
     }
 
     struct Dev(String, Arc<AtomicUsize>);
-    impl RdmaDevice for Dev {
+    impl Context for Dev {
         fn name(&self) -> &str {
             &self.0
+        }
+        fn vendor_id(&self) -> u32 {
+            0
+        }
+        fn query_port(&self, _: u8) -> Result<crate::platform::PortAttr> {
+            Err(Error::Rdma("unused".into()))
+        }
+        fn query_gid(&self, _: u8, _: u16) -> Result<crate::platform::Gid> {
+            Err(Error::Rdma("unused".into()))
+        }
+        fn alloc_pd(&self) -> Result<Arc<dyn crate::platform::Pd>> {
+            Err(Error::Rdma("unused".into()))
+        }
+        fn create_cq(&self, _: u32) -> Result<Arc<dyn crate::platform::Cq>> {
+            Err(Error::Rdma("unused".into()))
+        }
+        fn supports_dmabuf(&self) -> bool {
+            false
+        }
+        fn supports_mw(&self) -> bool {
+            false
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
         }
     }
     impl Drop for Dev {
@@ -310,6 +334,12 @@ mod tests {
             }
             Ok(Arc::new(P(self.0.clone())))
         }
+        fn cm(&self) -> Result<Arc<dyn crate::platform::Cm>> {
+            Err(Error::Rdma("unused".into()))
+        }
+        fn topology(&self) -> Result<Arc<dyn crate::platform::Topology>> {
+            Err(Error::Rdma("unused".into()))
+        }
         fn gpu(&self) -> Result<Arc<dyn crate::platform::Gpu>> {
             match self.0.gpu {
                 None => Err(Error::HipMissing("libamdhip64.so.6".into())),
@@ -321,7 +351,7 @@ mod tests {
         fn device_names(&self) -> Result<Vec<String>> {
             Ok(self.0.devices.iter().map(|s| s.to_string()).collect())
         }
-        fn open_device(&self, name: &str) -> Result<Arc<dyn RdmaDevice>> {
+        fn open(&self, name: &str) -> Result<Arc<dyn Context>> {
             if self.0.open_fails {
                 return Err(Error::Rdma(format!("ibv_open_device({name}) failed")));
             }
@@ -335,6 +365,42 @@ mod tests {
         }
         fn current_device(&self) -> std::result::Result<i32, i32> {
             Ok(self.0.current)
+        }
+        fn pci_bus_id(&self, _: i32) -> crate::platform::HipResult<String> {
+            Err(1)
+        }
+        fn pointer_kind(
+            &self,
+            _: usize,
+        ) -> crate::platform::HipResult<crate::platform::PointerKind> {
+            Err(1)
+        }
+        fn allocation_range(&self, _: usize) -> crate::platform::HipResult<(usize, usize)> {
+            Err(1)
+        }
+        fn host_alloc(
+            &self,
+            _: usize,
+        ) -> crate::platform::HipResult<Arc<dyn crate::platform::HostBuffer>> {
+            Err(1)
+        }
+        fn copy_async(
+            &self,
+            _: usize,
+            _: usize,
+            _: usize,
+        ) -> crate::platform::HipResult<Arc<dyn crate::platform::GpuEvent>> {
+            Err(1)
+        }
+        fn synchronize(&self, _: i32) -> crate::platform::HipResult<()> {
+            Err(1)
+        }
+        fn export_dmabuf(
+            &self,
+            _: usize,
+            _: usize,
+        ) -> Option<crate::platform::HipResult<(std::os::fd::OwnedFd, u64)>> {
+            None
         }
     }
 

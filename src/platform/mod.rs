@@ -2,53 +2,356 @@
 //!
 //! `core` sees the machine only through these traits, and receives the
 //! implementation by injection (`Current::init_with`): the production one
-//! from `system()`, fakes in tests. Trait methods speak domain types, so
-//! `core` needs no `unsafe`.
+//! from `system()`, the fakes of `crate::testing` in tests. Trait methods
+//! speak domain types (this module and [`types`]), so `core` needs no
+//! `unsafe`.
 //!
-//! This release covers what initialization needs to find out whether the
-//! machine can run the library at all: loading libibverbs and listing its
-//! devices, and loading HIP to resolve the GPU.
+//! Ownership follows libibverbs: every object is handed out as an `Arc`, and
+//! an implementation keeps each child's parent alive (an MR holds its PD, a
+//! PD its context), so whatever order the `Arc`s are dropped in, a child is
+//! destroyed before its parent. Dropping the last `Arc` destroys the object;
+//! a destroy that fails is logged, counted and leaked, never a panic.
 
 mod dl;
 pub mod gpu;
 pub mod system;
+pub mod types;
 pub mod verbs;
 
+use std::any::Any;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::core::Result;
 
 pub use system::system;
+pub use types::*;
 
 /// The outside world, as one injectable bundle. Each getter loads what it
 /// needs on first use and reports, as an error, a library that is missing.
 pub trait Platform: Send + Sync {
     /// libibverbs, or `Error::Rdma` naming what could not be loaded.
     fn verbs(&self) -> Result<Arc<dyn Verbs>>;
+    /// librdmacm, or `Error::Rdma` naming what could not be loaded.
+    fn cm(&self) -> Result<Arc<dyn Cm>>;
     /// The HIP runtime, or `Error::HipMissing` (reported with
     /// `hipErrorNoDevice`) when the runtime library itself is missing.
     fn gpu(&self) -> Result<Arc<dyn Gpu>>;
+    /// The NIC and PCI topology.
+    fn topology(&self) -> Result<Arc<dyn Topology>>;
 }
+
+// ---------------------------------------------------------------- verbs
 
 /// RDMA verbs (libibverbs).
 pub trait Verbs: Send + Sync {
     /// Names of the RDMA devices present (`ibv_get_device_list`), in the
     /// order libibverbs lists them. No kernel support counts as no device.
     fn device_names(&self) -> Result<Vec<String>>;
-    /// Opens the named device with everything a transfer needs.
-    fn open_device(&self, name: &str) -> Result<Arc<dyn RdmaDevice>>;
+    /// Opens the named device (`ibv_open_device`).
+    fn open(&self, name: &str) -> Result<Arc<dyn Context>>;
 }
 
-/// An open RDMA device.
-pub trait RdmaDevice: Send + Sync {
-    /// The device's name, as libibverbs reports it.
+/// An open device (`ibv_context`).
+pub trait Context: Send + Sync {
+    /// The device's name.
     fn name(&self) -> &str;
+    /// The PCI vendor id (`ibv_query_device`'s `vendor_id`).
+    fn vendor_id(&self) -> u32;
+    /// `ibv_query_port`.
+    fn query_port(&self, port: u8) -> Result<PortAttr>;
+    /// `ibv_query_gid`: entry `index` of the port's GID table.
+    fn query_gid(&self, port: u8, index: u16) -> Result<Gid>;
+    /// `ibv_alloc_pd`.
+    fn alloc_pd(&self) -> Result<Arc<dyn Pd>>;
+    /// `ibv_create_comp_channel` + `ibv_create_cq` with `depth` entries.
+    fn create_cq(&self, depth: u32) -> Result<Arc<dyn Cq>>;
+    /// Whether `ibv_reg_dmabuf_mr` is available.
+    fn supports_dmabuf(&self) -> bool;
+    /// Whether type-2 memory windows can be allocated on this device.
+    fn supports_mw(&self) -> bool;
+    /// For downcasting by the implementation that created this object.
+    fn as_any(&self) -> &dyn Any;
 }
 
-/// The GPU runtime (HIP). Errors are `hipError_t` values.
+/// A protection domain (`ibv_pd`).
+pub trait Pd: Send + Sync {
+    /// `ibv_reg_mr` over `len` bytes of this process's memory at `addr`.
+    fn reg_mr(&self, addr: usize, len: usize, access: Access) -> Result<Arc<dyn Mr>>;
+    /// `ibv_reg_dmabuf_mr`: `len` bytes of the dma-buf from `offset`, to be
+    /// addressed by the NIC at `iova`. The fd may be closed when this
+    /// returns: the registration holds its own reference.
+    fn reg_dmabuf_mr(
+        &self,
+        dmabuf: &OwnedFd,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<Arc<dyn Mr>>;
+    /// `ibv_create_qp` (RC) on `cq` for both queues, in RESET.
+    fn create_qp(&self, cq: &Arc<dyn Cq>, caps: QpCaps) -> Result<Arc<dyn Qp>>;
+    /// `ibv_alloc_mw` of type 2.
+    fn alloc_mw(&self) -> Result<Arc<dyn Mw>>;
+    /// For downcasting by the implementation that created this object.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A memory region (`ibv_mr`).
+pub trait Mr: Send + Sync {
+    /// Local key, for scatter/gather entries.
+    fn lkey(&self) -> u32;
+    /// Remote key, for peers.
+    fn rkey(&self) -> u32;
+    /// First address the NIC knows the region by (the iova for dma-bufs).
+    fn addr(&self) -> u64;
+    /// Bytes.
+    fn len(&self) -> usize;
+    /// For downcasting by the implementation that created this object.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A type-2 memory window (`ibv_mw`), bound and invalidated through work
+/// requests on a QP ([`SendOp::BindMw`], [`SendOp::LocalInv`]).
+pub trait Mw: Send + Sync {
+    /// The rkey the window was allocated with; a bind uses
+    /// [`next_rkey`] of the last rkey used.
+    fn rkey(&self) -> u32;
+    /// For downcasting by the implementation that created this object.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// The rkey a type-2 window gets at its next bind: the low 8 bits (the
+/// consumer key) incremented, as `ibv_inc_rkey` does.
+pub fn next_rkey(rkey: u32) -> u32 {
+    (rkey & 0xffff_ff00) | ((rkey.wrapping_add(1)) & 0xff)
+}
+
+/// A completion queue with its completion channel.
+pub trait Cq: Send + Sync {
+    /// `ibv_poll_cq`: up to `max` completions, without waiting.
+    fn poll(&self, max: usize) -> Result<Vec<Completion>>;
+    /// Waits until the queue may hold a completion or `deadline` passes:
+    /// `ibv_req_notify_cq`, then the channel's fd with `poll(2)`, then
+    /// `ibv_get_cq_event` and its ack. Returns `false` at the deadline. A
+    /// `true` is a hint: poll to see what arrived. Never sleeps a fixed time.
+    fn wait(&self, deadline: Instant) -> Result<bool>;
+    /// For downcasting by the implementation that created this object.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A Reliable Connection queue pair.
+pub trait Qp: Send + Sync {
+    /// The QP number.
+    fn qp_num(&self) -> u32;
+    /// `ibv_query_qp`'s state.
+    fn state(&self) -> Result<QpState>;
+    /// `ibv_modify_qp` with the attributes that are `Some` (the mask). An
+    /// error names the transition and the mask bits.
+    fn modify(&self, attr: &QpAttr) -> Result<()>;
+    /// `ibv_post_recv` of one receive.
+    fn post_recv(&self, wr: RecvWr) -> Result<()>;
+    /// `ibv_post_send` of one chain of work requests, in order.
+    fn post_send(&self, wrs: &[SendWr]) -> Result<()>;
+    /// For downcasting by the implementation that created this object.
+    fn as_any(&self) -> &dyn Any;
+}
+
+// ---------------------------------------------------------------- RDMA CM
+
+/// The RDMA connection manager (librdmacm).
+pub trait Cm: Send + Sync {
+    /// Listens on `addr` (port 0: an ephemeral one) for RC connections
+    /// (`rdma_create_event_channel`, `rdma_create_id(RDMA_PS_TCP)`,
+    /// `rdma_bind_addr`, `rdma_listen`).
+    fn listen(&self, addr: std::net::SocketAddr) -> Result<Arc<dyn CmListener>>;
+    /// The active side, used by servers: resolves `addr`, creates an RC QP on
+    /// the resolved device in `pd`'s context with `cq`, and connects with
+    /// `private_data` (`rdma_resolve_addr`, `rdma_resolve_route`,
+    /// `rdma_create_qp`, `rdma_connect`), waiting for the outcome until
+    /// `deadline`.
+    fn connect(&self, request: ConnectRequest<'_>) -> Result<ConnectOutcome>;
+}
+
+/// What [`Cm::connect`] needs.
+pub struct ConnectRequest<'a> {
+    /// The listener's address.
+    pub addr: std::net::SocketAddr,
+    /// Protection domain for the QP; its device must be the one the
+    /// address resolves to.
+    pub pd: &'a Arc<dyn Pd>,
+    /// Completion queue of both queues of the new QP.
+    pub cq: &'a Arc<dyn Cq>,
+    /// Capacities of the new QP.
+    pub caps: QpCaps,
+    /// Private data of the REQ (at most [`CM_REQ_PRIVATE_DATA_MAX`] bytes).
+    pub private_data: &'a [u8],
+    /// `conn_param`: READs this side may have outstanding.
+    pub initiator_depth: u8,
+    /// `conn_param`: READs this side accepts outstanding.
+    pub responder_resources: u8,
+    /// `conn_param.retry_count`, 0..=7.
+    pub retry_count: u8,
+    /// `conn_param.rnr_retry_count`, 0..=7 (7: forever).
+    pub rnr_retry_count: u8,
+    /// When to give up waiting for ESTABLISHED or REJECTED.
+    pub deadline: Instant,
+}
+
+/// Most private data a REQ carries on `RDMA_PS_TCP`.
+pub const CM_REQ_PRIVATE_DATA_MAX: usize = 56;
+/// Most private data a REP or REJ carries.
+pub const CM_REP_PRIVATE_DATA_MAX: usize = 196;
+
+/// How [`Cm::connect`] ended.
+pub enum ConnectOutcome {
+    /// ESTABLISHED: the connection, its QP in RTS.
+    Established(Arc<dyn CmConnection>),
+    /// REJECTED by the peer, with its private data (padded, as received).
+    Rejected {
+        /// The REJ's private data.
+        private_data: Vec<u8>,
+    },
+}
+
+/// A listening id and its event channel.
+pub trait CmListener: Send + Sync {
+    /// The bound port.
+    fn port(&self) -> u16;
+    /// The next event, waiting until `deadline`; `None` at the deadline or
+    /// after [`CmListener::wake`].
+    fn next_event(&self, deadline: Instant) -> Result<Option<CmEvent>>;
+    /// Makes a `next_event` in progress (or the next one) return `None`
+    /// at once; used to stop the listener thread.
+    fn wake(&self);
+}
+
+/// An event on a listener's channel (already acknowledged: anything needed
+/// was copied out).
+pub enum CmEvent {
+    /// A peer wants to connect.
+    ConnectRequest(Box<dyn CmRequest>),
+    /// A connection accepted on this listener is established.
+    Established {
+        /// [`CmConnection::id`] of the accepted connection.
+        conn: u64,
+    },
+    /// A connection accepted on this listener was disconnected (by either
+    /// side), or failed to establish.
+    Disconnected {
+        /// [`CmConnection::id`] of the connection.
+        conn: u64,
+    },
+}
+
+/// A pending CONNECT_REQUEST on the passive side.
+pub trait CmRequest: Send {
+    /// The REQ's private data as received: padded by the CM, so longer than
+    /// what was sent.
+    fn private_data(&self) -> &[u8];
+    /// The event's `responder_resources` (already from this side's view).
+    fn responder_resources(&self) -> u8;
+    /// The event's `initiator_depth` (already from this side's view).
+    fn initiator_depth(&self) -> u8;
+    /// `rdma_init_qp_attr` on the new id, for the transition to `state`
+    /// (RTR or RTS): every connection attribute, as the CM chose it.
+    fn init_qp_attr(&self, state: QpState) -> Result<QpAttr>;
+    /// `rdma_accept` with `qp_num` as the QP, which the caller has already
+    /// moved to RTS.
+    fn accept(self: Box<Self>, params: AcceptParams) -> Result<Arc<dyn CmConnection>>;
+    /// `rdma_reject` with `private_data`, then `rdma_destroy_id`.
+    fn reject(self: Box<Self>, private_data: &[u8]) -> Result<()>;
+}
+
+/// `rdma_accept`'s parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AcceptParams {
+    /// The existing QP that serves the connection.
+    pub qp_num: u32,
+    /// Pass the request's value unchanged.
+    pub responder_resources: u8,
+    /// Pass the request's value unchanged.
+    pub initiator_depth: u8,
+    /// Becomes the peer's `rnr_retry`: 7 (forever).
+    pub rnr_retry_count: u8,
+}
+
+/// An established (or establishing) connection's id.
+pub trait CmConnection: Send + Sync {
+    /// An id unique among this CM's connections, named by events.
+    fn id(&self) -> u64;
+    /// The QP the active side created (`None` on the passive side, which
+    /// brought its own).
+    fn qp(&self) -> Option<Arc<dyn Qp>>;
+    /// `rdma_disconnect`: sends a DREQ (or the DREP to one received).
+    /// Idempotent. On the active side this also moves its QP to ERR.
+    fn disconnect(&self) -> Result<()>;
+    /// Whether a DISCONNECTED event has been seen for this connection
+    /// (active side: on its own channel).
+    fn is_disconnected(&self) -> bool;
+}
+
+// ---------------------------------------------------------------- GPU
+
+/// HIP's result: the value, or a `hipError_t`.
+pub type HipResult<T> = std::result::Result<T, i32>;
+
+/// The GPU runtime (HIP, and HSA for dma-buf export).
 pub trait Gpu: Send + Sync {
     /// `hipGetDeviceCount`.
-    fn device_count(&self) -> std::result::Result<i32, i32>;
+    fn device_count(&self) -> HipResult<i32>;
     /// `hipGetDevice`: the calling thread's current device.
-    fn current_device(&self) -> std::result::Result<i32, i32>;
+    fn current_device(&self) -> HipResult<i32>;
+    /// `hipDeviceGetPCIBusId`, e.g. `0000:c1:00.0`.
+    fn pci_bus_id(&self, device: i32) -> HipResult<String>;
+    /// `hipPointerGetAttributes`: what memory `addr` is.
+    fn pointer_kind(&self, addr: usize) -> HipResult<PointerKind>;
+    /// `hipMemGetAddressRange`: the allocation containing `addr`.
+    fn allocation_range(&self, addr: usize) -> HipResult<(usize, usize)>;
+    /// `hipHostMalloc` of `len` bytes of pinned host memory.
+    fn host_alloc(&self, len: usize) -> HipResult<Arc<dyn HostBuffer>>;
+    /// `hipMemcpyAsync` of `len` bytes on the per-thread default stream,
+    /// then `hipEventRecord` of a new event after it.
+    fn copy_async(&self, dst: usize, src: usize, len: usize) -> HipResult<Arc<dyn GpuEvent>>;
+    /// `hipDeviceSynchronize` on `device`.
+    fn synchronize(&self, device: i32) -> HipResult<()>;
+    /// `hsa_amd_portable_export_dmabuf`: a dma-buf for `len` bytes at
+    /// `addr` and the offset of `addr` inside it; `None` when the runtime
+    /// has no such export.
+    fn export_dmabuf(&self, addr: usize, len: usize) -> Option<HipResult<(OwnedFd, u64)>>;
+}
+
+/// Pinned host memory from [`Gpu::host_alloc`], freed on drop unless leaked.
+pub trait HostBuffer: Send + Sync {
+    /// First byte.
+    fn addr(&self) -> usize;
+    /// Bytes.
+    fn len(&self) -> usize;
+    /// Gives the memory up without freeing it: a copy may still write it.
+    fn leak(&self);
+}
+
+/// A recorded event after an async copy.
+pub trait GpuEvent: Send + Sync {
+    /// Waits until the copy finished or `deadline` passed; `Ok(false)` at the
+    /// deadline. HIP cannot wait on an event with a timeout, so the real one
+    /// polls `hipEventQuery` with a short backoff.
+    fn wait(&self, deadline: Instant) -> HipResult<bool>;
+    /// Gives the event up without destroying it: its copy may still run.
+    fn leak(&self);
+}
+
+// ---------------------------------------------------------------- topology
+
+/// What is known about the machine's NICs and PCI tree.
+pub trait Topology: Send + Sync {
+    /// Every RDMA device, with its ports and GIDs.
+    fn nics(&self) -> Result<Vec<NicInfo>>;
+    /// The chain of PCI addresses from the root port down to the device
+    /// `bus_id` (lowercase `dddd:bb:dd.f`), the device last; `None` if the
+    /// device is unknown.
+    fn pci_path(&self, bus_id: &str) -> Option<Vec<String>>;
+    /// The NUMA node of PCI device `bus_id`, if known.
+    fn numa_node(&self, bus_id: &str) -> Option<i32>;
 }

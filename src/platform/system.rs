@@ -11,7 +11,8 @@ use parking_lot::Mutex;
 
 use super::gpu::{self, LoadedHip};
 use super::verbs::{self, LoadedVerbs};
-use super::{Gpu, Platform, Verbs};
+use super::{Cm, Gpu, Platform, Topology, Verbs};
+use crate::core::Error;
 use crate::core::Result;
 
 /// The production platform.
@@ -36,6 +37,18 @@ impl Platform for SystemPlatform {
     fn verbs(&self) -> Result<Arc<dyn Verbs>> {
         let loaded = load_once(&self.verbs, || LoadedVerbs::open(verbs::loader::SONAMES))?;
         Ok(loaded)
+    }
+
+    fn cm(&self) -> Result<Arc<dyn Cm>> {
+        Err(Error::Rdma(
+            "librdmacm is not opened by this build yet".into(),
+        ))
+    }
+
+    fn topology(&self) -> Result<Arc<dyn Topology>> {
+        Err(Error::Rdma(
+            "the sysfs topology reader is not part of this build yet".into(),
+        ))
     }
 
     fn gpu(&self) -> Result<Arc<dyn Gpu>> {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::core::{Error, Result};
 use crate::platform::dl::{self, Loaded};
-use crate::platform::{RdmaDevice, Verbs};
+use crate::platform::{Context, Verbs};
 
 /// Runtime sonames, preferred first.
 pub const SONAMES: &[&str] = &["libibverbs.so.1", "libibverbs.so"];
@@ -103,7 +103,7 @@ impl Verbs for LoadedVerbs {
         Ok(names)
     }
 
-    fn open_device(&self, name: &str) -> Result<Arc<dyn RdmaDevice>> {
+    fn open(&self, name: &str) -> Result<Arc<dyn Context>> {
         Err(Error::Rdma(format!(
             "found RDMA device {name}, but hipobj {} cannot open devices yet (protection domain, \
              queue pairs and memory registration are not part of this release)",

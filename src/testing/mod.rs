@@ -1,0 +1,33 @@
+//! Fakes of every platform trait, for tests (feature `fake-platform`; never
+//! in the release library).
+//!
+//! The fakes are stricter than hardware where hardware is lenient by
+//! accident, and as strict as hardware everywhere else: a test that passes
+//! here should pass on real RC queue pairs.
+//!
+//! - [`fabric`]: an in-memory RC fabric of devices, QPs, MRs, MWs and CQs,
+//!   addressed by (GID, QP number), with the IB state machine, PSNs, rkey,
+//!   bounds and access checks, RNR and retry semantics.
+//! - [`cm`]: an RDMA CM over that fabric.
+//! - [`gpu`]: a GPU whose device memory is host memory, with copies and
+//!   events the test completes.
+//! - [`topology`]: a NIC/PCI topology given by the test.
+//! - [`faults`]: fault injection (fail the Nth call of any function) and
+//!   live-object counters.
+
+pub mod faults;
+
+use std::os::fd::OwnedFd;
+
+pub use faults::{Counters, Faults};
+
+/// What the fabric needs to know about fake device memory, so that plain
+/// registration of device memory fails as it does on real NICs and dma-buf
+/// registration checks its fd. Implemented by the fake GPU.
+pub trait DeviceMemory: Send + Sync {
+    /// Whether any byte of `[addr, addr + len)` is fake device memory.
+    fn is_device_memory(&self, addr: usize, len: usize) -> bool;
+    /// The range `(addr, len)` of device memory that `fd`, a dma-buf from
+    /// the fake GPU's export, stands for; `None` for any other fd.
+    fn dmabuf_range(&self, fd: &OwnedFd) -> Option<(usize, usize)>;
+}
