@@ -98,7 +98,8 @@ pub trait Pd: Send + Sync {
     fn as_any(&self) -> &dyn Any;
 }
 
-/// A memory region (`ibv_mr`).
+/// A memory region (`ibv_mr`). Never empty, so no `is_empty`.
+#[allow(clippy::len_without_is_empty)]
 pub trait Mr: Send + Sync {
     /// Local key, for scatter/gather entries.
     fn lkey(&self) -> u32;
@@ -323,6 +324,8 @@ pub trait Gpu: Send + Sync {
 }
 
 /// Pinned host memory from [`Gpu::host_alloc`], freed on drop unless leaked.
+/// Never empty, so no `is_empty`.
+#[allow(clippy::len_without_is_empty)]
 pub trait HostBuffer: Send + Sync {
     /// First byte.
     fn addr(&self) -> usize;
