@@ -8,6 +8,7 @@ pub mod args;
 pub mod error;
 pub mod instance;
 pub mod options;
+pub mod protocol;
 pub mod reply;
 pub mod token;
 

@@ -9,7 +9,7 @@
 //!
 //! Anything else is rejected rather than guessed at.
 
-use super::token::{Token, TokenError};
+use super::token::{Token, TokenError, Transport};
 
 /// Bytes of the buffer handed to `recvReply`.
 pub const REPLY_BUFFER_LEN: usize = 512;
@@ -69,10 +69,15 @@ pub fn parse_reply(bytes: &[u8]) -> Result<Reply, ReplyError> {
             }
         }
         _ => match body.strip_prefix(b"200:") {
-            Some(token) => Ok(Reply {
-                http_code: 200,
-                peer: Some(Token::parse_hex(token)?),
-            }),
+            Some(token) => {
+                let peer = Token::parse_hex(token)?;
+                // A server names its own QP with the original transports;
+                // 0x02 describes a client's listener and has no place here.
+                if peer.transport == Transport::RcCm {
+                    return Err(ReplyError::Token(TokenError::UnknownTransport(0x02)));
+                }
+                Ok(Reply { http_code: 200, peer: Some(peer) })
+            }
             None => Err(ReplyError::Malformed),
         },
     }
@@ -81,7 +86,7 @@ pub fn parse_reply(bytes: &[u8]) -> Result<Reply, ReplyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::token::{Transport, TOKEN_BYTES};
+    use crate::core::token::TOKEN_BYTES;
     use proptest::prelude::*;
 
     fn token_hex(transport: u8) -> String {
@@ -126,6 +131,11 @@ mod tests {
             Err(ReplyError::Token(TokenError::UnknownTransport(9)))
         );
         assert!(code(format!("200:{}0", token_hex(1)).as_bytes()).is_err());
+        assert_eq!(
+            code(format!("200:{}", token_hex(2)).as_bytes()),
+            Err(ReplyError::Token(TokenError::UnknownTransport(2)))
+        );
+        assert_eq!(code(format!("200:{}", token_hex(0)).as_bytes()), Ok(200));
         assert!(code(b"200:").is_err());
     }
 

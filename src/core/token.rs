@@ -24,8 +24,13 @@ const LID_AT: usize = 42;
 pub enum Transport {
     /// `0x00`: Dynamic Connection (NVIDIA cuObject servers).
     Dc,
-    /// `0x01`: Reliable Connection.
+    /// `0x01`: Reliable Connection; the client connects its QP to the peer
+    /// its reply names (the original's transport).
     Rc,
+    /// `0x02`: Reliable Connection that the server connects through RDMA CM
+    /// to the client's listener, whose port the LID field carries
+    /// (`docs/protocol.md`). This library mints only these.
+    RcCm,
 }
 
 impl Transport {
@@ -34,6 +39,7 @@ impl Transport {
         match self {
             Transport::Dc => 0x00,
             Transport::Rc => 0x01,
+            Transport::RcCm => 0x02,
         }
     }
 }
@@ -44,6 +50,7 @@ impl TryFrom<u8> for Transport {
         match byte {
             0x00 => Ok(Transport::Dc),
             0x01 => Ok(Transport::Rc),
+            0x02 => Ok(Transport::RcCm),
             other => Err(TokenError::UnknownTransport(other)),
         }
     }
@@ -219,10 +226,10 @@ mod tests {
         bad[50] = b'g';
         assert_eq!(Token::parse_hex(&bad), Err(TokenError::NotHex));
         let mut unknown = hex;
-        unknown[..2].copy_from_slice(b"07");
+        unknown[..2].copy_from_slice(b"03");
         assert_eq!(
             Token::parse_hex(&unknown),
-            Err(TokenError::UnknownTransport(7))
+            Err(TokenError::UnknownTransport(3))
         );
     }
 
@@ -237,7 +244,7 @@ mod tests {
     proptest! {
         #[test]
         fn any_token_bytes_with_a_known_transport_round_trip(
-            transport in 0u8..=1,
+            transport in 0u8..=2,
             rest in proptest::collection::vec(any::<u8>(), TOKEN_BYTES - 1),
         ) {
             let mut bytes = [0u8; TOKEN_BYTES];
@@ -252,7 +259,7 @@ mod tests {
 
         #[test]
         fn any_other_transport_byte_is_rejected(
-            transport in 2u8..,
+            transport in 3u8..,
             rest in proptest::collection::vec(any::<u8>(), TOKEN_BYTES - 1),
         ) {
             let mut bytes = [0u8; TOKEN_BYTES];

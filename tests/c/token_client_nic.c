@@ -110,6 +110,9 @@ int main(void)
     t.transport = 0x00; /* DC */
     hex_of(&t, 0, hex);
     expect_ip(__LINE__, hex, BUF, "192.0.2.1");
+    t.transport = 0x02; /* RC through RDMA CM: the tokens this library mints */
+    hex_of(&t, 0, hex);
+    expect_ip(__LINE__, hex, BUF, "192.0.2.1");
 
     t = token_with_ipv4(255, 255, 255, 255);
     hex_of(&t, 0, hex);
@@ -203,7 +206,7 @@ int main(void)
     expect_invalid(__LINE__, "0", BUF);
     expect_invalid(__LINE__, "not a token", BUF);
     expect_invalid(__LINE__, hex + 2, BUF); /* 86 digits */
-    const uint8_t bad_transports[] = {0x02, 0x03, 0x80, 0xfe, 0xff};
+    const uint8_t bad_transports[] = {0x03, 0x04, 0x80, 0xfe, 0xff};
     for (size_t i = 0; i < sizeof bad_transports; i++) {
         struct test_token b = t;
         b.transport = bad_transports[i];
