@@ -5,7 +5,6 @@ use std::ffi::{c_int, c_void};
 use super::boundary::enter;
 use super::types::hipObjError_t;
 use crate::core::args::{BufferRange, Slice, SyncDirection};
-use crate::core::instance::Memory;
 use crate::core::{Error, CURRENT};
 
 /// Registers `size` bytes of GPU memory at `devPtr` with the NIC, so that
@@ -31,7 +30,7 @@ use crate::core::{Error, CURRENT};
 pub unsafe extern "C" fn hipObjBufRegister(devPtr: *mut c_void, size: usize) -> hipObjError_t {
     enter("hipObjBufRegister", || {
         let instance = CURRENT.instance()?;
-        instance.register(BufferRange::new(devPtr.addr(), size)?, Memory::Device)
+        instance.register(BufferRange::new(devPtr.addr(), size)?, false)
     })
 }
 
@@ -48,7 +47,7 @@ pub unsafe extern "C" fn hipObjBufRegister(devPtr: *mut c_void, size: usize) -> 
 pub unsafe extern "C" fn hipObjBufRegisterHost(hostPtr: *mut c_void, size: usize) -> hipObjError_t {
     enter("hipObjBufRegisterHost", || {
         let instance = CURRENT.instance()?;
-        instance.register(BufferRange::new(hostPtr.addr(), size)?, Memory::Host)
+        instance.register(BufferRange::new(hostPtr.addr(), size)?, true)
     })
 }
 
@@ -97,11 +96,7 @@ pub unsafe extern "C" fn hipObjBufSync(
 ) -> hipObjError_t {
     enter("hipObjBufSync", || {
         let instance = CURRENT.instance()?;
-        let _direction = SyncDirection::try_from(direction)?;
-        let slice = Slice::new(devPtr.addr(), size, offset)?;
-        instance.check_slice(&slice)?;
-        Err(Error::NotSupported(
-            "staging copies are not part of this release",
-        ))
+        let direction = SyncDirection::try_from(direction)?;
+        instance.buf_sync(Slice::new(devPtr.addr(), size, offset)?, direction)
     })
 }

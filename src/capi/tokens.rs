@@ -39,13 +39,31 @@ pub unsafe extern "C" fn hipObjGetRdmaToken(
         if outToken.is_null() {
             return Err(Error::InvalidValue("outToken is NULL"));
         }
-        let _op = TokenOp::try_from(op)?;
-        let slice = Slice::new(devPtr.addr(), size, 0)?;
-        instance.check_slice(&slice)?;
-        Err(Error::NotSupported(
-            "token minting is not part of this release",
-        ))
+        let op = TokenOp::try_from(op)?;
+        let token = instance.mint_token(Slice::new(devPtr.addr(), size, 0)?, op)?;
+        let text = malloc_token(&token.to_hex());
+        if text.is_null() {
+            return Err(Error::Internal("malloc of 89 bytes failed".into()));
+        }
+        // SAFETY: `outToken` is non-NULL (checked above) and writable by the
+        // caller's contract; written last, after everything that can fail.
+        unsafe { outToken.write(text) };
+        Ok(())
     })
+}
+
+/// A `malloc`ed, NUL-terminated copy of `hex`, or NULL.
+fn malloc_token(hex: &[u8; TOKEN_HEX_LEN]) -> *mut c_char {
+    // SAFETY: malloc may be called with any size; the result is checked.
+    let text = unsafe { libc::malloc(TOKEN_HEX_LEN + 1) }.cast::<u8>();
+    if !text.is_null() {
+        // SAFETY: `text` holds TOKEN_HEX_LEN + 1 bytes just allocated, which
+        // nothing else references.
+        let out = unsafe { std::slice::from_raw_parts_mut(text, TOKEN_HEX_LEN + 1) };
+        out[..TOKEN_HEX_LEN].copy_from_slice(hex);
+        out[TOKEN_HEX_LEN] = 0;
+    }
+    text.cast()
 }
 
 /// Releases a token from `hipObjGetRdmaToken`.

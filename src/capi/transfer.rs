@@ -1,35 +1,72 @@
 //! `hipObjGet` and `hipObjPut`.
 
-use std::ffi::c_void;
+use std::ffi::{c_char, c_int, c_void};
 
 use super::boundary::enter;
 use super::types::{hipObjError_t, hipObjHandle_t, hipObjOps_t};
 use crate::core::args::Slice;
+use crate::core::reply::REPLY_BUFFER_LEN;
+use crate::core::token::TOKEN_HEX_LEN;
+use crate::core::transfer::{Direction, S3Client};
 use crate::core::{Error, Result, CURRENT};
 
+/// The application's callbacks as the transfer sequence sees them.
+struct Callbacks {
+    send: SendRequest,
+    recv: RecvReply,
+    ctx: *mut c_void,
+}
+
+type SendRequest = unsafe extern "C" fn(*mut c_void, *const c_char, usize) -> c_int;
+type RecvReply = unsafe extern "C" fn(*mut c_void, *mut c_char, *mut usize) -> c_int;
+
+impl S3Client for Callbacks {
+    fn send_request(&mut self, token: &[u8; TOKEN_HEX_LEN + 1]) -> std::result::Result<(), i32> {
+        // SAFETY: the callback came from the caller's hipObjOps_t with its
+        // `ctx`; `token` is 88 digits and a NUL, valid for the call.
+        match unsafe { (self.send)(self.ctx, token.as_ptr().cast(), TOKEN_HEX_LEN) } {
+            0 => Ok(()),
+            rc => Err(rc),
+        }
+    }
+
+    fn recv_reply(
+        &mut self,
+        reply: &mut [u8; REPLY_BUFFER_LEN],
+    ) -> std::result::Result<usize, i32> {
+        let mut len = REPLY_BUFFER_LEN;
+        // SAFETY: as above; `reply` is writable for REPLY_BUFFER_LEN bytes,
+        // which `len` tells the callback.
+        match unsafe { (self.recv)(self.ctx, reply.as_mut_ptr().cast(), &mut len) } {
+            0 => Ok(len),
+            rc => Err(rc),
+        }
+    }
+}
+
 /// The checks `hipObjGet` and `hipObjPut` share, in the spec's order, with
-/// no callback called on failure.
+/// no callback called on failure; then the transfer.
 ///
 /// # Safety
 ///
-/// `ops` is NULL or points to a valid `hipObjOps_t`.
+/// `ops` is NULL or points to a valid `hipObjOps_t` whose callbacks may be
+/// called with `ctx`.
 unsafe fn transfer(
+    direction: Direction,
     dev_ptr: usize,
     size: usize,
     offset: libc::off_t,
     ops: *const hipObjOps_t,
+    ctx: *mut c_void,
 ) -> Result<()> {
     let instance = CURRENT.instance()?;
     // SAFETY: NULL or valid, per this function's contract.
     let ops = unsafe { ops.as_ref() }.ok_or(Error::InvalidValue("ops is NULL"))?;
-    if ops.sendRequest.is_none() || ops.recvReply.is_none() {
+    let (Some(send), Some(recv)) = (ops.sendRequest, ops.recvReply) else {
         return Err(Error::InvalidValue("a callback in ops is NULL"));
-    }
+    };
     let slice = Slice::new(dev_ptr, size, offset)?;
-    instance.check_slice(&slice)?;
-    Err(Error::NotSupported(
-        "RDMA transfers are not part of this release",
-    ))
+    instance.transfer(direction, slice, &mut Callbacks { send, recv, ctx })
 }
 
 /// Reads `size` bytes of an S3 object into the registered buffer `devPtr`,
@@ -64,10 +101,10 @@ pub unsafe extern "C" fn hipObjGet(
     ops: *mut hipObjOps_t,
     ctx: *mut c_void,
 ) -> hipObjError_t {
-    let _ = (handle, ctx);
-    // SAFETY: `ops` is NULL or valid, per this function's contract.
+    let _ = handle;
+    // SAFETY: `ops` is NULL or valid with `ctx`, per this function's contract.
     enter("hipObjGet", || unsafe {
-        transfer(devPtr.addr(), size, offset, ops)
+        transfer(Direction::Get, devPtr.addr(), size, offset, ops, ctx)
     })
 }
 
@@ -89,9 +126,9 @@ pub unsafe extern "C" fn hipObjPut(
     ops: *mut hipObjOps_t,
     ctx: *mut c_void,
 ) -> hipObjError_t {
-    let _ = (handle, ctx);
-    // SAFETY: `ops` is NULL or valid, per this function's contract.
+    let _ = handle;
+    // SAFETY: `ops` is NULL or valid with `ctx`, per this function's contract.
     enter("hipObjPut", || unsafe {
-        transfer(devPtr.addr(), size, offset, ops)
+        transfer(Direction::Put, devPtr.addr(), size, offset, ops, ctx)
     })
 }

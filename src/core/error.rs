@@ -98,6 +98,16 @@ pub enum Error {
     #[error("S3: {0}")]
     S3(String),
 
+    /// A staging copy failed or outlived `HIPOBJ_STAGE_TIMEOUT_MS`; `hip` is
+    /// the HIP error behind it, or 0 for a timeout.
+    #[error("staging copy: {what} (hipError_t {hip})")]
+    Staging {
+        /// What failed.
+        what: &'static str,
+        /// The `hipError_t`, or 0.
+        hip: i32,
+    },
+
     // ---- A bug or an unrecoverable local failure.
     /// Staging copy failure or timeout, or a broken internal invariant.
     #[error("internal error: {0}")]
@@ -120,7 +130,7 @@ impl Error {
             Error::DmabufNotSupported => Code::DmabufNotSupported,
             Error::NotSupported(_) => Code::NotSupported,
             Error::S3(_) => Code::S3,
-            Error::Internal(_) => Code::Internal,
+            Error::Internal(_) | Error::Staging { .. } => Code::Internal,
         }
     }
 
@@ -129,6 +139,7 @@ impl Error {
         match self {
             Error::Hip { code, .. } => *code,
             Error::HipMissing(_) => HIP_ERROR_NO_DEVICE,
+            Error::Staging { hip, .. } => *hip,
             _ => 0,
         }
     }
@@ -144,6 +155,7 @@ impl Error {
                 | Error::HipMissing(_)
                 | Error::NicNotFound(_)
                 | Error::Internal(_)
+                | Error::Staging { .. }
         )
     }
 }

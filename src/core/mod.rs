@@ -4,13 +4,19 @@
 
 #![forbid(unsafe_code)]
 
+pub mod abandoned;
 pub mod args;
+pub mod buffers;
 pub mod error;
 pub mod instance;
+pub mod listener;
+pub mod nic;
 pub mod options;
+pub mod pool;
 pub mod protocol;
 pub mod reply;
 pub mod token;
+pub mod transfer;
 
 pub use error::{Code, Error, Result};
 pub use instance::{Config, Current, Instance, CURRENT};

@@ -19,6 +19,15 @@ pub struct Options {
     pub require_gpu_direct: bool,
     /// `HIPOBJ_RDMA_DEBUG`: report failed dma-buf exports on stderr.
     pub rdma_debug: bool,
+    /// `HIPOBJ_COMPLETION_TIMEOUT_MS`: how long a transfer waits, after the
+    /// reply, for the server's final message.
+    pub completion_timeout: Duration,
+    /// `HIPOBJ_TOKEN_TIMEOUT_MS`: how long a token from
+    /// `hipObjGetRdmaToken` keeps its connection reserved.
+    pub token_timeout: Duration,
+    /// `HIPOBJ_IDLE_TIMEOUT_MS`: how long an established connection may stay
+    /// unused before it is closed.
+    pub idle_timeout: Duration,
 }
 
 impl Default for Options {
@@ -29,13 +38,16 @@ impl Default for Options {
             dmabuf: true,
             require_gpu_direct: false,
             rdma_debug: false,
+            completion_timeout: Duration::from_millis(5_000),
+            token_timeout: Duration::from_millis(30_000),
+            idle_timeout: Duration::from_millis(60_000),
         }
     }
 }
 
 /// Highest `HIPOBJ_MAX_TRANSFERS`.
 pub const MAX_TRANSFERS_LIMIT: u32 = 1024;
-/// Highest `HIPOBJ_STAGE_TIMEOUT_MS`: 24 hours.
+/// Highest value of every `HIPOBJ_*_MS` variable: 24 hours.
 pub const STAGE_TIMEOUT_LIMIT_MS: u64 = 86_400_000;
 
 impl Options {
@@ -53,16 +65,27 @@ impl Options {
                 .and_then(|v| decimal_in(&v, 1, u64::from(MAX_TRANSFERS_LIMIT)))
                 .and_then(|n| u32::try_from(n).ok())
                 .unwrap_or(defaults.max_transfers),
-            stage_timeout: value("HIPOBJ_STAGE_TIMEOUT_MS")
-                .and_then(|v| decimal_in(&v, 1, STAGE_TIMEOUT_LIMIT_MS))
-                .map_or(defaults.stage_timeout, Duration::from_millis),
+            stage_timeout: millis(value("HIPOBJ_STAGE_TIMEOUT_MS"), defaults.stage_timeout),
             dmabuf: value("HIPOBJ_DMABUF").map_or(defaults.dmabuf, |v| !starts_with_no(&v)),
             require_gpu_direct: value("HIPOBJ_REQUIRE_GPU_DIRECT")
                 .map_or(defaults.require_gpu_direct, |v| !starts_with_no(&v)),
             rdma_debug: value("HIPOBJ_RDMA_DEBUG")
                 .map_or(defaults.rdma_debug, |v| v.first() != Some(&b'0')),
+            completion_timeout: millis(
+                value("HIPOBJ_COMPLETION_TIMEOUT_MS"),
+                defaults.completion_timeout,
+            ),
+            token_timeout: millis(value("HIPOBJ_TOKEN_TIMEOUT_MS"), defaults.token_timeout),
+            idle_timeout: millis(value("HIPOBJ_IDLE_TIMEOUT_MS"), defaults.idle_timeout),
         }
     }
+}
+
+/// A duration in milliseconds from 1 to 24 hours, else `default`.
+fn millis(value: Option<Vec<u8>>, default: Duration) -> Duration {
+    value
+        .and_then(|v| decimal_in(&v, 1, STAGE_TIMEOUT_LIMIT_MS))
+        .map_or(default, Duration::from_millis)
 }
 
 /// A value of plain decimal digits (no sign, space or other text) within
@@ -136,6 +159,21 @@ mod tests {
         for bad in ["0", "86400001", "1e3", "1.5", "", "-5", " 10"] {
             assert_eq!(t(bad), Duration::from_secs(30), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn connection_timeouts_take_1_to_a_day_in_ms() {
+        let o = with(&[
+            ("HIPOBJ_COMPLETION_TIMEOUT_MS", "250"),
+            ("HIPOBJ_TOKEN_TIMEOUT_MS", "86400000"),
+            ("HIPOBJ_IDLE_TIMEOUT_MS", "0"),
+        ]);
+        assert_eq!(o.completion_timeout, Duration::from_millis(250));
+        assert_eq!(o.token_timeout, Duration::from_secs(86_400));
+        assert_eq!(o.idle_timeout, Duration::from_secs(60), "0 is out of range");
+        let d = with(&[]);
+        assert_eq!(d.completion_timeout, Duration::from_secs(5));
+        assert_eq!(d.token_timeout, Duration::from_secs(30));
     }
 
     #[test]

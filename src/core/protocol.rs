@@ -55,9 +55,18 @@ impl RejectReason {
     /// From the wire value.
     pub fn from_u8(value: u8) -> Option<RejectReason> {
         use RejectReason::*;
-        [NotHipobj, BadVersion, BadToken, UnknownQp, NotWaiting, WrongToken, QpFailed, ShuttingDown]
-            .into_iter()
-            .find(|r| *r as u8 == value)
+        [
+            NotHipobj,
+            BadVersion,
+            BadToken,
+            UnknownQp,
+            NotWaiting,
+            WrongToken,
+            QpFailed,
+            ShuttingDown,
+        ]
+        .into_iter()
+        .find(|r| *r as u8 == value)
     }
 }
 
@@ -78,7 +87,9 @@ impl ConnectData {
 
     /// Reads a connect request's (padded) private data.
     pub fn decode(data: &[u8]) -> Result<ConnectData, RejectReason> {
-        let data = data.get(..CONNECT_DATA_LEN).ok_or(RejectReason::NotHipobj)?;
+        let data = data
+            .get(..CONNECT_DATA_LEN)
+            .ok_or(RejectReason::NotHipobj)?;
         if data[0..4] != MAGIC.to_le_bytes() {
             return Err(RejectReason::NotHipobj);
         }
@@ -90,7 +101,10 @@ impl ConnectData {
         let token = Token::from_bytes(&token).map_err(|_| RejectReason::BadToken)?;
         let mut nonce = [0u8; 4];
         nonce.copy_from_slice(&data[8 + TOKEN_BYTES..]);
-        Ok(ConnectData { token, nonce: u32::from_le_bytes(nonce) })
+        Ok(ConnectData {
+            token,
+            nonce: u32::from_le_bytes(nonce),
+        })
     }
 }
 
@@ -146,7 +160,10 @@ mod tests {
     #[test]
     fn connect_data_fills_a_req_and_survives_padding() {
         assert_eq!(CONNECT_DATA_LEN, 56);
-        let data = ConnectData { token: token(), nonce: 0xdead_beef };
+        let data = ConnectData {
+            token: token(),
+            nonce: 0xdead_beef,
+        };
         let mut padded = data.encode().to_vec();
         padded.resize(56, 0);
         assert_eq!(ConnectData::decode(&padded), Ok(data));
@@ -155,8 +172,15 @@ mod tests {
 
     #[test]
     fn connect_data_rejects_what_is_not_ours() {
-        let good = ConnectData { token: token(), nonce: 1 }.encode();
-        assert_eq!(ConnectData::decode(&good[..55]), Err(RejectReason::NotHipobj));
+        let good = ConnectData {
+            token: token(),
+            nonce: 1,
+        }
+        .encode();
+        assert_eq!(
+            ConnectData::decode(&good[..55]),
+            Err(RejectReason::NotHipobj)
+        );
         let mut bad = good;
         bad[0] = b'X';
         assert_eq!(ConnectData::decode(&bad), Err(RejectReason::NotHipobj));
@@ -170,7 +194,11 @@ mod tests {
 
     #[test]
     fn reject_reasons_round_trip() {
-        for reason in [RejectReason::NotHipobj, RejectReason::WrongToken, RejectReason::ShuttingDown] {
+        for reason in [
+            RejectReason::NotHipobj,
+            RejectReason::WrongToken,
+            RejectReason::ShuttingDown,
+        ] {
             let mut padded = encode_reject(reason).to_vec();
             padded.resize(148, 0);
             assert_eq!(decode_reject(&padded), Some(reason));

@@ -76,7 +76,10 @@ pub fn parse_reply(bytes: &[u8]) -> Result<Reply, ReplyError> {
                 if peer.transport == Transport::RcCm {
                     return Err(ReplyError::Token(TokenError::UnknownTransport(0x02)));
                 }
-                Ok(Reply { http_code: 200, peer: Some(peer) })
+                Ok(Reply {
+                    http_code: 200,
+                    peer: Some(peer),
+                })
             }
             None => Err(ReplyError::Malformed),
         },

@@ -1,0 +1,167 @@
+//! The map of registered buffers.
+//!
+//! Entries are found by the exact address they were registered at; a
+//! transfer picks its part of the buffer with an offset. Lookups copy the
+//! entry's `Arc` under a shared lock and release it, so the lock guards the
+//! map, never the work. An entry that anyone else holds (a transfer, a token,
+//! an abandoned copy) cannot be removed: since copies are only made under
+//! the map's lock, the check cannot miss one.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use super::args::MAX_BUFFERS;
+use super::error::{Error, Result};
+use crate::platform::{HostBuffer, Mr};
+
+/// How a buffer was registered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufKind {
+    /// `hipObjBufRegisterHost`, or host memory given to `hipObjBufRegister`:
+    /// the caller's memory, registered as it is.
+    Host,
+    /// GPU memory the NIC reaches directly; `dmabuf` tells how it was
+    /// registered. The device is synchronized after a transfer.
+    Device {
+        /// The HIP device.
+        device: i32,
+        /// Registered as a dma-buf (else with a plain MR).
+        dmabuf: bool,
+    },
+    /// GPU memory the NIC cannot reach: transfers go through a pinned host
+    /// staging buffer of the same size.
+    Staged {
+        /// The HIP device.
+        device: i32,
+    },
+}
+
+/// One registered buffer.
+///
+/// Field order is teardown order: the MR is deregistered before the staging
+/// memory it covers is freed.
+pub struct BufEntry {
+    /// The address the caller registered.
+    pub base: usize,
+    /// Bytes.
+    pub len: usize,
+    /// How it was registered.
+    pub kind: BufKind,
+    /// The registration the NIC uses (of the staging buffer when staged).
+    pub mr: Arc<dyn Mr>,
+    /// The staging buffer, when staged.
+    pub staging: Option<Arc<dyn HostBuffer>>,
+}
+
+impl std::fmt::Debug for BufEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufEntry")
+            .field("base", &format_args!("{:#x}", self.base))
+            .field("len", &self.len)
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BufEntry {
+    /// The address the NIC knows byte `offset` of the buffer by: in the
+    /// staging buffer when staged.
+    pub fn nic_addr(&self, offset: u64) -> u64 {
+        self.mr.addr() + offset
+    }
+
+    /// The staging buffer's address, when staged.
+    pub fn staging_addr(&self) -> Option<usize> {
+        self.staging.as_ref().map(|s| s.addr())
+    }
+}
+
+/// The registered buffers, at most [`MAX_BUFFERS`].
+#[derive(Default)]
+pub struct BufferMap {
+    entries: RwLock<BTreeMap<usize, Arc<BufEntry>>>,
+}
+
+impl BufferMap {
+    /// An empty map.
+    pub fn new() -> BufferMap {
+        BufferMap::default()
+    }
+
+    /// The entry registered at exactly `base`.
+    pub fn find(&self, base: usize) -> Result<Arc<BufEntry>> {
+        self.entries
+            .read()
+            .get(&base)
+            .cloned()
+            .ok_or(Error::BufNotRegistered)
+    }
+
+    /// Whether `base` could be registered now: not registered, map not full.
+    /// Checked before registering, so a duplicate costs no registration; and
+    /// again by [`BufferMap::insert`].
+    pub fn precheck(&self, base: usize) -> Result<()> {
+        Self::check(&self.entries.read(), base)
+    }
+
+    fn check(entries: &BTreeMap<usize, Arc<BufEntry>>, base: usize) -> Result<()> {
+        if entries.contains_key(&base) {
+            return Err(Error::BufAlreadyRegistered);
+        }
+        if entries.len() >= MAX_BUFFERS {
+            return Err(Error::Rdma(format!(
+                "{MAX_BUFFERS} buffers are registered already"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Inserts a registered entry. If another thread registered the same
+    /// address meanwhile, or filled the map, the entry is released (after
+    /// the lock) and the error returned.
+    pub fn insert(&self, entry: BufEntry) -> Result<()> {
+        let mut entries = self.entries.write();
+        if let Err(e) = Self::check(&entries, entry.base) {
+            drop(entries);
+            drop(entry);
+            return Err(e);
+        }
+        entries.insert(entry.base, Arc::new(entry));
+        Ok(())
+    }
+
+    /// Removes the entry at `base` unless something else holds it. The entry
+    /// is released after the lock.
+    pub fn remove(&self, base: usize) -> Result<()> {
+        let mut entries = self.entries.write();
+        let entry = entries.get(&base).ok_or(Error::BufNotRegistered)?;
+        if Arc::strong_count(entry) > 1 {
+            return Err(Error::Busy(
+                "the buffer is in use by a transfer, a token or a staging copy",
+            ));
+        }
+        let removed = entries.remove(&base);
+        drop(entries);
+        drop(removed);
+        Ok(())
+    }
+
+    /// Registered buffers.
+    pub fn len(&self) -> usize {
+        self.entries.read().len()
+    }
+
+    /// Whether nothing is registered.
+    pub fn is_empty(&self) -> bool {
+        self.entries.read().is_empty()
+    }
+
+    /// Takes every entry out (at instance teardown).
+    pub fn drain(&self) -> Vec<Arc<BufEntry>> {
+        std::mem::take(&mut *self.entries.write())
+            .into_values()
+            .collect()
+    }
+}

@@ -1,0 +1,415 @@
+//! The connection pool: one RC queue pair per transfer in flight.
+//!
+//! The pool creates `HIPOBJ_MAX_TRANSFERS` connections at init and leases
+//! them out. A connection keeps its RDMA CM connection to a server after its
+//! lease ends, so the next transfer that reaches the same server needs no
+//! handshake; a thread is given back a connection to the server its last
+//! transfer used when one is free.
+//!
+//! Locks: the pool's `inner` (free list) may be taken before a connection's
+//! `state`, never after it.
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::error::{Error, Result};
+use super::token::Token;
+use crate::platform::{
+    Access, Cm, CmConnection, Context, Cq, Gid, Pd, Qp, QpAttr, QpCaps, QpState,
+};
+
+/// Completion queue entries per connection.
+pub const CQ_DEPTH: u32 = 16;
+/// Queue capacities of a pool QP.
+pub const QP_CAPS: QpCaps = QpCaps {
+    max_send_wr: 8,
+    max_recv_wr: 8,
+    max_send_sge: 1,
+    max_recv_sge: 1,
+};
+
+/// How a connection is linked to a server.
+pub enum Link {
+    /// No server: the QP is in INIT.
+    Unconnected,
+    /// The listener is moving the QP to a new server.
+    Connecting,
+    /// Established with a server.
+    Connected(Peer),
+}
+
+/// An established connection's server side.
+pub struct Peer {
+    /// The CM connection (passive side).
+    pub cm: Arc<dyn CmConnection>,
+    /// The server's GID.
+    pub gid: Gid,
+    /// The nonce of the connect request.
+    pub nonce: u32,
+    /// Transfers completed on this connection.
+    pub seq: u32,
+    /// When the last transfer on it ended.
+    pub last_used: Instant,
+}
+
+/// A transfer waiting for a server on this connection.
+#[derive(Clone, Copy, Debug)]
+pub struct Waiting {
+    /// The token it minted; a server must present it to connect.
+    pub token: Token,
+    /// wr_id of the receive its final message will consume.
+    pub recv_wr_id: u64,
+    /// Remote access the transfer grants.
+    pub access: Access,
+}
+
+/// What a connection is doing, guarded by its mutex.
+pub struct ConnState {
+    /// The link to a server.
+    pub link: Link,
+    /// The transfer waiting on it, if any.
+    pub waiting: Option<Waiting>,
+    /// The CM reported the peer gone while the connection was leased; the
+    /// lease must reset it.
+    pub peer_gone: bool,
+    /// Source of receive wr_ids: a completion with an older id is stale.
+    pub next_wr_id: u64,
+}
+
+/// One pool connection: a QP and its own CQ.
+pub struct Connection {
+    /// The QP (destroyed before the CQ: declared first).
+    pub qp: Arc<dyn Qp>,
+    /// Its completion queue.
+    pub cq: Arc<dyn Cq>,
+    /// Index in the pool.
+    pub index: usize,
+    /// What it is doing.
+    pub state: Mutex<ConnState>,
+    /// Signalled when `state.link` leaves `Connecting`.
+    pub settled: Condvar,
+}
+
+impl Connection {
+    /// Creates a QP with its CQ and moves it to INIT with no remote access.
+    pub fn create(ctx: &dyn Context, pd: &dyn Pd, port: u8, index: usize) -> Result<Connection> {
+        let cq = ctx.create_cq(CQ_DEPTH)?;
+        let qp = pd.create_qp(&cq, QP_CAPS)?;
+        qp.modify(&init_attr(port))?;
+        Ok(Connection {
+            qp,
+            cq,
+            index,
+            state: Mutex::new(ConnState {
+                link: Link::Unconnected,
+                waiting: None,
+                peer_gone: false,
+                next_wr_id: 1,
+            }),
+            settled: Condvar::new(),
+        })
+    }
+
+    /// Brings the QP back to INIT, unconnected: drains the CQ (a completion
+    /// can sit behind a disconnect), then RESET, then INIT. Posted receives
+    /// are discarded by RESET without completions.
+    pub fn reset(&self, port: u8) -> Result<()> {
+        self.drain();
+        self.qp.modify(&QpAttr {
+            state: Some(QpState::Reset),
+            ..QpAttr::default()
+        })?;
+        self.qp.modify(&init_attr(port))?;
+        Ok(())
+    }
+
+    /// Throws away every completion queued.
+    pub fn drain(&self) {
+        while let Ok(c) = self.cq.poll(CQ_DEPTH as usize) {
+            if c.is_empty() {
+                break;
+            }
+        }
+    }
+
+    /// Waits while the listener is moving this connection to a server.
+    pub fn wait_settled(&self) -> parking_lot::MutexGuard<'_, ConnState> {
+        let mut state = self.state.lock();
+        while matches!(state.link, Link::Connecting) {
+            self.settled.wait(&mut state);
+        }
+        state
+    }
+}
+
+/// RESET->INIT: pkey 0, the port, and no remote access until a transfer
+/// grants the access it needs.
+pub fn init_attr(port: u8) -> QpAttr {
+    QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(0),
+        port: Some(port),
+        access: Some(Access::empty()),
+        ..QpAttr::default()
+    }
+}
+
+/// Ends a connection's link to its server: disconnects the CM connection (if
+/// any). The QP still has to be reset.
+pub fn disconnect(peer: Peer) {
+    if let Err(e) = peer.cm.disconnect() {
+        eprintln!("hipobj: rdma_disconnect: {e}");
+    }
+}
+
+struct Inner {
+    free: Vec<usize>,
+    closed: bool,
+    /// Connections that could not be reset and were retired.
+    retired: usize,
+}
+
+/// The pool.
+pub struct ConnectionPool {
+    slots: Vec<Arc<Connection>>,
+    inner: Mutex<Inner>,
+    available: Condvar,
+    /// The IB port every QP uses.
+    pub port: u8,
+    // Keeps the CM (and its library) alive while connections exist.
+    _cm: Arc<dyn Cm>,
+}
+
+thread_local! {
+    /// Leases this thread holds, of any pool: a thread that holds one and
+    /// finds none free gets `Busy` rather than waiting for itself.
+    static HELD: Cell<usize> = const { Cell::new(0) };
+    /// The server GID of this thread's last transfer.
+    static LAST_PEER: Cell<Option<Gid>> = const { Cell::new(None) };
+}
+
+/// Remembers the server this thread's transfer used.
+pub fn remember_peer(gid: Gid) {
+    LAST_PEER.with(|p| p.set(Some(gid)));
+}
+
+impl ConnectionPool {
+    /// Creates `count` connections; creating fewer is a failure.
+    pub fn new(
+        ctx: &dyn Context,
+        pd: &dyn Pd,
+        cm: Arc<dyn Cm>,
+        port: u8,
+        count: u32,
+    ) -> Result<ConnectionPool> {
+        let count = usize::try_from(count).map_err(|_| Error::InvalidValue("pool size"))?;
+        let slots = (0..count)
+            .map(|i| Connection::create(ctx, pd, port, i).map(Arc::new))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ConnectionPool {
+            inner: Mutex::new(Inner {
+                free: (0..slots.len()).rev().collect(),
+                closed: false,
+                retired: 0,
+            }),
+            slots,
+            available: Condvar::new(),
+            port,
+            _cm: cm,
+        })
+    }
+
+    /// Every connection, by index.
+    pub fn slots(&self) -> &[Arc<Connection>] {
+        &self.slots
+    }
+
+    /// The connection whose QP has number `qp_num`.
+    pub fn by_qp_num(&self, qp_num: u32) -> Option<&Arc<Connection>> {
+        self.slots.iter().find(|c| c.qp.qp_num() == qp_num)
+    }
+
+    /// Leases a connection; see [`ConnectionPool::acquire_with`].
+    pub fn acquire(self: &Arc<Self>) -> Result<Lease> {
+        self.acquire_with(|| None)
+    }
+
+    /// Leases a connection. When none is free: a thread that already holds a
+    /// lease gets `Busy`; others wait, calling `reap` first and whenever they
+    /// wake (it may return leases held by expired tokens, and says until when
+    /// to wait at most). A closed pool gives `NotInitialized`.
+    pub fn acquire_with(self: &Arc<Self>, reap: impl Fn() -> Option<Instant>) -> Result<Lease> {
+        let wake_at = reap();
+        let mut inner = self.inner.lock();
+        loop {
+            if inner.closed {
+                return Err(Error::NotInitialized);
+            }
+            if let Some(index) = self.pick(&mut inner) {
+                HELD.with(|h| h.set(h.get() + 1));
+                return Ok(Lease {
+                    pool: self.clone(),
+                    index,
+                    counted: true,
+                    retire: false,
+                });
+            }
+            if self.slots.len() == inner.retired {
+                return Err(Error::Rdma(
+                    "every pool connection failed and was retired".into(),
+                ));
+            }
+            if HELD.with(Cell::get) > 0 {
+                return Err(Error::Busy(
+                    "every connection is leased, one of them by this thread",
+                ));
+            }
+            match wake_at {
+                Some(at) => {
+                    let timed_out = self.available.wait_until(&mut inner, at).timed_out();
+                    if timed_out {
+                        drop(inner);
+                        let _ = reap();
+                        inner = self.inner.lock();
+                    }
+                }
+                None => self.available.wait(&mut inner),
+            }
+        }
+    }
+
+    /// Chooses a free connection: one linked to this thread's last server,
+    /// else (without a preference) any linked one, else an unlinked one,
+    /// else any.
+    fn pick(&self, inner: &mut Inner) -> Option<usize> {
+        if inner.free.is_empty() {
+            return None;
+        }
+        let prefer = LAST_PEER.with(Cell::get);
+        let rank = |index: usize| -> u8 {
+            let state = self.slots[index].state.lock();
+            match (&state.link, prefer) {
+                (Link::Connected(p), Some(gid)) if p.gid == gid => 0,
+                (Link::Connected(_), None) => 1,
+                (Link::Unconnected, _) => 2,
+                _ => 3,
+            }
+        };
+        let (pos, _) = inner
+            .free
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, &i)| rank(i))?;
+        Some(inner.free.swap_remove(pos))
+    }
+
+    /// Takes connection `index` if it is free, without counting it as this
+    /// thread's lease (for the listener's maintenance).
+    pub fn try_take(self: &Arc<Self>, index: usize) -> Option<Lease> {
+        let mut inner = self.inner.lock();
+        if inner.closed {
+            return None;
+        }
+        let pos = inner.free.iter().position(|&i| i == index)?;
+        inner.free.swap_remove(pos);
+        Some(Lease {
+            pool: self.clone(),
+            index,
+            counted: false,
+            retire: false,
+        })
+    }
+
+    /// Closes the pool: leases fail with `NotInitialized` from now on,
+    /// including those waiting.
+    pub fn close(&self) {
+        self.inner.lock().closed = true;
+        self.available.notify_all();
+    }
+
+    /// Whether [`ConnectionPool::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.inner.lock().closed
+    }
+
+    /// Free connections.
+    pub fn free_count(&self) -> usize {
+        self.inner.lock().free.len()
+    }
+
+    /// Connections retired after a failed reset.
+    pub fn retired_count(&self) -> usize {
+        self.inner.lock().retired
+    }
+
+    fn give_back(&self, index: usize, retire: bool) {
+        let mut inner = self.inner.lock();
+        if retire {
+            inner.retired += 1;
+        } else {
+            inner.free.push(index);
+        }
+        drop(inner);
+        self.available.notify_one();
+    }
+}
+
+/// One leased connection; returned to the pool on drop.
+pub struct Lease {
+    pool: Arc<ConnectionPool>,
+    index: usize,
+    counted: bool,
+    retire: bool,
+}
+
+impl Lease {
+    /// The leased connection.
+    pub fn conn(&self) -> &Arc<Connection> {
+        &self.pool.slots[self.index]
+    }
+
+    /// The pool it came from.
+    pub fn pool(&self) -> &Arc<ConnectionPool> {
+        &self.pool
+    }
+
+    /// Ends the lease after a failure: disconnects the server, resets the QP
+    /// to INIT and returns it; a QP that cannot be reset is retired.
+    pub fn fail(mut self) {
+        let conn = self.conn().clone();
+        let peer = {
+            let mut state = conn.wait_settled();
+            state.waiting = None;
+            state.peer_gone = false;
+            match std::mem::replace(&mut state.link, Link::Unconnected) {
+                Link::Connected(peer) => Some(peer),
+                _ => None,
+            }
+        };
+        if let Some(peer) = peer {
+            disconnect(peer);
+        }
+        if let Err(e) = conn.reset(self.pool.port) {
+            eprintln!("hipobj: retiring connection {}: {e}", conn.index);
+            self.retire = true;
+        }
+    }
+
+    /// Detaches the lease from this thread's count: for a lease that outlives
+    /// the call that took it (an application-driven token).
+    pub fn detach(&mut self) {
+        if std::mem::take(&mut self.counted) {
+            HELD.with(|h| h.set(h.get() - 1));
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.detach();
+        self.pool.give_back(self.index, self.retire);
+    }
+}
