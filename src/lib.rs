@@ -26,5 +26,7 @@ pub mod core;
 /// cbindgen:ignore
 pub mod platform;
 /// cbindgen:ignore
+pub mod server;
+/// cbindgen:ignore
 #[cfg(feature = "fake-platform")]
 pub mod testing;
