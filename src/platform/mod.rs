@@ -3,7 +3,7 @@
 //! `core` sees the machine only through these traits, and receives the
 //! implementation by injection (`Current::init_with`): the production one
 //! from `system()`, the fakes of `crate::testing` in tests. Trait methods
-//! speak domain types (this module and [`types`]), so `core` needs no
+//! speak domain types (this module and [`crate::platform::types`]), so `core` needs no
 //! `unsafe`.
 //!
 //! Ownership follows libibverbs: every object is handed out as an `Arc`, and
