@@ -5,7 +5,7 @@
 //! For each token it finds its established connection to the client QP the
 //! token names, or connects to the client's listener with the token as
 //! proof; moves the bytes with RDMA WRITEs (GET) or READs (PUT); then sends
-//! the zero-length WRITE-with-immediate carrying the transfer's secret, and
+//! the zero-length SEND with immediate carrying the transfer's secret, and
 //! waits for its completion, before the S3 reply may be sent.
 //!
 //! The steps are public on their own so that tests can play a server that
@@ -24,8 +24,8 @@ use crate::core::protocol::{decode_reject, final_imm, ConnectData};
 use crate::core::token::{Token, Transport};
 use crate::core::{Error, Result};
 use crate::platform::{
-    Cm, CmConnection, ConnectOutcome, ConnectRequest, Context, Cq, Gid, Mr, Pd, Qp, QpCaps, SendOp, SendWr, Sge,
-    WcStatus,
+    Cm, CmConnection, ConnectOutcome, ConnectRequest, Context, Cq, Gid, Mr, Pd, Qp, QpCaps, SendOp,
+    SendWr, Sge, WcStatus,
 };
 
 /// The client QP a token names, as a connection's key.
@@ -42,7 +42,11 @@ pub struct ClientQp {
 impl ClientQp {
     /// The key of the QP `token` names.
     pub fn of(token: &Token) -> ClientQp {
-        ClientQp { gid: token.gid, qp_num: token.qp_num, port: token.lid }
+        ClientQp {
+            gid: token.gid,
+            qp_num: token.qp_num,
+            port: token.lid,
+        }
     }
 }
 
@@ -79,7 +83,12 @@ pub enum Op {
 }
 
 /// QP capacities of server connections.
-const CAPS: QpCaps = QpCaps { max_send_wr: 16, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1 };
+const CAPS: QpCaps = QpCaps {
+    max_send_wr: 16,
+    max_recv_wr: 4,
+    max_send_sge: 1,
+    max_recv_sge: 1,
+};
 
 /// The server side of one NIC.
 pub struct ServerSide {
@@ -95,7 +104,13 @@ pub struct ServerSide {
 impl ServerSide {
     /// A server side on `ctx` / `pd`.
     pub fn new(cm: Arc<dyn Cm>, ctx: Arc<dyn Context>, pd: Arc<dyn Pd>) -> ServerSide {
-        ServerSide { cm, ctx, pd, conns: Mutex::new(HashMap::new()), retry_count: 6 }
+        ServerSide {
+            cm,
+            ctx,
+            pd,
+            conns: Mutex::new(HashMap::new()),
+            retry_count: 6,
+        }
     }
 
     /// The protection domain, for registering the server's memory.
@@ -130,25 +145,41 @@ impl ServerSide {
     /// The established connection to the QP `token` names, or a new one.
     pub fn connection(&self, token: &Token, deadline: Instant) -> Result<Arc<Mutex<ServerConn>>> {
         if token.transport != Transport::RcCm {
-            return Err(Error::InvalidValue("not a 0x02 token: this server connects through RDMA CM"));
+            return Err(Error::InvalidValue(
+                "not a 0x02 token: this server connects through RDMA CM",
+            ));
         }
         let key = ClientQp::of(token);
-        if let Some(conn) = self.conns.lock().get(&key).cloned() {
+        // Bound first: the map's guard must not live into the branch below.
+        let existing = self.conns.lock().get(&key).cloned();
+        if let Some(conn) = existing {
             if !conn.lock().cm.is_disconnected() {
                 return Ok(conn);
             }
             self.drop_connection(&key);
         }
         let nonce = random_u32();
-        let data = ConnectData { token: *token, nonce }.encode();
-        let conn = Arc::new(Mutex::new(self.connect_with(token, &data, nonce, deadline)?));
+        let data = ConnectData {
+            token: *token,
+            nonce,
+        }
+        .encode();
+        let conn = Arc::new(Mutex::new(
+            self.connect_with(token, &data, nonce, deadline)?,
+        ));
         self.conns.lock().insert(key, conn.clone());
         Ok(conn)
     }
 
     /// Connects to the listener `token` names with `private_data` as the
     /// connect request's.
-    pub fn connect_with(&self, token: &Token, private_data: &[u8], nonce: u32, deadline: Instant) -> Result<ServerConn> {
+    pub fn connect_with(
+        &self,
+        token: &Token,
+        private_data: &[u8],
+        nonce: u32,
+        deadline: Instant,
+    ) -> Result<ServerConn> {
         let cq = self.ctx.create_cq(32)?;
         let addr = SocketAddr::new(ip_of(&token.gid), token.lid);
         let outcome = self.cm.connect(ConnectRequest {
@@ -165,8 +196,16 @@ impl ServerSide {
         })?;
         match outcome {
             ConnectOutcome::Established(cm) => {
-                let qp = cm.qp().ok_or_else(|| Error::Internal("the active side has no QP".into()))?;
-                Ok(ServerConn { cm, qp, cq, nonce, seq: 0 })
+                let qp = cm
+                    .qp()
+                    .ok_or_else(|| Error::Internal("the active side has no QP".into()))?;
+                Ok(ServerConn {
+                    cm,
+                    qp,
+                    cq,
+                    nonce,
+                    seq: 0,
+                })
             }
             ConnectOutcome::Rejected { private_data } => Err(Error::Rdma(format!(
                 "the client rejected the connection: {:?}",
@@ -177,9 +216,25 @@ impl ServerSide {
 
     /// Disconnects and forgets the connection to `key`.
     pub fn drop_connection(&self, key: &ClientQp) {
-        if let Some(conn) = self.conns.lock().remove(key) {
+        let removed = self.conns.lock().remove(key);
+        if let Some(conn) = removed {
             let _ = conn.lock().cm.disconnect();
         }
+    }
+
+    /// Forgets connections whose client disconnected (or that failed),
+    /// releasing their QPs.
+    pub fn forget_disconnected(&self) {
+        let gone: Vec<Arc<Mutex<ServerConn>>> = {
+            let mut conns = self.conns.lock();
+            let keys: Vec<ClientQp> = conns
+                .iter()
+                .filter(|(_, c)| c.lock().cm.is_disconnected())
+                .map(|(k, _)| *k)
+                .collect();
+            keys.iter().filter_map(|k| conns.remove(k)).collect()
+        };
+        drop(gone);
     }
 
     /// Established connections.
@@ -190,21 +245,49 @@ impl ServerSide {
     /// The data of one transfer: WRITEs for a GET, READs for a PUT, waited
     /// for (a READ must complete before the final message says the bytes
     /// are here).
-    pub fn move_data(&self, conn: &ServerConn, token: &Token, op: Op, local: &LocalBuf, deadline: Instant) -> Result<()> {
-        let len = u32::try_from(token.length).map_err(|_| Error::InvalidValue("transfer larger than 4 GiB - 1"))?;
-        let sge = Some(Sge { addr: local.addr, len, lkey: local.mr.lkey() });
+    pub fn move_data(
+        &self,
+        conn: &ServerConn,
+        token: &Token,
+        op: Op,
+        local: &LocalBuf,
+        deadline: Instant,
+    ) -> Result<()> {
+        let len = u32::try_from(token.length)
+            .map_err(|_| Error::InvalidValue("transfer larger than 4 GiB - 1"))?;
+        let sge = Some(Sge {
+            addr: local.addr,
+            len,
+            lkey: local.mr.lkey(),
+        });
         let op = match op {
-            Op::Get => SendOp::Write { remote_addr: token.addr, rkey: token.rkey },
-            Op::Put => SendOp::Read { remote_addr: token.addr, rkey: token.rkey },
+            Op::Get => SendOp::Write {
+                remote_addr: token.addr,
+                rkey: token.rkey,
+            },
+            Op::Put => SendOp::Read {
+                remote_addr: token.addr,
+                rkey: token.rkey,
+            },
         };
-        conn.qp.post_send(&[SendWr { wr_id: 1, op, sge, signaled: true }])?;
+        conn.qp.post_send(&[SendWr {
+            wr_id: 1,
+            op,
+            sge,
+            signaled: true,
+        }])?;
         wait_send(conn, 1, deadline)
     }
 
-    /// The final message: a zero-length WRITE-with-immediate, waited for.
+    /// The final message: a zero-length SEND with immediate, waited for.
     pub fn send_final(&self, conn: &ServerConn, imm: u32, deadline: Instant) -> Result<()> {
-        let op = SendOp::WriteImm { remote_addr: 0, rkey: 0, imm };
-        conn.qp.post_send(&[SendWr { wr_id: 2, op, sge: None, signaled: true }])?;
+        let op = SendOp::SendImm { imm };
+        conn.qp.post_send(&[SendWr {
+            wr_id: 2,
+            op,
+            sge: None,
+            signaled: true,
+        }])?;
         wait_send(conn, 2, deadline)
     }
 }
@@ -219,11 +302,16 @@ fn wait_send(conn: &ServerConn, wr_id: u64, deadline: Instant) -> Result<()> {
             return if c.status == WcStatus::Success {
                 Ok(())
             } else {
-                Err(Error::Rdma(format!("server work request {wr_id}: {:?}", c.status)))
+                Err(Error::Rdma(format!(
+                    "server work request {wr_id}: {:?}",
+                    c.status
+                )))
             };
         }
         if Instant::now() >= deadline || !conn.cq.wait(deadline)? {
-            return Err(Error::Rdma(format!("server work request {wr_id}: no completion before the deadline")));
+            return Err(Error::Rdma(format!(
+                "server work request {wr_id}: no completion before the deadline"
+            )));
         }
     }
 }

@@ -117,8 +117,14 @@ impl Instance {
     fn build(platform: Arc<dyn Platform>, config: Config, options: Options) -> Result<Instance> {
         let verbs = platform.verbs()?;
         let gpu = resolve_gpu(&*platform, &config)?;
-        let topology = platform.topology()?;
         let present = verbs.device_names()?;
+        if !present
+            .iter()
+            .any(|name| config.nic_hint.is_empty() || config.nic_hint.contains(name))
+        {
+            return Err(nic::not_found(&present, &config.nic_hint));
+        }
+        let topology = platform.topology()?;
         let nics = topology.nics()?;
         let bus_id = match &gpu {
             Some(g) => Some(g.gpu.pci_bus_id(g.device).map_err(|code| Error::Hip {

@@ -47,19 +47,7 @@ pub fn choose(
         .filter(|n| n.ports.iter().any(|p| p.state == PortState::Active))
         .collect();
     if candidates.is_empty() {
-        let listed = if present.is_empty() {
-            "none".to_owned()
-        } else {
-            present.join(", ")
-        };
-        return Err(Error::NicNotFound(if hint.is_empty() {
-            format!("no RDMA device with an active port (devices: {listed})")
-        } else {
-            format!(
-                "no device named in the hint {:?} has an active port (devices: {listed})",
-                hint.join(",")
-            )
-        }));
+        return Err(not_found(present, hint));
     }
     match gpu {
         Some(gpu) => {
@@ -104,6 +92,23 @@ pub fn choose(
         mtu: port.active_mtu,
         gid_index: gid.index,
         gid: gid.gid,
+    })
+}
+
+/// The error for no usable NIC among `present` (and the `hint`).
+pub fn not_found(present: &[String], hint: &[String]) -> Error {
+    let listed = if present.is_empty() {
+        "none".to_owned()
+    } else {
+        present.join(", ")
+    };
+    Error::NicNotFound(if hint.is_empty() {
+        format!("no RDMA device with an active port (devices: {listed})")
+    } else {
+        format!(
+            "no device named in the hint {:?} has an active port (devices: {listed})",
+            hint.join(",")
+        )
     })
 }
 

@@ -124,7 +124,7 @@ pub fn decode_reject(data: &[u8]) -> Option<RejectReason> {
     RejectReason::from_u8(data[5])
 }
 
-/// The immediate value of the server's final WRITE-with-immediate for the
+/// The immediate value of the server's final SEND with immediate for the
 /// `seq`th transfer (from 0) on a connection whose connect request carried
 /// `nonce`: SplitMix64's finalizer over both, folded to 32 bits. Both sides
 /// count transfers on the connection; a failed transfer ends the connection,

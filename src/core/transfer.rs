@@ -5,7 +5,7 @@
 //! message will consume, records the lease as waiting with the token it
 //! mints, and calls `sendRequest`. The server connects to the listener with
 //! that token (or reuses the connection it has to this QP), moves the data
-//! with RDMA WRITEs or READs, then sends a zero-length WRITE-with-immediate
+//! with RDMA WRITEs or READs, then sends a zero-length SEND with immediate
 //! whose immediate is this transfer's secret, and only then replies. After
 //! `recvReply`, the transfer succeeds on that completion alone.
 //!
@@ -420,7 +420,7 @@ impl Instance {
     }
 
     /// Waits for the server's final message on the lease's CQ: success only
-    /// on a WRITE-with-immediate that consumed this transfer's receive and
+    /// on a SEND with immediate that consumed this transfer's receive and
     /// carries this transfer's secret.
     fn await_final(&self, lease: &Lease, ticket: Ticket, deadline: Instant) -> Result<()> {
         let conn = lease.conn();
@@ -435,13 +435,15 @@ impl Instance {
                         c.status, c.vendor_err
                     )));
                 }
-                if c.opcode != WcOpcode::RecvRdmaWithImm {
+                if c.opcode != WcOpcode::Recv {
                     return Err(Error::Rdma(format!(
-                        "the final message was a {:?}, not a WRITE with immediate",
+                        "the final message was a {:?}, not a SEND with immediate",
                         c.opcode
                     )));
                 }
-                let expected = match &conn.state.lock().link {
+                // The server may finish before the listener thread records
+                // the connection it accepted: wait for that first.
+                let expected = match &conn.wait_settled().link {
                     Link::Connected(p) => final_imm(p.nonce, p.seq),
                     _ => {
                         return Err(Error::Rdma(

@@ -316,6 +316,13 @@ pub enum SendOp {
     },
     /// `IBV_WR_SEND`: consumes a receive at the peer.
     Send,
+    /// `IBV_WR_SEND_WITH_IMM`: consumes a receive at the peer, whose
+    /// completion (`IBV_WC_RECV` with `IBV_WC_WITH_IMM`) carries `imm`.
+    /// Needs no remote access on the peer's QP.
+    SendImm {
+        /// Immediate data (host order; big-endian on the wire).
+        imm: u32,
+    },
     /// `IBV_WR_RDMA_READ`
     Read {
         /// Peer address.
@@ -362,6 +369,7 @@ impl std::fmt::Debug for SendOp {
                 )
             }
             SendOp::Send => write!(f, "Send"),
+            SendOp::SendImm { imm } => write!(f, "SendImm(imm {imm:#x})"),
             SendOp::Read { remote_addr, rkey } => {
                 write!(f, "Read({remote_addr:#x}, rkey {rkey:#x})")
             }
@@ -468,7 +476,8 @@ pub enum WcOpcode {
     BindMw,
     /// `IBV_WC_LOCAL_INV` (6)
     LocalInv,
-    /// `IBV_WC_RECV` (128): a SEND arrived.
+    /// `IBV_WC_RECV` (128): a SEND arrived (with `imm` for a SEND with
+    /// immediate).
     Recv,
     /// `IBV_WC_RECV_RDMA_WITH_IMM` (129): a WRITE-with-immediate arrived.
     RecvRdmaWithImm,

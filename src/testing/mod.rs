@@ -15,7 +15,14 @@
 //! - [`faults`]: fault injection (fail the Nth call of any function) and
 //!   live-object counters.
 
+pub mod cm;
+pub mod fabric;
 pub mod faults;
+pub mod gpu;
+pub mod topology;
+pub mod world;
+
+mod memory;
 
 use std::os::fd::OwnedFd;
 

@@ -117,7 +117,7 @@ int main(void)
     token_hex(&t, 1, token_reply + 4);
     t.gid[10] = 0;
     token_hex(&t, 0, plain_token);
-    t.transport = 0x02;
+    t.transport = 0x03; /* unknown: 0x00-0x02 are defined */
     token_hex(&t, 0, bad_token);
 
     CHECK_INT(pthread_barrier_init(&start, NULL, THREADS), 0);

@@ -1,0 +1,1548 @@
+//! The fake RDMA CM over the fake fabric.
+//!
+//! It reproduces what the kernel CM and librdmacm do in the rxe lab
+//! (`lab/rxe/CMTEST.md`):
+//!
+//! - listeners are bound to a device's IPv4 address and a port (0: an
+//!   ephemeral one);
+//! - `connect` creates the active QP (RESET -> INIT with local write, remote
+//!   write and remote read), picks a random-looking but deterministic 24-bit
+//!   PSN for each CM id, and blocks until the passive side accepts or
+//!   rejects, or the deadline passes;
+//! - the CONNECT_REQUEST carries the private data padded to 56 bytes, and
+//!   `responder_resources` / `initiator_depth` already from the passive
+//!   side's view (swapped);
+//! - `init_qp_attr` returns exactly the CM's attributes and masks (RTR
+//!   `0x129181`, RTS `0x12e01`), including `min_rnr_timer` 0 (655 ms, which
+//!   callers must override);
+//! - `accept` requires the named QP to exist on the listening device and be
+//!   in RTS already (the design's order; stricter than the kernel CM, which
+//!   would let the server's first packets hit a QP that drops them), then
+//!   does what the REP does to the active QP (RTR, RTS with the accept's
+//!   values), and both sides see ESTABLISHED;
+//! - `reject` reaches the active side with the private data padded to 148
+//!   bytes; a request dropped unanswered is rejected too;
+//! - `disconnect` on either side: the passive side's listener gets
+//!   DISCONNECTED, the active side's connection reports it, the active QP
+//!   goes to ERR (librdmacm does that for QPs it created), and the passive
+//!   side's own QP is left alone.
+//!
+//! Faults: "rdma_listen", "rdma_connect", "rdma_accept", "rdma_reject",
+//! "rdma_disconnect", "rdma_init_qp_attr", "rdma_get_cm_event". Live CM ids
+//! (listeners, pending requests, connections of either side) are counted
+//! under "cm_id".
+//!
+//! Locking: the CM's lock is taken before the fabric's, never after, and no
+//! fake object is dropped while it is held (the records hold keys, not
+//! `Arc`s).
+
+#![forbid(unsafe_code)]
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::fabric::{roce_av, DeviceInfo, Fabric, QpKey, MAX_RD_ATOMIC, PSN_MASK};
+use crate::core::{Error, Result};
+use crate::platform::{
+    AcceptParams, Access, Cm, CmConnection, CmEvent, CmListener, CmRequest, ConnectOutcome,
+    ConnectRequest, Gid, Mtu, Qp, QpAttr, QpState, CM_REQ_PRIVATE_DATA_MAX,
+};
+
+/// Length of a CONNECT_REQUEST's private data as the passive side sees it
+/// (`RDMA_PS_TCP`: 56 bytes, whatever was sent).
+pub const REQ_PRIVATE_DATA_LEN: usize = CM_REQ_PRIVATE_DATA_MAX;
+/// Length of a REJ's private data as the active side sees it.
+pub const REJ_PRIVATE_DATA_LEN: usize = 148;
+/// The CM's local ACK timeout for RoCE (4.096 us * 2^17, about 537 ms).
+const CM_TIMEOUT: u8 = 17;
+/// Access flags `rdma_create_qp` gives its QP at INIT.
+const CM_QP_ACCESS: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ);
+/// Linux's default ephemeral port range.
+const EPHEMERAL_PORTS: (u16, u16) = (32_768, 60_999);
+/// Seed of PSNs and ephemeral ports.
+const SEED: u64 = 0x6869_706f_626a_434d;
+
+/// splitmix64: a deterministic, random-looking function of `x`.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The starting PSN the CM picks for CM id `id`.
+fn psn_of(id: u64) -> u32 {
+    u32::try_from(mix(SEED ^ id) & u64::from(PSN_MASK)).unwrap_or(0)
+}
+
+fn padded(data: &[u8], len: usize) -> Vec<u8> {
+    let mut out = data.to_vec();
+    out.resize(len.max(data.len()), 0);
+    out
+}
+
+fn rdma(message: String) -> Error {
+    Error::Rdma(message)
+}
+
+/// The CM's state, shared by every host's [`Cm`] of one fabric.
+pub(crate) struct Hub {
+    state: Mutex<HubState>,
+    /// Notified on every event, outcome and wake.
+    changed: Condvar,
+}
+
+impl Hub {
+    /// No listeners, no connections.
+    pub(crate) fn new() -> Hub {
+        Hub {
+            state: Mutex::new(HubState::default()),
+            changed: Condvar::new(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct HubState {
+    /// Last CM id handed out (ids are unique across the fabric).
+    last_id: u64,
+    listeners: BTreeMap<u64, ListenerRec>,
+    /// Pending CONNECT_REQUESTs by passive CM id.
+    requests: HashMap<u64, RequestRec>,
+    /// How each waiting `connect` ended, by active CM id.
+    outcomes: HashMap<u64, Outcome>,
+    connections: HashMap<u64, ConnRec>,
+}
+
+struct ListenerRec {
+    ip: Ipv4Addr,
+    port: u16,
+    queue: VecDeque<Queued>,
+    woken: bool,
+}
+
+/// An event waiting in a listener's channel.
+#[derive(Clone, Copy)]
+enum Queued {
+    Request(u64),
+    Established(u64),
+    Disconnected(u64),
+}
+
+/// What the passive side learns from a REQ, and what the CM chose.
+#[derive(Clone)]
+struct RequestInfo {
+    private_data: Vec<u8>,
+    /// Passive view: the active side's `initiator_depth`.
+    responder_resources: u8,
+    /// Passive view: the active side's `responder_resources`.
+    initiator_depth: u8,
+    active_gid: Gid,
+    active_qpn: u32,
+    active_psn: u32,
+    passive_psn: u32,
+    path_mtu: Mtu,
+    retry_count: u8,
+    rnr_retry_count: u8,
+}
+
+struct RequestRec {
+    listener: u64,
+    /// The listening device.
+    device: DeviceInfo,
+    active_id: u64,
+    active_qp: QpKey,
+    info: RequestInfo,
+    /// The active side stopped waiting.
+    abandoned: bool,
+}
+
+enum Outcome {
+    Established,
+    Rejected(Vec<u8>),
+    Failed(String),
+}
+
+#[derive(Clone, Copy)]
+enum Side {
+    Active { qp: QpKey },
+    Passive { listener: u64 },
+}
+
+struct ConnRec {
+    side: Side,
+    peer: Option<u64>,
+    disconnected: bool,
+}
+
+impl HubState {
+    fn new_id(&mut self) -> u64 {
+        self.last_id += 1;
+        self.last_id
+    }
+
+    fn queue(&mut self, listener: u64, event: Queued) {
+        if let Some(l) = self.listeners.get_mut(&listener) {
+            l.queue.push_back(event);
+        }
+    }
+
+    /// Disconnects connection `id` and its peer: DISCONNECTED for the
+    /// passive side's listener, the active QP to ERR. Idempotent.
+    fn disconnect(&mut self, fabric: &Fabric, id: u64) {
+        let Some(conn) = self.connections.get(&id) else {
+            return;
+        };
+        if conn.disconnected {
+            return;
+        }
+        let ids = [Some(id), conn.peer];
+        for id in ids.into_iter().flatten() {
+            let Some(conn) = self.connections.get_mut(&id) else {
+                continue;
+            };
+            conn.disconnected = true;
+            match conn.side {
+                Side::Passive { listener } => self.queue(listener, Queued::Disconnected(id)),
+                Side::Active { qp } => {
+                    let to_err = QpAttr {
+                        state: Some(QpState::Err),
+                        ..QpAttr::default()
+                    };
+                    // The QP may be gone already; nothing else can fail.
+                    let _ = fabric.modify_qp_by_key(qp, &to_err);
+                }
+            }
+        }
+    }
+
+    /// Ends request `id` with a rejection of the active side (unless it
+    /// stopped waiting).
+    fn reject(&mut self, id: u64, private_data: &[u8]) -> bool {
+        let Some(request) = self.requests.remove(&id) else {
+            return false;
+        };
+        if !request.abandoned {
+            let data = padded(private_data, REJ_PRIVATE_DATA_LEN);
+            self.outcomes
+                .insert(request.active_id, Outcome::Rejected(data));
+        }
+        true
+    }
+}
+
+// ---------------------------------------------------------------- Cm
+
+/// A host's RDMA CM.
+pub(crate) struct FakeCm {
+    fabric: Arc<Fabric>,
+    visible: Vec<String>,
+}
+
+impl FakeCm {
+    /// The CM of a host that sees the devices `visible`.
+    pub(crate) fn new(fabric: Arc<Fabric>, visible: Vec<String>) -> FakeCm {
+        FakeCm { fabric, visible }
+    }
+
+    fn hub(&self) -> &Hub {
+        &self.fabric.hub
+    }
+
+    fn sees(&self, device: &DeviceInfo) -> bool {
+        self.visible.contains(&device.name)
+    }
+}
+
+impl Cm for FakeCm {
+    fn listen(&self, addr: SocketAddr) -> Result<Arc<dyn CmListener>> {
+        self.fabric.check("rdma_listen")?;
+        let SocketAddr::V4(v4) = addr else {
+            return Err(rdma(format!(
+                "rdma_bind_addr({addr}) failed: Address family not supported (the fake CM \
+                 speaks IPv4)"
+            )));
+        };
+        let ip = *v4.ip();
+        if self
+            .fabric
+            .device_by_ip(ip)
+            .filter(|d| self.sees(d))
+            .is_none()
+        {
+            return Err(rdma(format!(
+                "rdma_bind_addr({addr}) failed: Cannot assign requested address (no RDMA \
+                 device of this host has it)"
+            )));
+        }
+        let mut st = self.hub().state.lock();
+        let taken =
+            |st: &HubState, port: u16| st.listeners.values().any(|l| l.ip == ip && l.port == port);
+        let port = if v4.port() != 0 {
+            if taken(&st, v4.port()) {
+                return Err(rdma(format!(
+                    "rdma_bind_addr({addr}) failed: Address already in use"
+                )));
+            }
+            v4.port()
+        } else {
+            let (low, high) = EPHEMERAL_PORTS;
+            let span = u64::from(high - low) + 1;
+            let start = mix(SEED ^ st.last_id) % span;
+            let free = (0..span)
+                .filter_map(|i| u16::try_from((start + i) % span).ok())
+                .map(|offset| low + offset)
+                .find(|port| !taken(&st, *port));
+            let Some(port) = free else {
+                return Err(rdma(format!(
+                    "rdma_bind_addr({addr}) failed: no ephemeral port left"
+                )));
+            };
+            port
+        };
+        let id = st.new_id();
+        st.listeners.insert(
+            id,
+            ListenerRec {
+                ip,
+                port,
+                queue: VecDeque::new(),
+                woken: false,
+            },
+        );
+        drop(st);
+        self.fabric.counters().created("cm_id");
+        Ok(Arc::new(FakeListener {
+            fabric: Arc::clone(&self.fabric),
+            id,
+            port,
+        }))
+    }
+
+    fn connect(&self, request: ConnectRequest<'_>) -> Result<ConnectOutcome> {
+        self.fabric.check("rdma_connect")?;
+        let addr = request.addr;
+        let invalid = |why: &str| {
+            rdma(format!(
+                "rdma_connect({addr}) failed: Invalid argument: {why}"
+            ))
+        };
+        if request.private_data.len() > CM_REQ_PRIVATE_DATA_MAX {
+            return Err(invalid("more than 56 bytes of private data"));
+        }
+        if request.retry_count > 7 || request.rnr_retry_count > 7 {
+            return Err(invalid("retry_count and rnr_retry_count are 0..=7"));
+        }
+        if request.initiator_depth > MAX_RD_ATOMIC || request.responder_resources > MAX_RD_ATOMIC {
+            return Err(invalid(
+                "initiator_depth and responder_resources are 0..=16",
+            ));
+        }
+        let SocketAddr::V4(v4) = addr else {
+            return Err(rdma(format!(
+                "rdma_resolve_addr({addr}) failed: Address family not supported"
+            )));
+        };
+        let Some(pd) = self.fabric.fake_pd(request.pd) else {
+            return Err(invalid("the PD is not this fabric's"));
+        };
+        let local = self
+            .fabric
+            .device_info(pd.device())
+            .filter(|d| self.sees(d))
+            .ok_or_else(|| invalid("the PD's device is not this host's"))?;
+        let remote = self
+            .fabric
+            .device_by_ip(*v4.ip())
+            .filter(|d| d.port_active && local.port_active)
+            .ok_or_else(|| {
+                rdma(format!(
+                    "rdma_resolve_addr({addr}) failed: No route to host (no active RDMA device \
+                     has this address)"
+                ))
+            })?;
+
+        let hub = self.hub();
+        let mut st = hub.state.lock();
+        let listener = st
+            .listeners
+            .iter()
+            .find(|(_, l)| l.ip == *v4.ip() && l.port == v4.port())
+            .map(|(id, _)| *id);
+        let Some(listener) = listener else {
+            return Err(rdma(format!(
+                "rdma_connect({addr}): REJECTED, status 8 (IB_CM_REJ_INVALID_SERVICE_ID: \
+                 nothing listens there)"
+            )));
+        };
+        // rdma_create_qp: the QP, moved to INIT by the CM.
+        let qp = self
+            .fabric
+            .create_qp_unchecked(&pd, request.cq, request.caps)?;
+        let Some(active_qp) = self.fabric.qp_key(&qp) else {
+            return Err(Error::Internal("fake CM: QP of another fabric".to_owned()));
+        };
+        let init = QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            access: Some(CM_QP_ACCESS),
+            ..QpAttr::default()
+        };
+        self.fabric.modify_qp_by_key(active_qp, &init)?;
+
+        let active_id = st.new_id();
+        let passive_id = st.new_id();
+        let info = RequestInfo {
+            private_data: padded(request.private_data, REQ_PRIVATE_DATA_LEN),
+            responder_resources: request.initiator_depth,
+            initiator_depth: request.responder_resources,
+            active_gid: local.gid,
+            active_qpn: active_qp.1,
+            active_psn: psn_of(active_id),
+            passive_psn: psn_of(passive_id),
+            path_mtu: local.mtu.min(remote.mtu),
+            retry_count: request.retry_count,
+            rnr_retry_count: request.rnr_retry_count,
+        };
+        st.requests.insert(
+            passive_id,
+            RequestRec {
+                listener,
+                device: remote,
+                active_id,
+                active_qp,
+                info,
+                abandoned: false,
+            },
+        );
+        st.queue(listener, Queued::Request(passive_id));
+        self.fabric.counters().created("cm_id");
+        self.fabric.counters().created("cm_id");
+        hub.changed.notify_all();
+
+        let outcome = loop {
+            if let Some(outcome) = st.outcomes.remove(&active_id) {
+                break Some(outcome);
+            }
+            if hub
+                .changed
+                .wait_until(&mut st, request.deadline)
+                .timed_out()
+            {
+                break st.outcomes.remove(&active_id);
+            }
+        };
+        let result = match outcome {
+            Some(Outcome::Established) => {
+                return Ok(ConnectOutcome::Established(Arc::new(FakeConnection {
+                    fabric: Arc::clone(&self.fabric),
+                    id: active_id,
+                    qp: Some(qp),
+                })));
+            }
+            Some(Outcome::Rejected(private_data)) => Ok(ConnectOutcome::Rejected { private_data }),
+            Some(Outcome::Failed(why)) => Err(rdma(format!("rdma_connect({addr}) failed: {why}"))),
+            None => {
+                if let Some(r) = st.requests.get_mut(&passive_id) {
+                    r.abandoned = true;
+                }
+                Err(rdma(format!(
+                    "rdma_connect({addr}): neither ESTABLISHED nor REJECTED before the deadline"
+                )))
+            }
+        };
+        drop(st);
+        // rdma_destroy_qp and rdma_destroy_id of the failed attempt.
+        drop(qp);
+        self.fabric.counters().destroyed("cm_id");
+        result
+    }
+}
+
+// ---------------------------------------------------------------- listener
+
+/// A listening CM id and its event channel.
+struct FakeListener {
+    fabric: Arc<Fabric>,
+    id: u64,
+    port: u16,
+}
+
+impl CmListener for FakeListener {
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn next_event(&self, deadline: Instant) -> Result<Option<CmEvent>> {
+        self.fabric.check("rdma_get_cm_event")?;
+        let hub = &self.fabric.hub;
+        let mut st = hub.state.lock();
+        loop {
+            let Some(listener) = st.listeners.get_mut(&self.id) else {
+                return Err(Error::Internal("fake CM: listener vanished".to_owned()));
+            };
+            if listener.woken {
+                listener.woken = false;
+                return Ok(None);
+            }
+            if let Some(event) = listener.queue.pop_front() {
+                return Ok(Some(match event {
+                    Queued::Established(conn) => CmEvent::Established { conn },
+                    Queued::Disconnected(conn) => CmEvent::Disconnected { conn },
+                    Queued::Request(id) => {
+                        let Some(request) = st.requests.get(&id) else {
+                            continue;
+                        };
+                        CmEvent::ConnectRequest(Box::new(FakeRequest {
+                            fabric: Arc::clone(&self.fabric),
+                            id,
+                            info: request.info.clone(),
+                            answered: false,
+                        }))
+                    }
+                }));
+            }
+            if hub.changed.wait_until(&mut st, deadline).timed_out() {
+                let idle = st
+                    .listeners
+                    .get(&self.id)
+                    .is_none_or(|l| l.queue.is_empty() && !l.woken);
+                if idle {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    fn wake(&self) {
+        let hub = &self.fabric.hub;
+        if let Some(l) = hub.state.lock().listeners.get_mut(&self.id) {
+            l.woken = true;
+        }
+        hub.changed.notify_all();
+    }
+}
+
+impl Drop for FakeListener {
+    fn drop(&mut self) {
+        let hub = &self.fabric.hub;
+        let mut st = hub.state.lock();
+        let mut destroyed = 1;
+        if let Some(listener) = st.listeners.remove(&self.id) {
+            // Requests nobody took are rejected with their ids.
+            for event in listener.queue {
+                if let Queued::Request(id) = event {
+                    if st.reject(id, &[]) {
+                        destroyed += 1;
+                    }
+                }
+            }
+        }
+        drop(st);
+        hub.changed.notify_all();
+        for _ in 0..destroyed {
+            self.fabric.counters().destroyed("cm_id");
+        }
+    }
+}
+
+// ---------------------------------------------------------------- request
+
+/// A CONNECT_REQUEST's new CM id, until accepted or rejected.
+struct FakeRequest {
+    fabric: Arc<Fabric>,
+    id: u64,
+    info: RequestInfo,
+    /// `accept` or `reject` took over the id.
+    answered: bool,
+}
+
+impl CmRequest for FakeRequest {
+    fn private_data(&self) -> &[u8] {
+        &self.info.private_data
+    }
+
+    fn responder_resources(&self) -> u8 {
+        self.info.responder_resources
+    }
+
+    fn initiator_depth(&self) -> u8 {
+        self.info.initiator_depth
+    }
+
+    fn init_qp_attr(&self, state: QpState) -> Result<QpAttr> {
+        self.fabric.check("rdma_init_qp_attr")?;
+        let info = &self.info;
+        match state {
+            QpState::Init => Ok(QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port: Some(1),
+                access: Some(CM_QP_ACCESS),
+                ..QpAttr::default()
+            }),
+            QpState::Rtr => Ok(QpAttr {
+                state: Some(QpState::Rtr),
+                av: Some(roce_av(self.info.active_gid)),
+                path_mtu: Some(info.path_mtu),
+                dest_qp_num: Some(info.active_qpn),
+                rq_psn: Some(info.active_psn),
+                max_dest_rd_atomic: Some(info.responder_resources),
+                // The CM always says 0, i.e. 655.36 ms per RNR NAK (P9).
+                min_rnr_timer: Some(0),
+                ..QpAttr::default()
+            }),
+            QpState::Rts => Ok(QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(info.passive_psn),
+                timeout: Some(CM_TIMEOUT),
+                retry_cnt: Some(info.retry_count),
+                rnr_retry: Some(info.rnr_retry_count),
+                max_rd_atomic: Some(info.initiator_depth),
+                ..QpAttr::default()
+            }),
+            other => Err(rdma(format!(
+                "rdma_init_qp_attr failed: Invalid argument (state {other:?})"
+            ))),
+        }
+    }
+
+    fn accept(mut self: Box<Self>, params: AcceptParams) -> Result<Arc<dyn CmConnection>> {
+        self.fabric.check("rdma_accept")?;
+        if params.rnr_retry_count > 7
+            || params.responder_resources > MAX_RD_ATOMIC
+            || params.initiator_depth > MAX_RD_ATOMIC
+        {
+            return Err(rdma(format!(
+                "rdma_accept failed: Invalid argument ({params:?})"
+            )));
+        }
+        let hub = &self.fabric.hub;
+        let mut st = hub.state.lock();
+        let Some(request) = st.requests.get(&self.id) else {
+            return Err(Error::Internal("fake CM: request vanished".to_owned()));
+        };
+        let key = (request.device.index, params.qp_num);
+        match self.fabric.qp_state_by_key(key) {
+            Some(QpState::Rts) => {}
+            Some(state) => {
+                return Err(rdma(format!(
+                    "rdma_accept(qp_num {}) failed: the QP is in {state:?}; move it to RTR \
+                     and RTS with init_qp_attr before accepting",
+                    params.qp_num
+                )))
+            }
+            None => {
+                return Err(rdma(format!(
+                    "rdma_accept(qp_num {}) failed: no such QP on {}",
+                    params.qp_num, request.device.name
+                )))
+            }
+        }
+        let Some(request) = st.requests.remove(&self.id) else {
+            return Err(Error::Internal("fake CM: request vanished".to_owned()));
+        };
+        self.answered = true;
+        let passive = self.id;
+        let listener = request.listener;
+        let mut conn = ConnRec {
+            side: Side::Passive { listener },
+            peer: None,
+            disconnected: false,
+        };
+
+        // What the REP does on the active side.
+        let rep = if request.abandoned {
+            Err("the active side stopped waiting".to_owned())
+        } else {
+            let rtr = QpAttr {
+                state: Some(QpState::Rtr),
+                av: Some(roce_av(request.device.gid)),
+                path_mtu: Some(self.info.path_mtu),
+                dest_qp_num: Some(params.qp_num),
+                rq_psn: Some(self.info.passive_psn),
+                max_dest_rd_atomic: Some(params.initiator_depth),
+                min_rnr_timer: Some(0),
+                ..QpAttr::default()
+            };
+            let rts = QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(self.info.active_psn),
+                timeout: Some(CM_TIMEOUT),
+                retry_cnt: Some(self.info.retry_count),
+                rnr_retry: Some(params.rnr_retry_count),
+                max_rd_atomic: Some(params.responder_resources),
+                ..QpAttr::default()
+            };
+            self.fabric
+                .modify_qp_by_key(request.active_qp, &rtr)
+                .and_then(|()| self.fabric.modify_qp_by_key(request.active_qp, &rts))
+                .map_err(|e| format!("the REP could not be applied: {e}"))
+        };
+        match rep {
+            Ok(()) => {
+                conn.peer = Some(request.active_id);
+                st.connections.insert(
+                    request.active_id,
+                    ConnRec {
+                        side: Side::Active {
+                            qp: request.active_qp,
+                        },
+                        peer: Some(passive),
+                        disconnected: false,
+                    },
+                );
+                st.outcomes.insert(request.active_id, Outcome::Established);
+                st.queue(listener, Queued::Established(passive));
+            }
+            Err(why) => {
+                // rdma_accept itself succeeds; the connection then fails to
+                // establish.
+                if !request.abandoned {
+                    st.outcomes.insert(request.active_id, Outcome::Failed(why));
+                }
+                conn.disconnected = true;
+                st.queue(listener, Queued::Disconnected(passive));
+            }
+        }
+        st.connections.insert(passive, conn);
+        drop(st);
+        hub.changed.notify_all();
+        Ok(Arc::new(FakeConnection {
+            fabric: Arc::clone(&self.fabric),
+            id: passive,
+            qp: None,
+        }))
+    }
+
+    fn reject(mut self: Box<Self>, private_data: &[u8]) -> Result<()> {
+        self.fabric.check("rdma_reject")?;
+        if private_data.len() > REJ_PRIVATE_DATA_LEN {
+            return Err(rdma(format!(
+                "rdma_reject failed: Invalid argument ({} bytes of private data, at most \
+                 {REJ_PRIVATE_DATA_LEN})",
+                private_data.len()
+            )));
+        }
+        let hub = &self.fabric.hub;
+        let rejected = hub.state.lock().reject(self.id, private_data);
+        self.answered = true;
+        hub.changed.notify_all();
+        if rejected {
+            self.fabric.counters().destroyed("cm_id");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for FakeRequest {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        // rdma_destroy_id of an unanswered request sends a REJ.
+        let hub = &self.fabric.hub;
+        let rejected = hub.state.lock().reject(self.id, &[]);
+        hub.changed.notify_all();
+        if rejected {
+            self.fabric.counters().destroyed("cm_id");
+        }
+    }
+}
+
+// ---------------------------------------------------------------- connection
+
+/// An established (or failed) connection's CM id, on either side.
+struct FakeConnection {
+    fabric: Arc<Fabric>,
+    id: u64,
+    /// The active side's QP; dropped after the id.
+    qp: Option<Arc<dyn Qp>>,
+}
+
+impl CmConnection for FakeConnection {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn qp(&self) -> Option<Arc<dyn Qp>> {
+        self.qp.clone()
+    }
+
+    fn disconnect(&self) -> Result<()> {
+        self.fabric.check("rdma_disconnect")?;
+        let hub = &self.fabric.hub;
+        hub.state.lock().disconnect(&self.fabric, self.id);
+        hub.changed.notify_all();
+        Ok(())
+    }
+
+    fn is_disconnected(&self) -> bool {
+        let st = self.fabric.hub.state.lock();
+        st.connections.get(&self.id).is_none_or(|c| c.disconnected)
+    }
+}
+
+impl Drop for FakeConnection {
+    fn drop(&mut self) {
+        // rdma_destroy_id of a connected id sends a DREQ first.
+        let hub = &self.fabric.hub;
+        let mut st = hub.state.lock();
+        st.disconnect(&self.fabric, self.id);
+        st.connections.remove(&self.id);
+        drop(st);
+        hub.changed.notify_all();
+        self.fabric.counters().destroyed("cm_id");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::thread;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::platform::{
+        Completion, Context, Cq, Mr, Pd, QpCaps, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    };
+    use crate::testing::fabric::{ipv4_gid, DeviceSpec};
+    use crate::testing::{Counters, Faults};
+
+    const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+    const SERVER_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 2);
+    const LEN: usize = 64 * 1024;
+    const SECRET: u32 = 0xedc7_8361;
+    /// The server's `conn_param`: deliberately asymmetric, to see the swap.
+    const SERVER_INITIATOR_DEPTH: u8 = 3;
+    const SERVER_RESPONDER_RESOURCES: u8 = 5;
+    const RECV_WR_ID: u64 = 100;
+
+    fn fabric() -> Arc<Fabric> {
+        let fabric = Fabric::new(Arc::new(Faults::new()), Arc::new(Counters::new()));
+        for (name, ip) in [("client0", CLIENT_IP), ("server0", SERVER_IP)] {
+            fabric
+                .add_device(DeviceSpec::new(name, ip))
+                .expect("device");
+        }
+        fabric
+    }
+
+    /// One host: its CM, device, PD, CQ and a registered 256 KiB buffer
+    /// (the MR is declared before the buffer, so it goes first).
+    struct Host {
+        cm: Arc<dyn Cm>,
+        mr: Arc<dyn Mr>,
+        buf: Vec<u8>,
+        cq: Arc<dyn Cq>,
+        pd: Arc<dyn Pd>,
+        _ctx: Arc<dyn Context>,
+    }
+
+    fn host(fabric: &Arc<Fabric>, device: &str) -> Host {
+        let ctx = fabric.verbs(&[device]).open(device).expect("open");
+        let pd = ctx.alloc_pd().expect("pd");
+        let cq = ctx.create_cq(256).expect("cq");
+        let mut buf = vec![0u8; 4 * LEN];
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let mr = pd
+            .reg_mr(buf.as_mut_ptr() as usize, buf.len(), access)
+            .expect("mr");
+        Host {
+            cm: fabric.cm(&[device]),
+            mr,
+            buf,
+            cq,
+            pd,
+            _ctx: ctx,
+        }
+    }
+
+    fn caps() -> QpCaps {
+        QpCaps {
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+        }
+    }
+
+    fn deadline() -> Instant {
+        // Only reached if a test is broken: nothing here waits for time.
+        Instant::now() + Duration::from_secs(30)
+    }
+
+    fn to_init() -> QpAttr {
+        QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            access: Some(CM_QP_ACCESS),
+            ..QpAttr::default()
+        }
+    }
+
+    /// The design's pool QP: created, then INIT with local write, remote
+    /// write and remote read.
+    fn pool_qp(client: &Host) -> Arc<dyn Qp> {
+        let qp = client.pd.create_qp(&client.cq, caps()).expect("qp");
+        qp.modify(&to_init()).expect("INIT");
+        qp
+    }
+
+    /// 32 bytes, as cmtest sends: magic, QP number, secret, zeros.
+    fn proof(qp_num: u32) -> Vec<u8> {
+        let mut data = b"HOBJ".to_vec();
+        data.extend_from_slice(&qp_num.to_le_bytes());
+        data.extend_from_slice(&SECRET.to_le_bytes());
+        data.resize(32, 0);
+        data
+    }
+
+    fn request<'a>(
+        server: &'a Host,
+        port: u16,
+        data: &'a [u8],
+        deadline: Instant,
+    ) -> ConnectRequest<'a> {
+        ConnectRequest {
+            addr: SocketAddr::from((CLIENT_IP, port)),
+            pd: &server.pd,
+            cq: &server.cq,
+            caps: caps(),
+            private_data: data,
+            initiator_depth: SERVER_INITIATOR_DEPTH,
+            responder_resources: SERVER_RESPONDER_RESOURCES,
+            retry_count: 6,
+            rnr_retry_count: 7,
+            deadline,
+        }
+    }
+
+    fn expect_request(event: Result<Option<CmEvent>>) -> Box<dyn CmRequest> {
+        match event.expect("next_event") {
+            Some(CmEvent::ConnectRequest(request)) => request,
+            Some(CmEvent::Established { conn }) => panic!("ESTABLISHED {conn}"),
+            Some(CmEvent::Disconnected { conn }) => panic!("DISCONNECTED {conn}"),
+            None => panic!("no event"),
+        }
+    }
+
+    fn expect_established(event: Result<Option<CmEvent>>) -> u64 {
+        match event.expect("next_event") {
+            Some(CmEvent::Established { conn }) => conn,
+            _ => panic!("not ESTABLISHED"),
+        }
+    }
+
+    fn expect_disconnected(event: Result<Option<CmEvent>>) -> u64 {
+        match event.expect("next_event") {
+            Some(CmEvent::Disconnected { conn }) => conn,
+            _ => panic!("not DISCONNECTED"),
+        }
+    }
+
+    fn expect_rejected(outcome: Result<ConnectOutcome>) -> Vec<u8> {
+        match outcome.expect("connect") {
+            ConnectOutcome::Rejected { private_data } => private_data,
+            ConnectOutcome::Established(_) => panic!("established"),
+        }
+    }
+
+    /// Two hosts, the client's listener on an ephemeral port and its pool
+    /// QP.
+    struct Bench {
+        qp: Arc<dyn Qp>,
+        listener: Arc<dyn CmListener>,
+        server: Host,
+        client: Host,
+        fabric: Arc<Fabric>,
+    }
+
+    fn bench() -> Bench {
+        let fabric = fabric();
+        let client = host(&fabric, "client0");
+        let server = host(&fabric, "server0");
+        let listener = client
+            .cm
+            .listen(SocketAddr::from((CLIENT_IP, 0)))
+            .expect("listen");
+        let qp = pool_qp(&client);
+        Bench {
+            qp,
+            listener,
+            server,
+            client,
+            fabric,
+        }
+    }
+
+    /// The server connects with `data` (in its own thread: `connect`
+    /// blocks) while `client_side` handles the CONNECT_REQUEST; returns what
+    /// `client_side` returned and how `connect` ended.
+    fn during_connect<T>(
+        server: &Host,
+        listener: &Arc<dyn CmListener>,
+        data: &[u8],
+        client_side: impl FnOnce(Box<dyn CmRequest>) -> T,
+    ) -> (T, Result<ConnectOutcome>) {
+        thread::scope(|s| {
+            let port = listener.port();
+            let connecting =
+                s.spawn(move || server.cm.connect(request(server, port, data, deadline())));
+            let client = client_side(expect_request(listener.next_event(deadline())));
+            (client, connecting.join().expect("server thread"))
+        })
+    }
+
+    /// What the client saw while accepting.
+    struct Accepted {
+        conn: Arc<dyn CmConnection>,
+        /// `init_qp_attr` as the CM returned them, before any override.
+        rtr: QpAttr,
+        rts: QpAttr,
+        private_data: Vec<u8>,
+    }
+
+    /// The listener thread's part of the design, in the order CMTEST.md
+    /// requires: copy the private data, post the receive, RTR with
+    /// `min_rnr_timer` overridden to 1, RTS, then accept with the event's
+    /// values and `rnr_retry_count` 7.
+    fn accept_like_the_design(request: Box<dyn CmRequest>, qp: &Arc<dyn Qp>) -> Result<Accepted> {
+        let private_data = request.private_data().to_vec();
+        qp.post_recv(RecvWr {
+            wr_id: RECV_WR_ID,
+            sge: None,
+        })?;
+        let rtr = request.init_qp_attr(QpState::Rtr)?;
+        qp.modify(&QpAttr {
+            min_rnr_timer: Some(1),
+            ..rtr
+        })?;
+        let rts = request.init_qp_attr(QpState::Rts)?;
+        qp.modify(&rts)?;
+        let params = AcceptParams {
+            qp_num: qp.qp_num(),
+            responder_resources: request.responder_resources(),
+            initiator_depth: request.initiator_depth(),
+            rnr_retry_count: 7,
+        };
+        let conn = request.accept(params)?;
+        Ok(Accepted {
+            conn,
+            rtr,
+            rts,
+            private_data,
+        })
+    }
+
+    /// Both ends of one connection.
+    struct Session {
+        client: Accepted,
+        server_conn: Arc<dyn CmConnection>,
+        server_qp: Arc<dyn Qp>,
+        /// The client's pool QP number.
+        client_qp: u32,
+    }
+
+    /// The server connects to the client's listener; the client accepts
+    /// with its pool QP exactly as the design says; both see ESTABLISHED.
+    fn establish(b: &Bench) -> Session {
+        let data = proof(b.qp.qp_num());
+        let (client, outcome) = during_connect(&b.server, &b.listener, &data, |request| {
+            let accepted = accept_like_the_design(request, &b.qp).expect("accept");
+            let established = expect_established(b.listener.next_event(deadline()));
+            assert_eq!(established, accepted.conn.id());
+            accepted
+        });
+        let ConnectOutcome::Established(server_conn) = outcome.expect("connect") else {
+            panic!("rejected");
+        };
+        let server_qp = server_conn.qp().expect("the active side's QP");
+        Session {
+            client,
+            server_conn,
+            server_qp,
+            client_qp: b.qp.qp_num(),
+        }
+    }
+
+    fn wait_one(cq: &Arc<dyn Cq>) -> Completion {
+        assert!(cq.wait(deadline()).expect("wait"), "no completion");
+        let mut got = cq.poll(1).expect("poll");
+        got.pop().expect("one completion")
+    }
+
+    /// The server's part of a transfer: a 64 KiB WRITE and a zero-length
+    /// WRITE_WITH_IMM carrying the secret, posted together with only the
+    /// IMM signaled, then a READ back; byte-exact on both sides.
+    fn transfer(client: &Host, server: &mut Host, session: &Session, seed: u8) {
+        for (byte, n) in server.buf[..LEN].iter_mut().zip((0..253u8).cycle()) {
+            *byte = seed.wrapping_add(n);
+        }
+        let remote = client.mr.addr();
+        let rkey = client.mr.rkey();
+        let local = |offset: usize, len: usize| {
+            Some(Sge {
+                addr: server.mr.addr() + u64::try_from(offset).expect("offset"),
+                len: u32::try_from(len).expect("len"),
+                lkey: server.mr.lkey(),
+            })
+        };
+        let write = SendWr {
+            wr_id: 1,
+            op: SendOp::Write {
+                remote_addr: remote,
+                rkey,
+            },
+            sge: local(0, LEN),
+            signaled: false,
+        };
+        let imm = SendWr {
+            wr_id: 2,
+            op: SendOp::WriteImm {
+                remote_addr: remote,
+                rkey,
+                imm: SECRET,
+            },
+            sge: None,
+            signaled: true,
+        };
+        session.server_qp.post_send(&[write, imm]).expect("post");
+        let done = wait_one(&server.cq);
+        assert_eq!((done.wr_id, done.status), (2, WcStatus::Success));
+        let got = wait_one(&client.cq);
+        assert_eq!(got.opcode, WcOpcode::RecvRdmaWithImm);
+        assert_eq!(
+            (got.wr_id, got.imm, got.byte_len),
+            (RECV_WR_ID, Some(SECRET), 0)
+        );
+        assert_eq!(got.qp_num, session.client_qp);
+        assert_eq!(client.buf[..LEN], server.buf[..LEN], "the WRITE landed");
+        let read = SendWr {
+            wr_id: 3,
+            op: SendOp::Read {
+                remote_addr: remote,
+                rkey,
+            },
+            sge: local(LEN, LEN),
+            signaled: true,
+        };
+        session.server_qp.post_send(&[read]).expect("post");
+        let done = wait_one(&server.cq);
+        assert_eq!(
+            (done.wr_id, done.status, done.byte_len),
+            (3, WcStatus::Success, 64 * 1024)
+        );
+        assert_eq!(
+            server.buf[LEN..2 * LEN],
+            server.buf[..LEN],
+            "the READ came back"
+        );
+        assert!(
+            client.cq.poll(8).expect("poll").is_empty(),
+            "one-sided ops are silent"
+        );
+    }
+
+    /// The client's ack SEND: proves its `sq_psn` matches the server's
+    /// `rq_psn` (CMTEST P3).
+    fn ack(b: &Bench, session: &Session) {
+        let sge = Some(Sge {
+            addr: b.server.mr.addr() + u64::try_from(3 * LEN).expect("offset"),
+            len: 8,
+            lkey: b.server.mr.lkey(),
+        });
+        session
+            .server_qp
+            .post_recv(RecvWr { wr_id: 7, sge })
+            .expect("post_recv");
+        let send = SendWr {
+            wr_id: 8,
+            op: SendOp::Send,
+            sge: Some(Sge {
+                addr: b.client.mr.addr(),
+                len: 8,
+                lkey: b.client.mr.lkey(),
+            }),
+            signaled: false,
+        };
+        b.qp.post_send(&[send]).expect("post");
+        let got = wait_one(&b.server.cq);
+        assert_eq!(
+            (got.wr_id, got.status, got.byte_len),
+            (7, WcStatus::Success, 8)
+        );
+    }
+
+    /// The design's end of a lease: drain, RESET, INIT.
+    fn recycle(b: &Bench) {
+        b.client.cq.poll(64).expect("drain");
+        let reset = QpAttr {
+            state: Some(QpState::Reset),
+            ..QpAttr::default()
+        };
+        b.qp.modify(&reset).expect("RESET");
+        b.qp.modify(&to_init()).expect("INIT");
+    }
+
+    #[test]
+    fn cm_accept_with_existing_qp_connects_both_sides() {
+        let mut b = bench();
+        let session = establish(&b);
+        let (rtr, rts) = (session.client.rtr, session.client.rts);
+        assert_eq!(
+            (rtr.mask(), rts.mask()),
+            (0x129181, 0x12e01),
+            "cmtest's masks"
+        );
+        assert_eq!(rtr.dest_qp_num, Some(session.server_qp.qp_num()));
+        assert_eq!(rtr.path_mtu, Some(Mtu::Mtu1024));
+        assert_eq!(rtr.min_rnr_timer, Some(0), "the CM's 655 ms");
+        assert_eq!(
+            rtr.max_dest_rd_atomic,
+            Some(SERVER_INITIATOR_DEPTH),
+            "swapped"
+        );
+        assert_eq!(
+            rts.max_rd_atomic,
+            Some(SERVER_RESPONDER_RESOURCES),
+            "swapped"
+        );
+        assert_eq!(
+            (rts.timeout, rts.retry_cnt, rts.rnr_retry),
+            (Some(17), Some(6), Some(7))
+        );
+        assert_eq!(rtr.av, Some(roce_av(ipv4_gid(SERVER_IP))));
+        for psn in [rtr.rq_psn, rts.sq_psn] {
+            assert!(psn.is_some_and(|p| p <= PSN_MASK));
+        }
+        assert_ne!(rtr.rq_psn, rts.sq_psn);
+        assert_eq!(b.qp.state().expect("state"), QpState::Rts);
+        assert_eq!(session.server_qp.state().expect("state"), QpState::Rts);
+        assert!(!session.client.conn.is_disconnected());
+        assert!(!session.server_conn.is_disconnected());
+        assert!(
+            session.client.conn.qp().is_none(),
+            "the passive side brought its own"
+        );
+        transfer(&b.client, &mut b.server, &session, 11);
+        ack(&b, &session);
+    }
+
+    #[test]
+    fn cm_private_data_is_padded() {
+        let b = bench();
+        let session = establish(&b);
+        let received = &session.client.private_data;
+        assert_eq!(received.len(), REQ_PRIVATE_DATA_LEN);
+        assert_eq!(received[..32], proof(b.qp.qp_num()));
+        assert!(received[32..].iter().all(|&x| x == 0));
+        let too_long = [0u8; 57];
+        let refused =
+            b.server
+                .cm
+                .connect(request(&b.server, b.listener.port(), &too_long, deadline()));
+        assert!(refused.is_err(), "more than 56 bytes");
+    }
+
+    #[test]
+    fn cm_reject_reaches_the_active_side_padded() {
+        let b = bench();
+        let counters = b.fabric.counters();
+        let ((), outcome) = during_connect(&b.server, &b.listener, &proof(17), |request| {
+            assert_eq!(counters.live("cm_id"), 3, "listener, request, active id");
+            request.reject(b"BAD_SECRET").expect("reject");
+        });
+        let rejected = expect_rejected(outcome);
+        assert_eq!(rejected.len(), REJ_PRIVATE_DATA_LEN);
+        assert_eq!(&rejected[..10], b"BAD_SECRET");
+        assert!(rejected[10..].iter().all(|&x| x == 0));
+        assert_eq!(counters.live("cm_id"), 1, "only the listener");
+        assert_eq!(counters.live("qp"), 1, "the active QP went with its id");
+    }
+
+    #[test]
+    fn cm_dropped_request_rejects_the_active_side() {
+        let b = bench();
+        let ((), outcome) = during_connect(&b.server, &b.listener, &proof(17), drop);
+        assert_eq!(expect_rejected(outcome), [0u8; REJ_PRIVATE_DATA_LEN]);
+        assert_eq!(b.fabric.counters().live("cm_id"), 1);
+    }
+
+    #[test]
+    fn cm_disconnect_events() {
+        let b = bench();
+
+        // The client disconnects.
+        let session = establish(&b);
+        session
+            .server_qp
+            .post_recv(RecvWr {
+                wr_id: 1,
+                sge: None,
+            })
+            .expect("post_recv");
+        session.client.conn.disconnect().expect("disconnect");
+        let conn = session.client.conn.id();
+        assert_eq!(expect_disconnected(b.listener.next_event(deadline())), conn);
+        assert!(session.client.conn.is_disconnected());
+        assert!(session.server_conn.is_disconnected());
+        assert_eq!(
+            session.server_qp.state().expect("state"),
+            QpState::Err,
+            "librdmacm"
+        );
+        let flushed = b.server.cq.poll(8).expect("poll");
+        assert_eq!(flushed.len(), 1);
+        assert_eq!(flushed[0].status, WcStatus::WrFlushErr);
+        assert_eq!(
+            b.qp.state().expect("state"),
+            QpState::Rts,
+            "the library resets the pool QP"
+        );
+        session.client.conn.disconnect().expect("idempotent");
+        session.server_conn.disconnect().expect("idempotent");
+        assert!(
+            b.listener
+                .next_event(Instant::now())
+                .expect("event")
+                .is_none(),
+            "once"
+        );
+        drop(session);
+
+        // The server disconnects.
+        recycle(&b);
+        let session = establish(&b);
+        session.server_conn.disconnect().expect("disconnect");
+        let conn = session.client.conn.id();
+        assert_eq!(expect_disconnected(b.listener.next_event(deadline())), conn);
+        assert!(session.client.conn.is_disconnected());
+        assert_eq!(session.server_qp.state().expect("state"), QpState::Err);
+        drop(session);
+
+        // Destroying a connected id disconnects too.
+        recycle(&b);
+        let session = establish(&b);
+        let conn = session.client.conn.id();
+        drop(session.server_conn);
+        assert_eq!(expect_disconnected(b.listener.next_event(deadline())), conn);
+        assert!(session.client.conn.is_disconnected());
+    }
+
+    #[test]
+    fn cm_pool_qp_is_reused_after_reset_and_init() {
+        let mut b = bench();
+        let first = establish(&b);
+        transfer(&b.client, &mut b.server, &first, 1);
+        first.server_conn.disconnect().expect("disconnect");
+        expect_disconnected(b.listener.next_event(deadline()));
+
+        // P14: without RESET and INIT the pool QP cannot be aimed again, and
+        // the server is rejected.
+        let (err, outcome) =
+            during_connect(&b.server, &b.listener, &proof(b.qp.qp_num()), |request| {
+                accept_like_the_design(request, &b.qp)
+                    .err()
+                    .expect("RTR from RTS")
+            });
+        assert!(err.to_string().contains("RTS -> RTR"), "{err}");
+        assert_eq!(expect_rejected(outcome).len(), REJ_PRIVATE_DATA_LEN);
+
+        recycle(&b);
+        let second = establish(&b);
+        assert_ne!(
+            second.client.rtr.rq_psn, first.client.rtr.rq_psn,
+            "new PSNs per id"
+        );
+        assert_ne!(second.server_qp.qp_num(), first.server_qp.qp_num());
+        transfer(&b.client, &mut b.server, &second, 2);
+        ack(&b, &second);
+    }
+
+    #[test]
+    fn cm_accept_needs_the_qp_in_rts() {
+        let b = bench();
+        let data = proof(b.qp.qp_num());
+        let accept_with = |qp_num: u32| {
+            let (err, outcome) = during_connect(&b.server, &b.listener, &data, |request| {
+                let params = AcceptParams {
+                    qp_num,
+                    responder_resources: request.responder_resources(),
+                    initiator_depth: request.initiator_depth(),
+                    rnr_retry_count: 7,
+                };
+                request.accept(params).err().expect("accept must fail")
+            });
+            assert_eq!(expect_rejected(outcome), [0u8; REJ_PRIVATE_DATA_LEN]);
+            err.to_string()
+        };
+        let in_init = accept_with(b.qp.qp_num());
+        assert!(in_init.contains("before accepting"), "{in_init}");
+        let unknown = accept_with(0x00ab_cdef);
+        assert!(unknown.contains("no such QP"), "{unknown}");
+    }
+
+    #[test]
+    fn cm_connect_without_listener_is_refused() {
+        let fabric = fabric();
+        let server = host(&fabric, "server0");
+        let err = server
+            .cm
+            .connect(request(&server, 4791, &[], deadline()))
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains("REJECTED, status 8"), "{err}");
+        let mut nowhere = request(&server, 4791, &[], deadline());
+        nowhere.addr = SocketAddr::from((Ipv4Addr::new(198, 51, 100, 1), 4791));
+        let err = server.cm.connect(nowhere).err().expect("no route");
+        assert!(err.to_string().contains("No route"), "{err}");
+        assert_eq!(fabric.counters().live("cm_id"), 0);
+        assert_eq!(fabric.counters().live("qp"), 0);
+    }
+
+    #[test]
+    fn cm_late_accept_after_the_active_side_gave_up_disconnects() {
+        let b = bench();
+        let data = proof(b.qp.qp_num());
+        let gave_up =
+            b.server
+                .cm
+                .connect(request(&b.server, b.listener.port(), &data, Instant::now()));
+        let err = gave_up.err().expect("deadline");
+        assert!(err.to_string().contains("before the deadline"), "{err}");
+        let request = expect_request(b.listener.next_event(deadline()));
+        let accepted = accept_like_the_design(request, &b.qp).expect("accept");
+        assert!(accepted.conn.is_disconnected());
+        let conn = accepted.conn.id();
+        assert_eq!(expect_disconnected(b.listener.next_event(deadline())), conn);
+        drop(accepted);
+        recycle(&b);
+        assert_eq!(b.fabric.counters().live("cm_id"), 1, "the listener");
+    }
+
+    #[test]
+    fn cm_listener_wake_and_deadline() {
+        let b = bench();
+        let listener = &b.listener;
+        assert!(
+            listener
+                .next_event(Instant::now())
+                .expect("event")
+                .is_none(),
+            "deadline"
+        );
+        listener.wake();
+        assert!(
+            listener.next_event(deadline()).expect("event").is_none(),
+            "woken before"
+        );
+        thread::scope(|s| {
+            let waiting = s.spawn(|| listener.next_event(deadline()));
+            listener.wake();
+            let event = waiting.join().expect("thread").expect("event");
+            assert!(event.is_none(), "woken while waiting");
+        });
+    }
+
+    #[test]
+    fn cm_listen_binds_addresses_and_ports() {
+        let b = bench();
+        let cm = &b.client.cm;
+        let other = cm.listen(SocketAddr::from((CLIENT_IP, 0))).expect("listen");
+        assert!(b.listener.port() >= EPHEMERAL_PORTS.0 && other.port() >= EPHEMERAL_PORTS.0);
+        assert_ne!(b.listener.port(), other.port());
+        let taken = cm.listen(SocketAddr::from((CLIENT_IP, other.port())));
+        assert!(taken.err().expect("in use").to_string().contains("in use"));
+        let fixed = cm
+            .listen(SocketAddr::from((CLIENT_IP, 4791)))
+            .expect("listen");
+        assert_eq!(fixed.port(), 4791);
+        assert!(
+            cm.listen(SocketAddr::from((SERVER_IP, 0))).is_err(),
+            "another host's address"
+        );
+        let v6 = SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 0));
+        assert!(cm.listen(v6).is_err());
+        drop((other, fixed));
+        assert_eq!(b.fabric.counters().live("cm_id"), 1);
+    }
+
+    #[test]
+    fn cm_injected_faults_fail_the_named_call() {
+        let b = bench();
+        let faults = Arc::clone(b.fabric.faults());
+        let injected = |name: &str| Some(Error::Rdma(format!("{name} failed (injected)")));
+        let any = SocketAddr::from((CLIENT_IP, 0));
+
+        faults.fail_nth("rdma_listen", faults.calls("rdma_listen") + 1);
+        assert_eq!(b.client.cm.listen(any).err(), injected("rdma_listen"));
+        faults.fail_nth("rdma_get_cm_event", 1);
+        assert_eq!(
+            b.listener.next_event(Instant::now()).err(),
+            injected("rdma_get_cm_event")
+        );
+        faults.fail_nth("rdma_connect", 1);
+        let err = b
+            .server
+            .cm
+            .connect(request(&b.server, b.listener.port(), &[], deadline()));
+        assert_eq!(err.err(), injected("rdma_connect"));
+
+        let data = proof(b.qp.qp_num());
+        for name in ["rdma_init_qp_attr", "rdma_accept", "rdma_reject"] {
+            recycle(&b);
+            let (err, outcome) = during_connect(&b.server, &b.listener, &data, |request| {
+                faults.fail_nth(name, faults.calls(name) + 1);
+                if name == "rdma_reject" {
+                    request.reject(b"no").err()
+                } else {
+                    accept_like_the_design(request, &b.qp).err()
+                }
+            });
+            assert_eq!(err, injected(name));
+            let rejected = expect_rejected(outcome);
+            assert_eq!(
+                rejected, [0u8; REJ_PRIVATE_DATA_LEN],
+                "{name}: the id was destroyed"
+            );
+        }
+        recycle(&b);
+        let session = establish(&b);
+        faults.fail_nth("rdma_disconnect", faults.calls("rdma_disconnect") + 1);
+        assert_eq!(
+            session.client.conn.disconnect().err(),
+            injected("rdma_disconnect")
+        );
+        assert!(!session.server_conn.is_disconnected());
+        session.client.conn.disconnect().expect("disconnect");
+        assert!(session.server_conn.is_disconnected());
+    }
+
+    #[test]
+    fn cm_counters_return_to_zero_after_drop() {
+        let mut b = bench();
+        let counters = Arc::clone(b.fabric.counters());
+        let session = establish(&b);
+        transfer(&b.client, &mut b.server, &session, 5);
+        assert_eq!(counters.live("cm_id"), 3, "listener and both ends");
+        assert_eq!(counters.live("qp"), 2);
+        let conn = session.client.conn.id();
+        drop(session);
+        assert_eq!(expect_disconnected(b.listener.next_event(deadline())), conn);
+        assert!(b
+            .listener
+            .next_event(Instant::now())
+            .expect("event")
+            .is_none());
+        drop(b);
+        assert!(counters.snapshot().is_empty(), "{:?}", counters.snapshot());
+    }
+}

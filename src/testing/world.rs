@@ -1,0 +1,467 @@
+//! A whole fake world for scenario tests: a client platform (fabric view,
+//! CM, GPU, topology) and an S3 test server on another device of the same
+//! fabric that plays the server's part of the protocol, and breaks it on
+//! request.
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::fabric::{DeviceSpec, Fabric};
+use super::gpu::{FakeGpu, FakeGpuDevice};
+use super::topology::{roce_nic, FakeTopology};
+use super::{Counters, Faults};
+use crate::core::error::HIP_ERROR_NO_DEVICE;
+use crate::core::protocol::{final_imm, ConnectData};
+use crate::core::reply::REPLY_BUFFER_LEN;
+use crate::core::token::{Token, TOKEN_HEX_LEN};
+use crate::core::transfer::S3Client;
+use crate::core::{Error, Result};
+use crate::platform::{
+    Access, Cm, Gpu, Mr, Mtu, Platform, QpAttr, QpCaps, QpState, SendOp, SendWr, Sge, Topology,
+    Verbs,
+};
+use crate::server::{LocalBuf, Op, ServerSide};
+
+/// The client's device and address.
+pub const CLIENT_NIC: &str = "client0";
+/// The client's IPv4 address.
+pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+/// The server's device.
+pub const SERVER_NIC: &str = "server0";
+/// The server's IPv4 address.
+pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 2);
+/// The fake GPU's PCI address.
+pub const GPU_BUS_ID: &str = "0000:c1:00.0";
+
+/// Libraries a [`FakePlatform`] pretends are not installed.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Absent {
+    /// libibverbs.
+    pub verbs: bool,
+    /// librdmacm.
+    pub cm: bool,
+    /// The HIP runtime.
+    pub gpu: bool,
+}
+
+/// The client's platform: every trait backed by a fake.
+pub struct FakePlatform {
+    /// Fault plan shared by every fake.
+    pub faults: Arc<Faults>,
+    /// Live-object counters shared by every fake.
+    pub counters: Arc<Counters>,
+    /// The fabric.
+    pub fabric: Arc<Fabric>,
+    /// The GPU.
+    pub gpu: Arc<FakeGpu>,
+    /// The topology.
+    pub topology: Arc<FakeTopology>,
+    verbs: Arc<dyn Verbs>,
+    cm: Arc<dyn Cm>,
+    /// What is missing.
+    pub absent: Mutex<Absent>,
+}
+
+impl Platform for FakePlatform {
+    fn verbs(&self) -> Result<Arc<dyn Verbs>> {
+        if self.absent.lock().verbs {
+            return Err(Error::Rdma(
+                "cannot load libibverbs: none of libibverbs.so.1 could be loaded (fake)".into(),
+            ));
+        }
+        Ok(self.verbs.clone())
+    }
+
+    fn cm(&self) -> Result<Arc<dyn Cm>> {
+        if self.absent.lock().cm {
+            return Err(Error::Rdma("cannot load librdmacm (fake)".into()));
+        }
+        Ok(self.cm.clone())
+    }
+
+    fn gpu(&self) -> Result<Arc<dyn Gpu>> {
+        if self.absent.lock().gpu {
+            return Err(Error::HipMissing("libamdhip64.so.6 (fake)".into()));
+        }
+        Ok(self.gpu.clone())
+    }
+
+    fn topology(&self) -> Result<Arc<dyn Topology>> {
+        Ok(self.topology.clone())
+    }
+}
+
+/// How a world is built.
+#[derive(Clone, Debug)]
+pub struct WorldSpec {
+    /// The client's device.
+    pub client: DeviceSpec,
+    /// The server's device.
+    pub server: DeviceSpec,
+    /// GPUs on the client.
+    pub gpus: usize,
+    /// Bytes of server memory (the object store).
+    pub server_bytes: usize,
+}
+
+impl Default for WorldSpec {
+    fn default() -> Self {
+        let mut client = DeviceSpec::new(CLIENT_NIC, CLIENT_IP);
+        client.supports_dmabuf = true;
+        WorldSpec {
+            client,
+            server: DeviceSpec::new(SERVER_NIC, SERVER_IP),
+            gpus: 1,
+            server_bytes: 1 << 20,
+        }
+    }
+}
+
+/// A client platform and an S3 test server on one fabric.
+pub struct World {
+    /// The client's platform.
+    pub platform: Arc<FakePlatform>,
+    /// The S3 server.
+    pub server: Arc<TestServer>,
+}
+
+impl World {
+    /// The default world: one GPU, dma-buf capable client NIC, 1 MiB store.
+    pub fn new() -> World {
+        World::with(WorldSpec::default())
+    }
+
+    /// A world as `spec` says.
+    pub fn with(spec: WorldSpec) -> World {
+        let faults = Arc::new(Faults::new());
+        let counters = Arc::new(Counters::new());
+        let fabric = Fabric::new(faults.clone(), counters.clone());
+        let client_mtu = spec.client.port_mtu;
+        fabric
+            .add_device(spec.client.clone())
+            .expect("client device");
+        fabric
+            .add_device(spec.server.clone())
+            .expect("server device");
+        let devices = (0..spec.gpus)
+            .map(|i| FakeGpuDevice {
+                pci_bus_id: if i == 0 {
+                    GPU_BUS_ID.to_owned()
+                } else {
+                    format!("0000:{:02x}:00.0", 0xc2 + i)
+                },
+            })
+            .collect();
+        let gpu = Arc::new(FakeGpu::new(devices, faults.clone(), counters.clone()));
+        fabric.set_device_memory(gpu.clone());
+        let topology = Arc::new(FakeTopology::new(faults.clone()));
+        topology.add_nic(
+            roce_nic(&spec.client.name, spec.client.ipv4, client_mtu),
+            None,
+        );
+        let platform = Arc::new(FakePlatform {
+            verbs: fabric.verbs(&[&spec.client.name]),
+            cm: fabric.cm(&[&spec.client.name]),
+            faults,
+            counters,
+            fabric: fabric.clone(),
+            gpu,
+            topology,
+            absent: Mutex::new(Absent::default()),
+        });
+        let server = Arc::new(TestServer::new(
+            &fabric,
+            &spec.server.name,
+            spec.server_bytes,
+        ));
+        World { platform, server }
+    }
+
+    /// The platform as the trait object `Current::init_with` takes.
+    pub fn platform(&self) -> Arc<dyn Platform> {
+        self.platform.clone()
+    }
+}
+
+impl Default for World {
+    fn default() -> Self {
+        World::new()
+    }
+}
+
+/// How the test server treats a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Behaviour {
+    /// The protocol, as it should be.
+    Normal,
+    /// Replies 200 without ever connecting.
+    NeverConnect,
+    /// Connects with a token other than the one it was sent.
+    WrongProof,
+    /// Connects and moves the data, but replies 200 without the final
+    /// message.
+    NoFinalMessage,
+    /// Sends the final message with the wrong secret.
+    WrongSecret,
+    /// Connects, then disconnects before moving any data, and replies 200.
+    Disappear,
+    /// The original's ordering: aims its own QP at the client QP named in
+    /// the token without any connection and WRITEs (it gives up: the
+    /// client's QP is not ready), then replies 200.
+    OriginalOrder,
+    /// Replies with this status without doing anything.
+    Status(u16),
+    /// Does the transfer, then replies `200:<a peer token>`.
+    PeerTokenReply,
+}
+
+/// The S3 server of the tests: one object store (its registered memory),
+/// served over the protocol of [`ServerSide`].
+pub struct TestServer {
+    side: ServerSide,
+    fabric: Arc<Fabric>,
+    /// The object store. Tests read and write it between transfers; during
+    /// a transfer only the fabric touches it, through the MR.
+    store: Mutex<Box<[u8]>>,
+    mr: Arc<dyn Mr>,
+    behaviour: Mutex<Behaviour>,
+    /// Requests seen.
+    pub requests: AtomicUsize,
+    /// Transfers completed by the protocol.
+    pub served: AtomicUsize,
+    /// Deadline of each server step.
+    pub step_timeout: Duration,
+}
+
+impl TestServer {
+    fn new(fabric: &Arc<Fabric>, device: &str, bytes: usize) -> TestServer {
+        let verbs = fabric.verbs(&[device]);
+        let ctx = verbs.open(device).expect("server device opens");
+        let pd = ctx.alloc_pd().expect("server PD");
+        let mut store = vec![0u8; bytes].into_boxed_slice();
+        let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+        let mr = pd
+            .reg_mr(store.as_mut_ptr().expose_provenance(), bytes, access)
+            .expect("server MR");
+        TestServer {
+            side: ServerSide::new(fabric.cm(&[device]), ctx, pd),
+            fabric: fabric.clone(),
+            store: Mutex::new(store),
+            mr,
+            behaviour: Mutex::new(Behaviour::Normal),
+            requests: AtomicUsize::new(0),
+            served: AtomicUsize::new(0),
+            step_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Sets how later requests are treated.
+    pub fn set_behaviour(&self, behaviour: Behaviour) {
+        *self.behaviour.lock() = behaviour;
+    }
+
+    /// The server side (connections).
+    pub fn side(&self) -> &ServerSide {
+        &self.side
+    }
+
+    /// Bytes `[0, len)` of the object store.
+    pub fn object(&self, len: usize) -> Vec<u8> {
+        self.store.lock()[..len].to_vec()
+    }
+
+    /// Fills the object store's first bytes with `data`.
+    pub fn set_object(&self, data: &[u8]) {
+        self.store.lock()[..data.len()].copy_from_slice(data);
+    }
+
+    /// Serves one request as the current behaviour says; returns the reply.
+    pub fn handle(&self, token_text: &[u8], op: Op) -> Vec<u8> {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        let Ok(token) = Token::parse_hex(token_text) else {
+            return b"400".to_vec();
+        };
+        let deadline = Instant::now() + self.step_timeout;
+        let local = LocalBuf {
+            mr: self.mr.clone(),
+            addr: self.mr.addr(),
+        };
+        let behaviour = *self.behaviour.lock();
+        let outcome: Result<Vec<u8>> = match behaviour {
+            Behaviour::Normal => self
+                .side
+                .serve(&token, op, &local, deadline)
+                .map(|()| b"200".to_vec()),
+            Behaviour::PeerTokenReply => self.side.serve(&token, op, &local, deadline).map(|()| {
+                let mut peer = token;
+                peer.transport = crate::core::token::Transport::Rc;
+                let mut reply = b"200:".to_vec();
+                reply.extend_from_slice(&peer.to_hex());
+                reply
+            }),
+            Behaviour::Status(code) => Ok(code.to_string().into_bytes()),
+            Behaviour::NeverConnect => Ok(b"200".to_vec()),
+            Behaviour::WrongProof => {
+                let mut other = token;
+                other.rkey ^= 1;
+                let data = ConnectData {
+                    token: other,
+                    nonce: 7,
+                }
+                .encode();
+                let _ = self.side.connect_with(&token, &data, 7, deadline);
+                Ok(b"200".to_vec())
+            }
+            Behaviour::NoFinalMessage => self.side.connection(&token, deadline).and_then(|conn| {
+                let conn = conn.lock();
+                self.side
+                    .move_data(&conn, &token, op, &local, deadline)
+                    .map(|()| b"200".to_vec())
+            }),
+            Behaviour::WrongSecret => self.side.connection(&token, deadline).and_then(|conn| {
+                let conn = conn.lock();
+                self.side.move_data(&conn, &token, op, &local, deadline)?;
+                let wrong = final_imm(conn.nonce, conn.seq) ^ 0x5a5a;
+                self.side
+                    .send_final(&conn, wrong, deadline)
+                    .map(|()| b"200".to_vec())
+            }),
+            Behaviour::Disappear => self.side.connection(&token, deadline).map(|conn| {
+                let _ = conn.lock().cm.disconnect();
+                b"200".to_vec()
+            }),
+            Behaviour::OriginalOrder => self
+                .original_order(&token, &local)
+                .map(|()| b"200".to_vec()),
+        };
+        match outcome {
+            Ok(reply) => {
+                if matches!(behaviour, Behaviour::Normal | Behaviour::PeerTokenReply) {
+                    self.served.fetch_add(1, Ordering::SeqCst);
+                }
+                reply
+            }
+            Err(e) => {
+                eprintln!("test server: {behaviour:?}: {e}");
+                b"500".to_vec()
+            }
+        }
+    }
+
+    /// The original's sequence: the server's own QP, aimed by hand at the
+    /// client QP of the token, WRITEs at once (retry count 6).
+    fn original_order(&self, token: &Token, local: &LocalBuf) -> Result<()> {
+        let verbs = self.fabric.verbs(&[SERVER_NIC]);
+        let ctx = verbs.open(SERVER_NIC)?;
+        let cq = ctx.create_cq(8)?;
+        let qp = self.side.pd().create_qp(
+            &cq,
+            QpCaps {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+            },
+        )?;
+        let init = QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            access: Some(Access::empty()),
+            ..QpAttr::default()
+        };
+        qp.modify(&init)?;
+        let av = crate::platform::AddressVector {
+            dgid: token.gid,
+            sgid_index: 1,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+            port: 1,
+            sl: 0,
+            is_global: true,
+            dlid: 0,
+        };
+        qp.modify(&QpAttr {
+            state: Some(QpState::Rtr),
+            av: Some(av),
+            path_mtu: Some(Mtu::Mtu1024),
+            dest_qp_num: Some(token.qp_num),
+            rq_psn: Some(0),
+            max_dest_rd_atomic: Some(1),
+            min_rnr_timer: Some(1),
+            ..QpAttr::default()
+        })?;
+        qp.modify(&QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(0),
+            timeout: Some(14),
+            retry_cnt: Some(6),
+            rnr_retry: Some(6),
+            max_rd_atomic: Some(1),
+            ..QpAttr::default()
+        })?;
+        let len = u32::try_from(token.length).unwrap_or(u32::MAX);
+        let op = SendOp::Write {
+            remote_addr: token.addr,
+            rkey: token.rkey,
+        };
+        qp.post_send(&[SendWr {
+            wr_id: 9,
+            op,
+            sge: Some(Sge {
+                addr: local.addr,
+                len,
+                lkey: local.mr.lkey(),
+            }),
+            signaled: true,
+        }])?;
+        // The server ignores the outcome and replies 200, as the original's
+        // test server does; its completion says the WRITE never landed.
+        let _ = cq.wait(Instant::now() + self.step_timeout);
+        let _ = cq.poll(8);
+        Ok(())
+    }
+
+    /// An S3 client session for one request of direction `op`.
+    pub fn session(&self, op: Op) -> Session<'_> {
+        Session {
+            server: self,
+            op,
+            reply: None,
+        }
+    }
+}
+
+/// One request/response exchange with the test server, as the application's
+/// callbacks would carry it.
+pub struct Session<'a> {
+    server: &'a TestServer,
+    op: Op,
+    reply: Option<Vec<u8>>,
+}
+
+impl S3Client for Session<'_> {
+    fn send_request(&mut self, token: &[u8; TOKEN_HEX_LEN + 1]) -> std::result::Result<(), i32> {
+        self.reply = Some(self.server.handle(&token[..TOKEN_HEX_LEN], self.op));
+        Ok(())
+    }
+
+    fn recv_reply(
+        &mut self,
+        reply: &mut [u8; REPLY_BUFFER_LEN],
+    ) -> std::result::Result<usize, i32> {
+        let Some(text) = self.reply.take() else {
+            return Err(-1);
+        };
+        reply[..text.len()].copy_from_slice(&text);
+        Ok(text.len())
+    }
+}
+
+/// `hipErrorNoDevice`, re-exported for tests.
+pub const NO_DEVICE: i32 = HIP_ERROR_NO_DEVICE;
