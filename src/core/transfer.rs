@@ -343,11 +343,14 @@ impl Instance {
         direction: Direction,
     ) -> Result<Ticket> {
         let conn = lease.conn();
-        let (stale, connected, recv_wr_id) = {
+        // A connection whose server went away (the listener saw it go, or
+        // moved the QP to ERR to wake a transfer) is reset before use, with
+        // or without a peer left to disconnect.
+        let (stale, peer, connected, recv_wr_id) = {
             let mut state = conn.wait_settled();
             let stale = state.peer_gone
                 || matches!(&state.link, Link::Connected(p) if p.cm.is_disconnected());
-            let stale = if stale {
+            let peer = if stale {
                 state.peer_gone = false;
                 match std::mem::replace(&mut state.link, Link::Unconnected) {
                     Link::Connected(peer) => Some(peer),
@@ -359,10 +362,12 @@ impl Instance {
             let connected = matches!(state.link, Link::Connected(_));
             let id = state.next_wr_id;
             state.next_wr_id += 1;
-            (stale, connected, id)
+            (stale, peer, connected, id)
         };
-        if let Some(peer) = stale {
+        if let Some(peer) = peer {
             pool::disconnect(peer);
+        }
+        if stale {
             conn.reset(self.pool.port)?;
         }
         conn.qp.post_recv(RecvWr {
