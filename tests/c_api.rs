@@ -62,6 +62,7 @@ const PROGRAMS: &[&str] = &[
     "put_rdma_token.c",
     "threads.c",
     "cxx_consumer.cpp",
+    "fake_world.c",
 ];
 
 #[test]
@@ -125,6 +126,11 @@ fn put_rdma_token() {
 #[test]
 fn threads() {
     run_program("threads.c", &[]);
+}
+
+#[test]
+fn fake_world() {
+    run_program("fake_world.c", &[]);
 }
 
 #[test]

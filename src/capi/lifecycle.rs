@@ -49,7 +49,13 @@ pub unsafe extern "C" fn hipObjInit(config: *mut hipObjConfig_t) -> hipObjError_
                     .unwrap_or_default(),
             }
         };
-        CURRENT.init_with(platform::system(), config, Options::from_env())
+        // Test builds may run on the fake world (src/testing/c_world.rs).
+        #[cfg(feature = "fake-platform")]
+        let platform =
+            crate::testing::c_world::platform_for_init().unwrap_or_else(platform::system);
+        #[cfg(not(feature = "fake-platform"))]
+        let platform = platform::system();
+        CURRENT.init_with(platform, config, Options::from_env())
     })
 }
 

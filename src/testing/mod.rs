@@ -15,6 +15,7 @@
 //! - [`faults`]: fault injection (fail the Nth call of any function) and
 //!   live-object counters.
 
+pub mod c_world;
 pub mod cm;
 pub mod fabric;
 pub mod faults;
