@@ -154,7 +154,7 @@ fn on_connect_request(shared: &Shared, request: Box<dyn CmRequest>) {
             drop(state);
             return reject(request, RejectReason::WrongToken);
         }
-        if matches!(state.link, Link::Connecting) {
+        if matches!(state.link, Link::Connecting) || state.erroring {
             drop(state);
             return reject(request, RejectReason::NotWaiting);
         }
@@ -266,8 +266,18 @@ fn on_disconnected(shared: &Shared, id: u64) {
     }
     // Leased: a transfer may be waiting for this server's final message.
     // Moving the QP to ERR flushes the receive, which wakes it at once;
-    // its lease then resets the QP.
-    conn.state.lock().peer_gone = true;
+    // its lease then resets the QP. Checked again under the lock: the lease
+    // may have reset the connection meanwhile, and then the QP must be left
+    // alone. `erroring` keeps the lease off the QP until ERR is reached.
+    {
+        let mut state = conn.state.lock();
+        let same = matches!(&state.link, Link::Connected(p) if p.cm.id() == id);
+        if !same || state.erroring {
+            return;
+        }
+        state.peer_gone = true;
+        state.erroring = true;
+    }
     if let Err(e) = conn.qp.modify(&QpAttr {
         state: Some(QpState::Err),
         ..QpAttr::default()
@@ -277,6 +287,8 @@ fn on_disconnected(shared: &Shared, id: u64) {
             conn.qp.qp_num()
         );
     }
+    conn.state.lock().erroring = false;
+    conn.settled.notify_all();
 }
 
 /// When the next idle connection expires (or a full idle period from now).

@@ -77,6 +77,9 @@ pub struct ConnState {
     pub peer_gone: bool,
     /// Source of receive wr_ids: a completion with an older id is stale.
     pub next_wr_id: u64,
+    /// The listener is moving the QP to ERR (to wake a transfer whose
+    /// server left); nobody else may touch the QP until it is done.
+    pub erroring: bool,
 }
 
 /// One pool connection: a QP and its own CQ.
@@ -89,7 +92,8 @@ pub struct Connection {
     pub index: usize,
     /// What it is doing.
     pub state: Mutex<ConnState>,
-    /// Signalled when `state.link` leaves `Connecting`.
+    /// Signalled when `state.link` leaves `Connecting`, and when
+    /// `state.erroring` ends.
     pub settled: Condvar,
 }
 
@@ -108,6 +112,7 @@ impl Connection {
                 waiting: None,
                 peer_gone: false,
                 next_wr_id: 1,
+                erroring: false,
             }),
             settled: Condvar::new(),
         })
@@ -135,10 +140,11 @@ impl Connection {
         }
     }
 
-    /// Waits while the listener is moving this connection to a server.
+    /// Waits while the listener is working on this connection's QP
+    /// (connecting it to a server, or moving it to ERR).
     pub fn wait_settled(&self) -> parking_lot::MutexGuard<'_, ConnState> {
         let mut state = self.state.lock();
-        while matches!(state.link, Link::Connecting) {
+        while matches!(state.link, Link::Connecting) || state.erroring {
             self.settled.wait(&mut state);
         }
         state

@@ -483,7 +483,13 @@ impl Instance {
     fn finish(&self, lease: Lease) {
         let conn = lease.conn().clone();
         let connected = {
-            let mut state = conn.state.lock();
+            let mut state = conn.wait_settled();
+            if state.peer_gone {
+                // The server left right after this transfer: start afresh.
+                drop(state);
+                lease.fail();
+                return;
+            }
             state.waiting = None;
             match &mut state.link {
                 Link::Connected(peer) => {

@@ -1,0 +1,95 @@
+//! Whole 8-byte transfers on the fake fabric, with the test server in
+//! process and trivial callbacks: the library's own cost per transfer, with
+//! a fresh RDMA CM handshake and on a reused connection.
+//!
+//! Run: `cargo bench --bench transfer`. Figures are printed, never asserted
+//! (goals: 20 µs with a handshake, 2 µs reused); `docs/performance.md`
+//! records them.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use hipobj::core::args::{BufferRange, Slice};
+use hipobj::core::transfer::Direction;
+use hipobj::core::{Config, Current, Instance, Options};
+use hipobj::server::{ClientQp, Op};
+use hipobj::testing::world::World;
+
+fn setup() -> (World, Current, Arc<Instance>, Box<[u8]>) {
+    let world = World::new();
+    let current = Current::new();
+    let options = Options {
+        completion_timeout: Duration::from_secs(5),
+        max_transfers: 4,
+        ..Options::default()
+    };
+    current
+        .init_with(
+            world.platform(),
+            Config {
+                gpu_device: 0,
+                ..Config::default()
+            },
+            options,
+        )
+        .expect("init");
+    let instance = current.instance().expect("instance");
+    let buf = vec![0u8; 8].into_boxed_slice();
+    instance
+        .register(
+            BufferRange::new(buf.as_ptr() as usize, 8).expect("range"),
+            true,
+        )
+        .expect("register");
+    (world, current, instance, buf)
+}
+
+fn transfers(c: &mut Criterion) {
+    let (world, _current, instance, buf) = setup();
+    let slice = Slice::new(buf.as_ptr() as usize, 8, 0).expect("slice");
+    let mut group = c.benchmark_group("8-byte GET");
+    group.bench_function("reused connection", |b| {
+        b.iter(|| {
+            instance
+                .transfer(
+                    Direction::Get,
+                    black_box(slice),
+                    &mut world.server.session(Op::Get),
+                )
+                .expect("transfer")
+        })
+    });
+    group.bench_function("fresh CM handshake", |b| {
+        b.iter(|| {
+            // The server drops its connection after each transfer, so the
+            // next one starts with a handshake (the disconnect is counted).
+            instance
+                .transfer(
+                    Direction::Get,
+                    black_box(slice),
+                    &mut world.server.session(Op::Get),
+                )
+                .expect("transfer");
+            let qp_num = instance.pool().slots()[0].qp.qp_num();
+            for conn in instance.pool().slots() {
+                let key = ClientQp {
+                    gid: instance.gid,
+                    qp_num: conn.qp.qp_num(),
+                    port: instance.listener_port(),
+                };
+                world.server.side().drop_connection(&key);
+            }
+            black_box(qp_num);
+        })
+    });
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(50).measurement_time(Duration::from_secs(3));
+    targets = transfers
+}
+criterion_main!(benches);
