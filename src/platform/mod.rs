@@ -15,6 +15,7 @@
 mod dl;
 pub mod gpu;
 pub mod system;
+pub mod topology;
 pub mod types;
 pub mod verbs;
 

@@ -1,4 +1,5 @@
-//! The production platform: libibverbs and HIP, loaded on first use.
+//! The production platform: libibverbs and HIP, loaded on first use, and
+//! the topology read from `/sys`.
 //!
 //! An application that never calls `hipObjInit` never loads either library.
 //! A successful load is kept for the rest of the process; a failed one is
@@ -10,6 +11,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 
 use super::gpu::{self, LoadedHip};
+use super::topology::SysfsTopology;
 use super::verbs::{self, LoadedVerbs};
 use super::{Cm, Gpu, Platform, Topology, Verbs};
 use crate::core::Error;
@@ -46,9 +48,7 @@ impl Platform for SystemPlatform {
     }
 
     fn topology(&self) -> Result<Arc<dyn Topology>> {
-        Err(Error::Rdma(
-            "the sysfs topology reader is not part of this build yet".into(),
-        ))
+        Ok(Arc::new(SysfsTopology::system()))
     }
 
     fn gpu(&self) -> Result<Arc<dyn Gpu>> {
