@@ -71,6 +71,7 @@ fn init_survives_the_failure_of_each_call() {
     current.shutdown();
     let plan = calls(&faults.log());
     assert!(plan.len() > 10, "init makes its calls: {plan:?}");
+    eprintln!("init: sweeping {} calls", plan.len());
     assert_eq!(world.platform.counters.snapshot(), baseline);
     for (function, k) in plan.into_iter().filter(|(f, _)| !asynchronous(f)) {
         faults.reset();
@@ -281,6 +282,7 @@ fn a_first_transfer_with_its_handshake_survives_the_failure_of_each_call() {
             "the handshake sweep covers {needed}: {functions:?}"
         );
     }
+    eprintln!("first transfer: sweeping {} calls", plan.len());
     for (function, k) in plan.into_iter().filter(|(f, _)| !asynchronous(f)) {
         let (world, current) = setup();
         let inst = current.instance().unwrap();

@@ -790,3 +790,106 @@ fn shutdown_racing_transfers_leaves_nothing_behind() {
         "every object was released"
     );
 }
+
+#[test]
+fn a_connection_is_re_aimed_at_another_server_only_through_disconnect_and_reset() {
+    let world = World::new();
+    let current = Current::new();
+    current
+        .init_with(
+            world.platform(),
+            gpu_config(),
+            Options {
+                max_transfers: 1,
+                ..options()
+            },
+        )
+        .unwrap();
+    let inst = current.instance().unwrap();
+    let other = world.add_server("server1", std::net::Ipv4Addr::new(192, 0, 2, 3), 1 << 16);
+    let buf = host_buffer(4096);
+    let base = buf.as_ptr() as usize;
+    inst.register(BufferRange::new(base, 4096).unwrap(), true)
+        .unwrap();
+    let slice = Slice::new(base, 4096, 0).unwrap();
+    world.server.set_object(&pattern(4096, 1));
+    other.set_object(&pattern(4096, 2));
+    // One QP serves both servers in turn.
+    for round in 0..3u8 {
+        inst.transfer(Direction::Get, slice, &mut world.server.session(Op::Get))
+            .unwrap();
+        assert_eq!(
+            &buf[..],
+            &pattern(4096, 1)[..],
+            "round {round}, first server"
+        );
+        inst.transfer(Direction::Get, slice, &mut other.session(Op::Get))
+            .unwrap();
+        assert_eq!(
+            &buf[..],
+            &pattern(4096, 2)[..],
+            "round {round}, second server"
+        );
+    }
+    // Each switch disconnected the previous server: at most one server still
+    // holds a live connection to the QP.
+    world.server.side().forget_disconnected();
+    other.side().forget_disconnected();
+    assert_eq!(
+        world.server.side().connection_count() + other.side().connection_count(),
+        1
+    );
+    assert_eq!(
+        world.platform.faults.calls("rdma_connect"),
+        6,
+        "a handshake per switch"
+    );
+}
+
+#[test]
+fn an_idle_connection_is_closed_after_the_idle_timeout() {
+    let world = World::new();
+    let current = Current::new();
+    current
+        .init_with(
+            world.platform(),
+            gpu_config(),
+            Options {
+                idle_timeout: Duration::from_millis(40),
+                ..options()
+            },
+        )
+        .unwrap();
+    let inst = current.instance().unwrap();
+    let buf = host_buffer(64);
+    let base = buf.as_ptr() as usize;
+    inst.register(BufferRange::new(base, 64).unwrap(), true)
+        .unwrap();
+    inst.transfer(
+        Direction::Get,
+        Slice::new(base, 64, 0).unwrap(),
+        &mut world.server.session(Op::Get),
+    )
+    .unwrap();
+    assert_eq!(world.server.side().connection_count(), 1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        world.server.side().forget_disconnected();
+        if world.server.side().connection_count() == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the idle connection was never closed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The next transfer connects afresh.
+    inst.transfer(
+        Direction::Get,
+        Slice::new(base, 64, 0).unwrap(),
+        &mut world.server.session(Op::Get),
+    )
+    .unwrap();
+    assert_eq!(world.platform.faults.calls("rdma_connect"), 2);
+}

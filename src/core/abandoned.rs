@@ -162,3 +162,108 @@ impl Drop for AbandonedCopies {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::buffers::BufKind;
+    use crate::platform::{Access, Gpu};
+    use crate::testing::fabric::{DeviceSpec, Fabric};
+    use crate::testing::gpu::{CopyMode, FakeGpu, FakeGpuDevice};
+    use crate::testing::{Counters, Faults};
+
+    struct Setup {
+        gpu: Arc<FakeGpu>,
+        counters: Arc<Counters>,
+        entry: Arc<BufEntry>,
+        device: usize,
+    }
+
+    fn setup() -> (Setup, crate::testing::gpu::DeviceAlloc) {
+        let faults = Arc::new(Faults::new());
+        let counters = Arc::new(Counters::new());
+        let gpu = Arc::new(FakeGpu::new(
+            vec![FakeGpuDevice {
+                pci_bus_id: "0000:01:00.0".into(),
+            }],
+            faults.clone(),
+            counters.clone(),
+        ));
+        let fabric = Fabric::new(faults, counters.clone());
+        fabric
+            .add_device(DeviceSpec::new("d0", std::net::Ipv4Addr::new(192, 0, 2, 9)))
+            .unwrap();
+        let pd = fabric
+            .verbs(&["d0"])
+            .open("d0")
+            .unwrap()
+            .alloc_pd()
+            .unwrap();
+        let alloc = gpu.alloc_device(0, 4096).unwrap();
+        let staging = gpu.host_alloc(4096).unwrap();
+        let mr = pd
+            .reg_mr(staging.addr(), 4096, Access::LOCAL_WRITE)
+            .unwrap();
+        let entry = Arc::new(BufEntry {
+            base: alloc.addr(),
+            len: 4096,
+            kind: BufKind::Staged { device: 0 },
+            mr,
+            staging: Some(staging),
+        });
+        (
+            Setup {
+                device: alloc.addr(),
+                gpu,
+                counters,
+                entry,
+            },
+            alloc,
+        )
+    }
+
+    #[test]
+    fn a_finished_copy_is_released_when_next_checked() {
+        let (s, _alloc) = setup();
+        s.gpu.set_copy_mode(CopyMode::Manual);
+        let list = AbandonedCopies::new();
+        let slot = list.reserve();
+        let event = s
+            .gpu
+            .copy_async(s.entry.staging_addr().unwrap(), s.device, 4096)
+            .unwrap();
+        slot.add(event, s.entry.clone());
+        assert!(list.is_running(s.device));
+        assert!(!list.is_running(s.device + 1));
+        assert_eq!(Arc::strong_count(&s.entry), 2, "the list holds the entry");
+        assert_eq!(s.gpu.complete_all(), 1);
+        assert!(!list.is_running(s.device));
+        assert!(list.is_empty());
+        assert_eq!(Arc::strong_count(&s.entry), 1);
+    }
+
+    #[test]
+    fn an_unused_slot_gives_its_room_back() {
+        let list = AbandonedCopies::new();
+        drop(list.reserve());
+        drop(list.reserve());
+        assert_eq!(list.inner.lock().reserved, 0);
+    }
+
+    #[test]
+    fn a_copy_still_running_at_destruction_is_leaked_not_freed() {
+        let (s, _alloc) = setup();
+        s.gpu.set_copy_mode(CopyMode::Never);
+        let list = AbandonedCopies::new();
+        let slot = list.reserve();
+        let event = s
+            .gpu
+            .copy_async(s.entry.staging_addr().unwrap(), s.device, 4096)
+            .unwrap();
+        slot.add(event, s.entry.clone());
+        drop(list);
+        drop(s.entry);
+        assert_eq!(s.counters.live("host_alloc_leaked"), 1);
+        assert_eq!(s.counters.live("gpu_event_leaked"), 1);
+    }
+}

@@ -165,3 +165,98 @@ impl BufferMap {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::platform::{Access, Pd};
+    use crate::testing::fabric::{DeviceSpec, Fabric};
+    use crate::testing::{Counters, Faults};
+
+    fn pd() -> (Arc<Counters>, Arc<dyn Pd>) {
+        let counters = Arc::new(Counters::new());
+        let fabric = Fabric::new(Arc::new(Faults::new()), counters.clone());
+        fabric
+            .add_device(DeviceSpec::new("d0", std::net::Ipv4Addr::new(192, 0, 2, 9)))
+            .unwrap();
+        let ctx = fabric.verbs(&["d0"]).open("d0").unwrap();
+        (counters, ctx.alloc_pd().unwrap())
+    }
+
+    fn entry(pd: &Arc<dyn Pd>, mem: &[u8], base_offset: usize) -> BufEntry {
+        let base = mem.as_ptr() as usize + base_offset;
+        let mr = pd
+            .reg_mr(base, 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        BufEntry {
+            base,
+            len: 16,
+            kind: BufKind::Host,
+            mr,
+            staging: None,
+        }
+    }
+
+    #[test]
+    fn lookups_are_by_exact_base_and_a_duplicate_is_released() {
+        let (counters, pd) = pd();
+        let mem = vec![0u8; 64];
+        let map = BufferMap::new();
+        map.insert(entry(&pd, &mem, 0)).unwrap();
+        assert!(map.find(mem.as_ptr() as usize).is_ok());
+        assert_eq!(
+            map.find(mem.as_ptr() as usize + 1).unwrap_err(),
+            Error::BufNotRegistered
+        );
+        assert_eq!(
+            map.precheck(mem.as_ptr() as usize),
+            Err(Error::BufAlreadyRegistered)
+        );
+        // The loser of a registration race: its MR is released, not leaked.
+        assert_eq!(
+            map.insert(entry(&pd, &mem, 0)),
+            Err(Error::BufAlreadyRegistered)
+        );
+        assert_eq!(counters.live("mr"), 1);
+    }
+
+    #[test]
+    fn a_held_entry_cannot_be_removed() {
+        let (counters, pd) = pd();
+        let mem = vec![0u8; 64];
+        let map = BufferMap::new();
+        map.insert(entry(&pd, &mem, 0)).unwrap();
+        let held = map.find(mem.as_ptr() as usize).unwrap();
+        assert!(matches!(
+            map.remove(mem.as_ptr() as usize),
+            Err(Error::Busy(_))
+        ));
+        drop(held);
+        map.remove(mem.as_ptr() as usize).unwrap();
+        assert_eq!(counters.live("mr"), 0, "the MR went with the entry");
+        assert_eq!(
+            map.remove(mem.as_ptr() as usize),
+            Err(Error::BufNotRegistered)
+        );
+    }
+
+    #[test]
+    fn the_map_holds_256_buffers() {
+        let (_, pd) = pd();
+        let mem = vec![0u8; 4096];
+        let map = BufferMap::new();
+        for i in 0..MAX_BUFFERS {
+            map.insert(entry(&pd, &mem, i)).unwrap();
+        }
+        assert!(matches!(
+            map.precheck(mem.as_ptr() as usize + 300),
+            Err(Error::Rdma(_))
+        ));
+        assert!(matches!(
+            map.insert(entry(&pd, &mem, 300)),
+            Err(Error::Rdma(_))
+        ));
+        assert_eq!(map.drain().len(), MAX_BUFFERS);
+        assert!(map.is_empty());
+    }
+}

@@ -419,3 +419,93 @@ impl Drop for Lease {
         self.pool.give_back(self.index, self.retire);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::fabric::{DeviceSpec, Fabric};
+    use crate::testing::{Counters, Faults};
+
+    fn pool(count: u32) -> (Arc<Counters>, Arc<ConnectionPool>) {
+        let counters = Arc::new(Counters::new());
+        let fabric = Fabric::new(Arc::new(Faults::new()), counters.clone());
+        fabric
+            .add_device(DeviceSpec::new("d0", std::net::Ipv4Addr::new(192, 0, 2, 9)))
+            .unwrap();
+        let ctx = fabric.verbs(&["d0"]).open("d0").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let pool = ConnectionPool::new(&*ctx, &*pd, fabric.cm(&["d0"]), 1, count).unwrap();
+        (counters, Arc::new(pool))
+    }
+
+    #[test]
+    fn connections_start_in_init_with_no_remote_access() {
+        let (counters, pool) = pool(3);
+        assert_eq!(counters.live("qp"), 3);
+        assert_eq!(counters.live("cq"), 3);
+        for conn in pool.slots() {
+            assert_eq!(conn.qp.state().unwrap(), QpState::Init);
+            assert!(pool.by_qp_num(conn.qp.qp_num()).is_some());
+        }
+    }
+
+    #[test]
+    fn a_thread_holding_a_lease_gets_busy_instead_of_waiting_for_itself() {
+        let (_, pool) = pool(1);
+        let lease = pool.acquire().unwrap();
+        assert!(matches!(pool.acquire(), Err(Error::Busy(_))));
+        drop(lease);
+        let again = pool.acquire().unwrap();
+        drop(again);
+        assert_eq!(pool.free_count(), 1);
+    }
+
+    #[test]
+    fn close_fails_a_waiting_or_later_acquire_with_not_initialized() {
+        let (_, pool) = pool(1);
+        let lease = pool.acquire().unwrap();
+        std::thread::scope(|s| {
+            // Whether it is already waiting or not yet, nothing but the close
+            // can end the other thread's acquire.
+            let waiter = s.spawn(|| pool.acquire().map(|_| ()));
+            pool.close();
+            assert_eq!(waiter.join().unwrap().unwrap_err(), Error::NotInitialized);
+        });
+        drop(lease);
+        assert!(
+            pool.try_take(0).is_none(),
+            "a closed pool hands out nothing"
+        );
+    }
+
+    #[test]
+    fn a_detached_lease_does_not_count_for_its_thread() {
+        let (_, pool) = pool(2);
+        let mut token = pool.acquire().unwrap();
+        token.detach();
+        let other = pool.acquire().unwrap();
+        // Both taken; this thread holds only `other` as its own.
+        assert!(matches!(pool.acquire(), Err(Error::Busy(_))));
+        drop(other);
+        drop(token);
+        assert_eq!(pool.free_count(), 2);
+    }
+
+    #[test]
+    fn a_failed_lease_comes_back_reset() {
+        let (_, pool) = pool(1);
+        let lease = pool.acquire().unwrap();
+        lease
+            .conn()
+            .qp
+            .modify(&QpAttr {
+                state: Some(QpState::Err),
+                ..QpAttr::default()
+            })
+            .unwrap();
+        lease.fail();
+        assert_eq!(pool.slots()[0].qp.state().unwrap(), QpState::Init);
+        assert_eq!(pool.free_count(), 1);
+        assert_eq!(pool.retired_count(), 0);
+    }
+}

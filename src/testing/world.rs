@@ -181,6 +181,15 @@ impl World {
         World { platform, server }
     }
 
+    /// Another S3 server on a device of its own, at `ip`.
+    pub fn add_server(&self, name: &str, ip: Ipv4Addr, bytes: usize) -> Arc<TestServer> {
+        self.platform
+            .fabric
+            .add_device(DeviceSpec::new(name, ip))
+            .expect("a new device");
+        Arc::new(TestServer::new(&self.platform.fabric, name, bytes))
+    }
+
     /// The platform as the trait object `Current::init_with` takes.
     pub fn platform(&self) -> Arc<dyn Platform> {
         self.platform.clone()
