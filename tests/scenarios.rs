@@ -893,3 +893,61 @@ fn an_idle_connection_is_closed_after_the_idle_timeout() {
     .unwrap();
     assert_eq!(world.platform.faults.calls("rdma_connect"), 2);
 }
+
+#[test]
+fn the_token_rkey_is_a_window_over_exactly_the_transfer() {
+    let up = Up::new(World::new());
+    let inst = up.instance();
+    let buf = host_buffer(8192);
+    let base = buf.as_ptr() as usize;
+    inst.register(BufferRange::new(base, 8192).unwrap(), true)
+        .unwrap();
+    let object = pattern(8192, 3);
+    up.world.server.set_object(&object);
+    // A server that writes past its range is refused by the NIC: nothing
+    // beyond the range changes, and the transfer fails.
+    up.world.server.set_behaviour(Behaviour::Overreach);
+    let err = get(&inst, &up, base, 4096, 0).unwrap_err();
+    assert_eq!(err.code(), Code::S3, "{err}");
+    assert!(
+        buf[4096..].iter().all(|b| *b == 0),
+        "no byte past the range was written"
+    );
+    assert_eq!(inst.pool().free_count(), 4);
+    // The same server, well behaved, on the same (window-replacing) path.
+    up.world.server.set_behaviour(Behaviour::Normal);
+    get(&inst, &up, base, 4096, 0).unwrap();
+    assert_eq!(&buf[..4096], &object[..4096]);
+    let token = inst
+        .mint_token(Slice::new(base, 8192, 0).unwrap(), TokenOp::Get)
+        .unwrap();
+    let mr_rkey_probe = inst
+        .mint_token(Slice::new(base, 8192, 0).unwrap(), TokenOp::Get)
+        .unwrap();
+    assert_ne!(
+        token.rkey, mr_rkey_probe.rkey,
+        "each transfer gets its own window rkey"
+    );
+}
+
+#[test]
+fn without_memory_windows_the_token_carries_the_mr_rkey() {
+    let mut spec = hipobj::testing::world::WorldSpec::default();
+    spec.client.supports_mw = false;
+    let up = Up::new(World::with(spec));
+    let inst = up.instance();
+    let buf = host_buffer(4096);
+    let base = buf.as_ptr() as usize;
+    inst.register(BufferRange::new(base, 4096).unwrap(), true)
+        .unwrap();
+    up.world.server.set_object(&pattern(4096, 8));
+    get(&inst, &up, base, 4096, 0).unwrap();
+    assert_eq!(&buf[..], &pattern(4096, 8)[..]);
+    let a = inst
+        .mint_token(Slice::new(base, 4096, 0).unwrap(), TokenOp::Get)
+        .unwrap();
+    let b = inst
+        .mint_token(Slice::new(base, 4096, 0).unwrap(), TokenOp::Get)
+        .unwrap();
+    assert_eq!(a.rkey, b.rkey, "the MR's rkey");
+}

@@ -149,7 +149,7 @@ impl Instance {
         let cm_listener = cm.listen(SocketAddr::new(nic::ip_of(&gid), 0))?;
         let pool = Arc::new(ConnectionPool::new(
             &*ctx,
-            &*pd,
+            &pd,
             cm,
             nic.port,
             options.max_transfers,

@@ -17,10 +17,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::error::{Error, Result};
-use super::pool::{disconnect, Connection, ConnectionPool, Link, Peer};
+use super::pool::{disconnect, Connection, ConnectionPool, Link, Peer, Waiting};
 use super::protocol::{encode_reject, ConnectData, RejectReason};
 use super::token::Transport;
-use crate::platform::{AcceptParams, CmEvent, CmListener, CmRequest, QpAttr, QpState, RecvWr};
+use crate::platform::{AcceptParams, CmEvent, CmListener, CmRequest, Gid, QpAttr, QpState, RecvWr};
 
 /// `min_rnr_timer` for our QPs: 1 (0.01 ms). The CM's 0 means 655 ms per
 /// receiver-not-ready NAK (lab CMTEST P9/P10).
@@ -29,6 +29,8 @@ pub const MIN_RNR_TIMER: u8 = 1;
 /// `rnr_retry`: 7 retries receiver-not-ready forever (IB spec), so a final
 /// message that races its receive waits instead of failing.
 pub const ACCEPT_RNR_RETRY: u8 = 7;
+/// How long the listener waits for a memory-window bind or invalidation.
+const WINDOW_TIMEOUT: Duration = Duration::from_secs(1);
 /// Consecutive event errors after which the thread gives up.
 const MAX_EVENT_ERRORS: u32 = 64;
 
@@ -146,7 +148,7 @@ fn on_connect_request(shared: &Shared, request: Box<dyn CmRequest>) {
     };
     let (waiting, old) = {
         let mut state = conn.state.lock();
-        let Some(waiting) = state.waiting else {
+        let Some(waiting) = state.waiting.clone() else {
             drop(state);
             return reject(request, RejectReason::NotWaiting);
         };
@@ -164,14 +166,7 @@ fn on_connect_request(shared: &Shared, request: Box<dyn CmRequest>) {
         )
     };
     let port = shared.pool.port;
-    let outcome = connect_qp(
-        &conn,
-        port,
-        &*request,
-        waiting.recv_wr_id,
-        old,
-        waiting.access,
-    );
+    let outcome = connect_qp(&conn, port, &*request, &waiting, old);
     let link = match outcome {
         Ok(gid) => {
             let params = AcceptParams {
@@ -212,26 +207,33 @@ fn connect_qp(
     conn: &Connection,
     port: u8,
     request: &dyn CmRequest,
-    recv_wr_id: u64,
+    waiting: &Waiting,
     old: Link,
-    access: crate::platform::Access,
-) -> Result<crate::platform::Gid> {
+) -> Result<Gid> {
     if let Link::Connected(peer) = old {
-        // Re-aiming an RC QP: the old server is disconnected first, then the
-        // QP goes through RESET, which also discards the posted receive.
+        // Re-aiming an RC QP: the transfer's window (bound through the old
+        // connection) is invalidated while the QP can still do it, the old
+        // server is disconnected, then the QP goes through RESET, which also
+        // discards the posted receive.
+        conn.invalidate_window(Instant::now() + WINDOW_TIMEOUT)?;
         disconnect(peer);
         conn.reset(port)?;
         conn.qp.post_recv(RecvWr {
-            wr_id: recv_wr_id,
+            wr_id: waiting.recv_wr_id,
             sge: None,
         })?;
     }
     let mut rtr = request.init_qp_attr(QpState::Rtr)?;
     rtr.min_rnr_timer = Some(MIN_RNR_TIMER);
-    rtr.access = Some(access);
+    rtr.access = Some(waiting.access);
     conn.qp.modify(&rtr)?;
     let rts = request.init_qp_attr(QpState::Rts)?;
     conn.qp.modify(&rts)?;
+    // The token's rkey names a window: bound now, before the accept lets
+    // the server use it.
+    if let Some(plan) = &waiting.bind {
+        plan.bind(conn, Instant::now() + WINDOW_TIMEOUT)?;
+    }
     Ok(rtr.av.map(|av| av.dgid).unwrap_or_default())
 }
 

@@ -18,7 +18,8 @@ use parking_lot::{Condvar, Mutex};
 use super::error::{Error, Result};
 use super::token::Token;
 use crate::platform::{
-    Access, Cm, CmConnection, Context, Cq, Gid, Pd, Qp, QpAttr, QpCaps, QpState,
+    next_rkey, Access, Cm, CmConnection, Context, Cq, Gid, Mr, Mw, Pd, Qp, QpAttr, QpCaps, QpState,
+    SendOp, SendWr,
 };
 
 /// Completion queue entries per connection.
@@ -56,7 +57,7 @@ pub struct Peer {
 }
 
 /// A transfer waiting for a server on this connection.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone)]
 pub struct Waiting {
     /// The token it minted; a server must present it to connect.
     pub token: Token,
@@ -64,6 +65,55 @@ pub struct Waiting {
     pub recv_wr_id: u64,
     /// Remote access the transfer grants.
     pub access: Access,
+    /// The memory window the listener must bind (between RTS and accept)
+    /// before the server may use the token's rkey.
+    pub bind: Option<BindPlan>,
+}
+
+/// A type-2 memory window binding of exactly one transfer's range.
+#[derive(Clone)]
+pub struct BindPlan {
+    /// The window.
+    pub mw: Arc<dyn Mw>,
+    /// The rkey it gets (the token's rkey).
+    pub rkey: u32,
+    /// The region the range lies in.
+    pub mr: Arc<dyn Mr>,
+    /// First byte, as the NIC addresses it.
+    pub addr: u64,
+    /// Bytes.
+    pub len: u64,
+    /// The access the transfer grants.
+    pub access: Access,
+}
+
+/// wr_id of memory-window binds and invalidations (receives count from 1).
+pub const WINDOW_WR_ID: u64 = u64::MAX;
+
+impl BindPlan {
+    /// Binds the window through `conn`'s QP (in RTS) and waits for the bind
+    /// to complete, until `deadline`.
+    pub fn bind(&self, conn: &Connection, deadline: Instant) -> Result<()> {
+        let op = SendOp::BindMw {
+            mw: self.mw.clone(),
+            rkey: self.rkey,
+            mr: self.mr.clone(),
+            addr: self.addr,
+            len: self.len,
+            access: self.access,
+        };
+        conn.qp.post_send(&[SendWr {
+            wr_id: WINDOW_WR_ID,
+            op,
+            sge: None,
+            signaled: true,
+        }])?;
+        // Posted, it may be bound whatever the wait says: a failed wait
+        // leaves the window marked bound, so that the lease's failure path
+        // replaces it.
+        conn.state.lock().mw_bound = Some(self.rkey);
+        conn.wait_window_op(deadline)
+    }
 }
 
 /// What a connection is doing, guarded by its mutex.
@@ -80,6 +130,12 @@ pub struct ConnState {
     /// The listener is moving the QP to ERR (to wake a transfer whose
     /// server left); nobody else may touch the QP until it is done.
     pub erroring: bool,
+    /// This connection's type-2 memory window, where the device has them.
+    pub mw: Option<Arc<dyn Mw>>,
+    /// The last rkey the window was given (the next bind uses the next).
+    pub mw_rkey: u32,
+    /// The rkey of the window while it is bound to a transfer's range.
+    pub mw_bound: Option<u32>,
 }
 
 /// One pool connection: a QP and its own CQ.
@@ -98,11 +154,18 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// Creates a QP with its CQ and moves it to INIT with no remote access.
+    /// Creates a QP with its CQ and moves it to INIT with no remote access;
+    /// and a memory window where the device has them.
     pub fn create(ctx: &dyn Context, pd: &dyn Pd, port: u8, index: usize) -> Result<Connection> {
         let cq = ctx.create_cq(CQ_DEPTH)?;
         let qp = pd.create_qp(&cq, QP_CAPS)?;
         qp.modify(&init_attr(port))?;
+        let mw = if ctx.supports_mw() {
+            Some(pd.alloc_mw()?)
+        } else {
+            None
+        };
+        let mw_rkey = mw.as_ref().map_or(0, |w| w.rkey());
         Ok(Connection {
             qp,
             cq,
@@ -113,6 +176,9 @@ impl Connection {
                 peer_gone: false,
                 next_wr_id: 1,
                 erroring: false,
+                mw,
+                mw_rkey,
+                mw_bound: None,
             }),
             settled: Condvar::new(),
         })
@@ -129,6 +195,59 @@ impl Connection {
         })?;
         self.qp.modify(&init_attr(port))?;
         Ok(())
+    }
+
+    /// Waits for the completion of the window operation (bind or
+    /// invalidation) just posted; other completions are of earlier
+    /// transfers and are dropped.
+    pub fn wait_window_op(&self, deadline: Instant) -> Result<()> {
+        loop {
+            for c in self.cq.poll(CQ_DEPTH as usize)? {
+                if c.wr_id != WINDOW_WR_ID {
+                    continue;
+                }
+                return if c.status == crate::platform::WcStatus::Success {
+                    Ok(())
+                } else {
+                    Err(Error::Rdma(format!(
+                        "memory window operation on QP {}: {:?}",
+                        self.qp.qp_num(),
+                        c.status
+                    )))
+                };
+            }
+            if Instant::now() >= deadline || !self.cq.wait(deadline)? {
+                return Err(Error::Rdma(format!(
+                    "memory window operation on QP {}: no completion",
+                    self.qp.qp_num()
+                )));
+            }
+        }
+    }
+
+    /// Invalidates the window if it is bound; a failure leaves it bound.
+    pub fn invalidate_window(&self, deadline: Instant) -> Result<()> {
+        let Some(rkey) = self.state.lock().mw_bound else {
+            return Ok(());
+        };
+        let op = SendOp::LocalInv { rkey };
+        self.qp.post_send(&[SendWr {
+            wr_id: WINDOW_WR_ID,
+            op,
+            sge: None,
+            signaled: true,
+        }])?;
+        self.wait_window_op(deadline)?;
+        self.state.lock().mw_bound = None;
+        Ok(())
+    }
+
+    /// The window and rkey for the next transfer, if the device has
+    /// windows.
+    pub fn next_window(state: &mut ConnState) -> Option<(Arc<dyn Mw>, u32)> {
+        let mw = state.mw.clone()?;
+        state.mw_rkey = next_rkey(state.mw_rkey);
+        Some((mw, state.mw_rkey))
     }
 
     /// Throws away every completion queued.
@@ -181,6 +300,8 @@ struct Inner {
 /// The pool.
 pub struct ConnectionPool {
     slots: Vec<Arc<Connection>>,
+    /// For replacing memory windows left bound by a failed transfer.
+    pd: Arc<dyn Pd>,
     inner: Mutex<Inner>,
     available: Condvar,
     /// The IB port every QP uses.
@@ -206,16 +327,17 @@ impl ConnectionPool {
     /// Creates `count` connections; creating fewer is a failure.
     pub fn new(
         ctx: &dyn Context,
-        pd: &dyn Pd,
+        pd: &Arc<dyn Pd>,
         cm: Arc<dyn Cm>,
         port: u8,
         count: u32,
     ) -> Result<ConnectionPool> {
         let count = usize::try_from(count).map_err(|_| Error::InvalidValue("pool size"))?;
         let slots = (0..count)
-            .map(|i| Connection::create(ctx, pd, port, i).map(Arc::new))
+            .map(|i| Connection::create(ctx, &**pd, port, i).map(Arc::new))
             .collect::<Result<Vec<_>>>()?;
         Ok(ConnectionPool {
+            pd: pd.clone(),
             inner: Mutex::new(Inner {
                 free: (0..slots.len()).rev().collect(),
                 closed: false,
@@ -386,17 +508,41 @@ impl Lease {
     /// to INIT and returns it; a QP that cannot be reset is retired.
     pub fn fail(mut self) {
         let conn = self.conn().clone();
-        let peer = {
+        let (peer, stale_window) = {
             let mut state = conn.wait_settled();
             state.waiting = None;
             state.peer_gone = false;
-            match std::mem::replace(&mut state.link, Link::Unconnected) {
+            // A window still bound cannot be invalidated through a QP that
+            // is not in RTS: it is deallocated (which invalidates it) and
+            // replaced below.
+            let stale_window = if state.mw_bound.take().is_some() {
+                state.mw.take()
+            } else {
+                None
+            };
+            let peer = match std::mem::replace(&mut state.link, Link::Unconnected) {
                 Link::Connected(peer) => Some(peer),
                 _ => None,
-            }
+            };
+            (peer, stale_window)
         };
         if let Some(peer) = peer {
             disconnect(peer);
+        }
+        if let Some(old) = stale_window {
+            drop(old);
+            match self.pool.pd.alloc_mw() {
+                Ok(mw) => {
+                    let mut state = conn.state.lock();
+                    state.mw_rkey = mw.rkey();
+                    state.mw = Some(mw);
+                }
+                // Without a window the connection falls back to the MR's rkey.
+                Err(e) => eprintln!(
+                    "hipobj: replacing the memory window of connection {}: {e}",
+                    conn.index
+                ),
+            }
         }
         if let Err(e) = conn.reset(self.pool.port) {
             eprintln!("hipobj: retiring connection {}: {e}", conn.index);
@@ -434,7 +580,7 @@ mod tests {
             .unwrap();
         let ctx = fabric.verbs(&["d0"]).open("d0").unwrap();
         let pd = ctx.alloc_pd().unwrap();
-        let pool = ConnectionPool::new(&*ctx, &*pd, fabric.cm(&["d0"]), 1, count).unwrap();
+        let pool = ConnectionPool::new(&*ctx, &pd, fabric.cm(&["d0"]), 1, count).unwrap();
         (counters, Arc::new(pool))
     }
 

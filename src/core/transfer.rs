@@ -18,7 +18,7 @@ use super::args::{BufferRange, Slice, SyncDirection, TokenOp};
 use super::buffers::{BufEntry, BufKind};
 use super::error::{Error, Result};
 use super::instance::Instance;
-use super::pool::{self, Lease, Link, Waiting};
+use super::pool::{self, BindPlan, Connection, Lease, Link, Waiting};
 use super::protocol::final_imm;
 use super::reply::{parse_reply, REPLY_BUFFER_LEN};
 use super::token::{Token, Transport, TOKEN_HEX_LEN};
@@ -99,8 +99,18 @@ impl Instance {
         self.buffers.insert(entry)
     }
 
+    /// The access of every MR: [`MR_ACCESS`], and `MW_BIND` where the device
+    /// has memory windows.
+    fn mr_access(&self) -> Access {
+        if self.ctx.supports_mw() {
+            MR_ACCESS | Access::MW_BIND
+        } else {
+            MR_ACCESS
+        }
+    }
+
     fn register_plain(&self, range: BufferRange, kind: BufKind) -> Result<BufEntry> {
-        let mr = self.pd.reg_mr(range.addr, range.len, MR_ACCESS)?;
+        let mr = self.pd.reg_mr(range.addr, range.len, self.mr_access())?;
         Ok(BufEntry {
             base: range.addr,
             len: range.len,
@@ -175,7 +185,9 @@ impl Instance {
             call: "hipHostMalloc",
             code,
         })?;
-        let mr = self.pd.reg_mr(staging.addr(), range.len, MR_ACCESS)?;
+        let mr = self
+            .pd
+            .reg_mr(staging.addr(), range.len, self.mr_access())?;
         eprintln!(
             "hipobj: {:#x} ({} bytes) is staged through host memory: transfers are not GPU-direct",
             range.addr, range.len
@@ -204,7 +216,7 @@ impl Instance {
         let iova = u64::try_from(range.addr).map_err(|_| Error::InvalidValue("address"))?;
         // The fd is closed when `fd` drops: the MR holds its own reference.
         self.pd
-            .reg_dmabuf_mr(&fd, offset, range.len, iova, MR_ACCESS)
+            .reg_dmabuf_mr(&fd, offset, range.len, iova, self.mr_access())
     }
 
     /// `hipObjBufDeregister` after the NULL check.
@@ -346,7 +358,7 @@ impl Instance {
         // A connection whose server went away (the listener saw it go, or
         // moved the QP to ERR to wake a transfer) is reset before use, with
         // or without a peer left to disconnect.
-        let (stale, peer, connected, recv_wr_id) = {
+        let (stale, peer, connected, recv_wr_id, window) = {
             let mut state = conn.wait_settled();
             let stale = state.peer_gone
                 || matches!(&state.link, Link::Connected(p) if p.cm.is_disconnected());
@@ -362,7 +374,8 @@ impl Instance {
             let connected = matches!(state.link, Link::Connected(_));
             let id = state.next_wr_id;
             state.next_wr_id += 1;
-            (stale, peer, connected, id)
+            let window = Connection::next_window(&mut state);
+            (stale, peer, connected, id, window)
         };
         if let Some(peer) = peer {
             pool::disconnect(peer);
@@ -375,18 +388,46 @@ impl Instance {
             sge: None,
         })?;
         let access = direction.access();
-        if connected {
-            conn.qp.modify(&QpAttr {
-                access: Some(access),
-                ..QpAttr::default()
-            })?;
-        }
+        let addr = entry.nic_addr(offset);
+        // Where the device has memory windows, the token's rkey is a window
+        // bound to exactly this transfer's range with only its access; it is
+        // invalidated when the transfer ends.
+        let bind = window.map(|(mw, rkey)| BindPlan {
+            mw,
+            rkey,
+            mr: entry.mr.clone(),
+            addr,
+            len,
+            access,
+        });
+        let rkey = bind.as_ref().map_or_else(|| entry.mr.rkey(), |b| b.rkey);
+        let bind = match bind {
+            Some(plan) if connected => {
+                conn.qp.modify(&QpAttr {
+                    access: Some(access),
+                    ..QpAttr::default()
+                })?;
+                plan.bind(conn, Instant::now() + self.options.completion_timeout)?;
+                // Kept: if another server connects, the listener binds again.
+                Some(plan)
+            }
+            Some(plan) => Some(plan),
+            None => {
+                if connected {
+                    conn.qp.modify(&QpAttr {
+                        access: Some(access),
+                        ..QpAttr::default()
+                    })?;
+                }
+                None
+            }
+        };
         let token = Token {
             transport: Transport::RcCm,
             qp_num: conn.qp.qp_num(),
             gid: self.gid,
-            rkey: entry.mr.rkey(),
-            addr: entry.nic_addr(offset),
+            rkey,
+            addr,
             length: len,
             port: self.nic.port,
             lid: self.listener_port(),
@@ -395,6 +436,7 @@ impl Instance {
             token,
             recv_wr_id,
             access,
+            bind,
         });
         Ok(Ticket { token, recv_wr_id })
     }
@@ -502,10 +544,15 @@ impl Instance {
             }
         };
         if connected {
-            if let Err(e) = conn.qp.modify(&QpAttr {
-                access: Some(Access::empty()),
-                ..QpAttr::default()
-            }) {
+            let revoked = conn
+                .invalidate_window(Instant::now() + self.options.completion_timeout)
+                .and_then(|()| {
+                    conn.qp.modify(&QpAttr {
+                        access: Some(Access::empty()),
+                        ..QpAttr::default()
+                    })
+                });
+            if let Err(e) = revoked {
                 eprintln!(
                     "hipobj: revoking remote access on QP {}: {e}",
                     conn.qp.qp_num()
@@ -581,6 +628,12 @@ impl Instance {
         let now = Instant::now();
         let mut kept = Vec::new();
         for d in all {
+            // While the listener connects the QP (and binds its window), the
+            // CQ is the listener's to read.
+            if matches!(d.lease.conn().state.lock().link, Link::Connecting) {
+                kept.push(d);
+                continue;
+            }
             // A deadline of now polls once without waiting.
             match self.await_final(&d.lease, d.ticket, now) {
                 Ok(()) => self.finish(d.lease),

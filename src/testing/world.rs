@@ -226,6 +226,9 @@ pub enum Behaviour {
     Status(u16),
     /// Does the transfer, then replies `200:<a peer token>`.
     PeerTokenReply,
+    /// Connects properly, then writes (or reads) 64 bytes past the range
+    /// its token grants, with the token's rkey, and replies 200.
+    Overreach,
 }
 
 /// The S3 server of the tests: one object store (its registered memory),
@@ -346,6 +349,16 @@ impl TestServer {
             Behaviour::OriginalOrder => self
                 .original_order(&token, &local)
                 .map(|()| b"200".to_vec()),
+            Behaviour::Overreach => self.side.connection(&token, deadline).and_then(|conn| {
+                let conn = conn.lock();
+                let mut wide = token;
+                wide.length += 64;
+                self.side.move_data(&conn, &wide, op, &local, deadline)?;
+                let imm = final_imm(conn.nonce, conn.seq);
+                self.side
+                    .send_final(&conn, imm, deadline)
+                    .map(|()| b"200".to_vec())
+            }),
         };
         match outcome {
             Ok(reply) => {
