@@ -15,10 +15,12 @@ use hipobj::core::args::{BufferRange, Slice};
 use hipobj::core::transfer::Direction;
 use hipobj::core::{Config, Current, Instance, Options};
 use hipobj::server::{ClientQp, Op};
-use hipobj::testing::world::World;
+use hipobj::testing::world::{World, WorldSpec};
 
-fn setup() -> (World, Current, Arc<Instance>, Box<[u8]>) {
-    let world = World::new();
+fn setup(windows: bool) -> (World, Current, Arc<Instance>, Box<[u8]>) {
+    let mut spec = WorldSpec::default();
+    spec.client.supports_mw = windows;
+    let world = World::with(spec);
     let current = Current::new();
     let options = Options {
         completion_timeout: Duration::from_secs(5),
@@ -47,7 +49,7 @@ fn setup() -> (World, Current, Arc<Instance>, Box<[u8]>) {
 }
 
 fn transfers(c: &mut Criterion) {
-    let (world, _current, instance, buf) = setup();
+    let (world, _current, instance, buf) = setup(true);
     let slice = Slice::new(buf.as_ptr() as usize, 8, 0).expect("slice");
     let mut group = c.benchmark_group("8-byte GET");
     group.bench_function("reused connection", |b| {
@@ -82,6 +84,19 @@ fn transfers(c: &mut Criterion) {
                 world.server.side().drop_connection(&key);
             }
             black_box(qp_num);
+        })
+    });
+    let (plain_world, _plain_current, plain, plain_buf) = setup(false);
+    let plain_slice = Slice::new(plain_buf.as_ptr() as usize, 8, 0).expect("slice");
+    group.bench_function("reused connection, no memory windows", |b| {
+        b.iter(|| {
+            plain
+                .transfer(
+                    Direction::Get,
+                    black_box(plain_slice),
+                    &mut plain_world.server.session(Op::Get),
+                )
+                .expect("transfer")
         })
     });
     group.finish();
