@@ -397,17 +397,7 @@ impl TestServer {
             ..QpAttr::default()
         };
         qp.modify(&init)?;
-        let av = crate::platform::AddressVector {
-            dgid: token.gid,
-            sgid_index: 1,
-            hop_limit: 64,
-            traffic_class: 0,
-            flow_label: 0,
-            port: 1,
-            sl: 0,
-            is_global: true,
-            dlid: 0,
-        };
+        let av = super::fabric::roce_av(token.gid);
         qp.modify(&QpAttr {
             state: Some(QpState::Rtr),
             av: Some(av),
