@@ -3,7 +3,10 @@
  *
  *  - config NULL, flags != 0, gpuDevice < -1: {InvalidValue, 0};
  *  - a valid config without nicHint: libibverbs loads, then no GPU can be
- *    used and there is no hint, so {RdmaError, 100 = hipErrorNoDevice};
+ *    used and there is no hint, so {RdmaError, hip} where hip is
+ *    100 (hipErrorNoDevice) when the HIP runtime cannot be loaded, else
+ *    what hipGetDeviceCount itself returns here (HIP 5.2 without a GPU:
+ *    100 as well);
  *  - a valid config with nicHint "rxe0": the GPU-less path applies and no
  *    RDMA device exists, so {NicNotFound, 0};
  *  - without libibverbs at all, both give {RdmaError, 0} (checked first);
@@ -11,9 +14,10 @@
  *    NotInitialized, and the next init fails the same way (never
  *    AlreadyInitialized).
  *
- * The program probes the machine (libibverbs present? RDMA devices?) to
- * pick between those expectations, and fails outright on a machine that
- * has an RDMA device, where these expectations do not apply. */
+ * The program probes the machine (libibverbs present? RDMA devices? the
+ * HIP runtime's answer to hipGetDeviceCount?) to pick between those
+ * expectations, and fails outright on a machine that has an RDMA device or
+ * a GPU, where these expectations do not apply. */
 #include "check.h"
 
 #include <dlfcn.h>
@@ -53,6 +57,54 @@ static enum verbs_state probe_verbs(void)
     }
     free_list(list);
     return count == 0 ? VERBS_NO_DEVICE : VERBS_HAS_DEVICES;
+}
+
+/* The sonames and functions the library's HIP loader needs
+ * (src/platform/gpu/loader.rs SONAMES, src/platform/gpu/sys.rs HipFns),
+ * in its order. */
+static const char *const hip_sonames[] = {
+    "libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5",
+    "libamdhip64.so",
+};
+static const char *const hip_functions[] = {
+    "hipGetDeviceCount",       "hipGetDevice",          "hipSetDevice",
+    "hipDeviceGetPCIBusId",    "hipPointerGetAttributes",
+    "hipMemGetAddressRange",   "hipHostMalloc",         "hipHostFree",
+    "hipMemcpyAsync",          "hipEventCreateWithFlags",
+    "hipEventRecord",          "hipEventQuery",         "hipEventDestroy",
+    "hipDeviceSynchronize",
+};
+
+#define HIP_ERROR_NO_DEVICE 100
+#define HIP_HAS_GPU (-1)
+
+/* The hipError the library reports when init finds no usable GPU:
+ * hipErrorNoDevice when the runtime cannot be loaded (or lacks a
+ * function the library needs), else hipGetDeviceCount's own error code
+ * (and hipErrorNoDevice for a count of 0). HIP_HAS_GPU if it finds one. */
+static int probe_hip(void)
+{
+    void *lib = NULL;
+    for (size_t i = 0; lib == NULL && i < sizeof hip_sonames / sizeof *hip_sonames; i++) {
+        lib = dlopen(hip_sonames[i], RTLD_NOW | RTLD_LOCAL);
+    }
+    if (lib == NULL) {
+        return HIP_ERROR_NO_DEVICE;
+    }
+    for (size_t i = 0; i < sizeof hip_functions / sizeof *hip_functions; i++) {
+        if (dlsym(lib, hip_functions[i]) == NULL) {
+            return HIP_ERROR_NO_DEVICE;
+        }
+    }
+    int (*get_count)(int *) = NULL;
+    void *sym = dlsym(lib, "hipGetDeviceCount");
+    memcpy(&get_count, &sym, sizeof sym);
+    int count = 0;
+    int code = get_count(&count);
+    if (code != 0) {
+        return code;
+    }
+    return count > 0 ? HIP_HAS_GPU : HIP_ERROR_NO_DEVICE;
 }
 
 #define NI hipObjNotInitialized
@@ -116,13 +168,20 @@ int main(void)
                 "machine without one\n");
         return 1;
     }
+    const int hip = probe_hip();
+    if (hip == HIP_HAS_GPU) {
+        fprintf(stderr,
+                "init.c: this machine has a GPU; the expectations here are "
+                "for a machine without one\n");
+        return 1;
+    }
     const int no_hint_op = hipObjRdmaError;
-    const int no_hint_hip = verbs == VERBS_MISSING ? 0 : 100;
+    const int no_hint_hip = verbs == VERBS_MISSING ? 0 : hip;
     const int hint_op =
         verbs == VERBS_MISSING ? hipObjRdmaError : hipObjNicNotFound;
-    fprintf(stderr, "libibverbs %s; expecting {%d, %d} without a hint, "
-            "{%d, 0} with one\n",
-            verbs == VERBS_MISSING ? "missing" : "present, no device",
+    fprintf(stderr, "libibverbs %s, HIP says %d; expecting {%d, %d} without "
+            "a hint, {%d, 0} with one\n",
+            verbs == VERBS_MISSING ? "missing" : "present, no device", hip,
             no_hint_op, no_hint_hip, hint_op);
 
     /* ---- Argument checks, in order, before anything else. */
