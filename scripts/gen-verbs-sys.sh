@@ -11,15 +11,12 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+script=$(basename "$0")
+# shellcheck source=scripts/gen-sys-common.sh
+source "$root/scripts/gen-sys-common.sh"
 out="$root/src/platform/verbs/sys.rs"
 header=/usr/include/infiniband/verbs.h
-want_rdma_core=44.0
-want_bindgen="bindgen 0.73.2"
-
-[[ -f $header ]] || { echo "gen-verbs-sys: $header not found: install libibverbs-dev" >&2; exit 1; }
-have=$(pkg-config --modversion libibverbs)
-[[ $have == *".$want_rdma_core" ]] || { echo "gen-verbs-sys: libibverbs $have installed, rdma-core $want_rdma_core pinned" >&2; exit 1; }
-[[ $(bindgen --version) == "$want_bindgen" ]] || { echo "gen-verbs-sys: $want_bindgen needed, found $(bindgen --version)" >&2; exit 1; }
+check_inputs "$header" libibverbs libibverbs-dev
 
 types=(
     ibv_device ibv_context ibv_context_ops ibv_device_attr ibv_port_attr ibv_gid
@@ -47,46 +44,4 @@ args=(
 for t in "${types[@]}"; do args+=(--allowlist-type "$t"); done
 for t in "${opaque[@]}"; do args+=(--opaque-type "$t"); done
 
-body=$(bindgen "${args[@]}" "$header" -- -I/usr/include)
-
-{
-    cat <<HEADER
-//! libibverbs ABI types, generated from rdma-core $want_rdma_core's
-//! \`<infiniband/verbs.h>\` (Debian libibverbs-dev 44.0-2) by
-//! \`scripts/gen-verbs-sys.sh\` with $want_bindgen:
-//!
-//! \`\`\`text
-//! bindgen \\
-HEADER
-    # One option per line, with its value.
-    for ((i = 0; i < ${#args[@]}; i++)); do
-        line=${args[i]}
-        if ((i + 1 < ${#args[@]})) && [[ ${args[i + 1]} != --* ]]; then
-            ((i += 1))
-            line+=" '${args[i]}'"
-        fi
-        printf '//!   %s \\\n' "$line"
-    done
-    cat <<HEADER
-//!   $header -- -I/usr/include
-//! \`\`\`
-//!
-//! Do not edit: rerun the script. \`tests/verbs_layout.rs\` compares sizes,
-//! offsets and constants with the installed header.
-
-// Generated code keeps C's names, and holds items this crate does not use.
-#![allow(
-    non_camel_case_types,
-    non_upper_case_globals,
-    non_snake_case,
-    dead_code,
-    missing_docs,
-    clippy::all,
-    clippy::pedantic
-)]
-
-HEADER
-    printf '%s\n' "$body"
-} > "$out"
-rustfmt --edition 2021 "$out"
-echo "gen-verbs-sys: wrote $out"
+write_sys "$out" "$header" "libibverbs ABI types" "tests/verbs_layout.rs" "${args[@]}"

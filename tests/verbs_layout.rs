@@ -7,56 +7,10 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::io::Write;
-use std::mem::{align_of, offset_of, size_of};
-use std::process::{Command, Stdio};
+use std::mem::offset_of;
 
+use common::layout::wide;
 use hipobj::platform::verbs::sys::*;
-
-/// A size or offset, as the C program prints it.
-fn wide(n: usize) -> i128 {
-    i128::try_from(n).expect("sizes fit in i128")
-}
-
-/// `("sizeof(struct T)", size)` and `("_Alignof(struct T)", align)`.
-macro_rules! layout {
-    ($kind:literal $ty:ident) => {
-        [
-            (
-                concat!("sizeof(", $kind, " ", stringify!($ty), ")"),
-                wide(size_of::<$ty>()),
-            ),
-            (
-                concat!("_Alignof(", $kind, " ", stringify!($ty), ")"),
-                wide(align_of::<$ty>()),
-            ),
-        ]
-    };
-}
-
-/// `("offsetof(struct T, a.b)", offset)` for each field path, named the
-/// same in C and Rust.
-macro_rules! offsets {
-    ($ty:ident { $($first:ident $(. $rest:ident)*),* $(,)? }) => {
-        [$(
-            (
-                concat!(
-                    "offsetof(struct ", stringify!($ty), ", ",
-                    stringify!($first) $(, ".", stringify!($rest))*, ")"
-                ),
-                wide(offset_of!($ty, $first $(. $rest)*)),
-            ),
-        )*]
-    };
-}
-
-/// `("NAME", value)` for each constant of a bindgen enum module.
-macro_rules! constants {
-    ($module:ident { $($name:ident),* $(,)? }) => {
-        [$( (stringify!($name), i128::from($module::$name)), )*]
-    };
-}
 
 /// Every expression checked, with the value Rust has for it.
 fn expected() -> Vec<(&'static str, i128)> {
@@ -403,76 +357,12 @@ fn expected() -> Vec<(&'static str, i128)> {
     all
 }
 
-/// The C program printing `expression<TAB>value` for each expression.
-fn program(expressions: &[&str]) -> String {
-    let mut c = String::from(
-        "#include <stddef.h>\n#include <stdio.h>\n#include <infiniband/verbs.h>\n\n\
-         int main(void)\n{\n",
-    );
-    for e in expressions {
-        c.push_str(&format!(
-            "    printf(\"%s\\t%lld\\n\", \"{e}\", (long long)({e}));\n"
-        ));
-    }
-    c.push_str("    return 0;\n}\n");
-    c
-}
-
-/// Fails, naming the package, when `<infiniband/verbs.h>` cannot be
-/// included.
-fn require_verbs_header() {
-    let mut child = Command::new("cc")
-        .args(["-E", "-x", "c", "-o", "/dev/null", "-"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run cc (a C toolchain is required): {e}"));
-    child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(b"#include <infiniband/verbs.h>\n")
-        .expect("writing to cc");
-    let out = child.wait_with_output().expect("waiting for cc");
-    assert!(
-        out.status.success(),
-        "<infiniband/verbs.h> is not installed: install the libibverbs-dev package \
-         (scripts/setup.sh does). cc said:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn generated_verbs_types_match_the_installed_header() {
-    require_verbs_header();
-    let expected = expected();
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("verbs_layout");
-    std::fs::create_dir_all(&dir).expect("creating the test directory");
-    let src = dir.join("layout.c");
-    let exe = dir.join("layout");
-    let names: Vec<&str> = expected.iter().map(|(e, _)| *e).collect();
-    std::fs::write(&src, program(&names)).expect("writing layout.c");
-    common::compile_c::<&str>(&src, &exe, &[]);
-    let out = common::run_with_timeout(&mut Command::new(&exe), std::time::Duration::from_secs(60));
-    assert!(out.status.success(), "{} failed: {out:?}", exe.display());
-    let stdout = String::from_utf8(out.stdout).expect("the program prints ASCII");
-    let c: BTreeMap<&str, i128> = stdout
-        .lines()
-        .map(|line| {
-            let (expr, value) = line.split_once('\t').expect("expression<TAB>value");
-            (expr, value.parse().expect("a number"))
-        })
-        .collect();
-    let mismatches: Vec<String> = expected
-        .iter()
-        .filter(|(expr, rust)| c.get(expr) != Some(rust))
-        .map(|(expr, rust)| format!("{expr}: C {:?}, Rust {rust}", c.get(expr)))
-        .collect();
-    assert!(
-        mismatches.is_empty(),
-        "src/platform/verbs/sys.rs differs from the installed verbs.h (regenerate with \
-         scripts/gen-verbs-sys.sh, or check the rdma-core version):\n{}",
-        mismatches.join("\n")
+    common::layout::check(
+        "infiniband/verbs.h",
+        "libibverbs-dev",
+        "src/platform/verbs/sys.rs (scripts/gen-verbs-sys.sh)",
+        &expected(),
     );
-    assert_eq!(c.len(), expected.len(), "each expression checked once");
 }

@@ -54,3 +54,54 @@ pub(crate) unsafe fn symbol<T: Copy>(loaded: &Loaded, symbol: &'static [u8]) -> 
         )),
     }
 }
+
+/// Stub libraries for the loaders' tests.
+#[cfg(test)]
+pub(crate) mod stub {
+    use std::path::PathBuf;
+    use std::process::Command;
+
+    /// A scratch directory for stub libraries, removed on drop.
+    pub(crate) struct StubDir(PathBuf);
+
+    impl StubDir {
+        pub(crate) fn new(test: &str) -> StubDir {
+            let dir =
+                std::env::temp_dir().join(format!("hipobj-stub-{}-{test}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("creating the stub directory");
+            StubDir(dir)
+        }
+
+        /// A shared library exporting `symbols` as empty functions (never
+        /// called), built with `cc`; a missing compiler fails the test.
+        pub(crate) fn library(&self, name: &str, symbols: &[&str]) -> &'static str {
+            let src = self.0.join(format!("{name}.c"));
+            let lib = self.0.join(format!("{name}.so"));
+            let body: String = symbols
+                .iter()
+                .map(|s| format!("void {s}(void) {{}}\n"))
+                .collect();
+            std::fs::write(&src, body).expect("writing the stub source");
+            let out = Command::new("cc")
+                .args(["-shared", "-fPIC", "-o"])
+                .arg(&lib)
+                .arg(&src)
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run cc (a C toolchain is required): {e}"));
+            assert!(
+                out.status.success(),
+                "cc failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            // dl::open_first keeps names for the life of the process.
+            Box::leak(lib.to_string_lossy().into_owned().into_boxed_str())
+        }
+    }
+
+    impl Drop for StubDir {
+        fn drop(&mut self) {
+            // Unmapped or not, the files may go (Linux keeps mapped pages).
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}

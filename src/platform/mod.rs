@@ -12,6 +12,7 @@
 //! destroyed before its parent. Dropping the last `Arc` destroys the object;
 //! a destroy that fails is logged, counted and leaked, never a panic.
 
+pub mod cm;
 mod dl;
 pub mod gpu;
 pub mod system;

@@ -1,7 +1,7 @@
-//! The production platform: libibverbs and HIP, loaded on first use, and
-//! the topology read from `/sys`.
+//! The production platform: libibverbs, librdmacm and HIP, loaded on first
+//! use, and the topology read from `/sys`.
 //!
-//! An application that never calls `hipObjInit` never loads either library.
+//! An application that never calls `hipObjInit` never loads any of them.
 //! A successful load is kept for the rest of the process; a failed one is
 //! tried again at the next init, so installing a missing package does not
 //! need a restart.
@@ -10,17 +10,18 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+use super::cm::{self, LoadedCm};
 use super::gpu::{self, LoadedHip};
 use super::topology::SysfsTopology;
 use super::verbs::{self, LoadedVerbs};
 use super::{Cm, Gpu, Platform, Topology, Verbs};
-use crate::core::Error;
 use crate::core::Result;
 
 /// The production platform.
 #[derive(Default)]
 pub struct SystemPlatform {
     verbs: Mutex<Option<Arc<LoadedVerbs>>>,
+    cm: Mutex<Option<Arc<LoadedCm>>>,
     hip: Mutex<Option<Arc<LoadedHip>>>,
 }
 
@@ -42,9 +43,8 @@ impl Platform for SystemPlatform {
     }
 
     fn cm(&self) -> Result<Arc<dyn Cm>> {
-        Err(Error::Rdma(
-            "librdmacm is not opened by this build yet".into(),
-        ))
+        let loaded = load_once(&self.cm, || LoadedCm::open(cm::SONAMES))?;
+        Ok(loaded)
     }
 
     fn topology(&self) -> Result<Arc<dyn Topology>> {

@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod layout;
+
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

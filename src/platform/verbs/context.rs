@@ -88,7 +88,7 @@ impl DeviceContext {
         }))
     }
 
-    pub(super) fn raw(&self) -> *mut ibv_context {
+    pub(crate) fn raw(&self) -> *mut ibv_context {
         self.ctx
     }
 
@@ -195,15 +195,15 @@ unsafe impl Send for ProtectionDomain {}
 unsafe impl Sync for ProtectionDomain {}
 
 impl ProtectionDomain {
-    pub(super) fn raw(&self) -> *mut ibv_pd {
+    pub(crate) fn raw(&self) -> *mut ibv_pd {
         self.pd
     }
 
-    pub(super) fn context(&self) -> &DeviceContext {
+    pub(crate) fn context(&self) -> &DeviceContext {
         &self.ctx
     }
 
-    fn arc(&self) -> Result<Arc<ProtectionDomain>> {
+    pub(crate) fn arc(&self) -> Result<Arc<ProtectionDomain>> {
         self.me.upgrade().ok_or_else(|| {
             Error::Internal("protection domain used while being deallocated".to_owned())
         })

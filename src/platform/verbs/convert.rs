@@ -78,7 +78,7 @@ pub(super) fn access_int(access: Access) -> c_int {
 // ---------------------------------------------------------------- QP state
 
 /// `enum ibv_qp_state` of `state`.
-pub(super) fn qp_state_to_ibv(state: QpState) -> ibv_qp_state::Type {
+pub(crate) fn qp_state_to_ibv(state: QpState) -> ibv_qp_state::Type {
     match state {
         QpState::Reset => ibv_qp_state::IBV_QPS_RESET,
         QpState::Init => ibv_qp_state::IBV_QPS_INIT,
@@ -107,7 +107,7 @@ pub(super) fn qp_state_from_ibv(value: ibv_qp_state::Type) -> Option<QpState> {
 }
 
 /// `RESET`, `INIT`...: the state as the IB spec and verbs.h name it.
-pub(super) fn state_name(state: Option<QpState>) -> &'static str {
+pub(crate) fn state_name(state: Option<QpState>) -> &'static str {
     match state {
         Some(QpState::Reset) => "RESET",
         Some(QpState::Init) => "INIT",
@@ -256,7 +256,7 @@ pub(super) fn qp_attr(attr: &QpAttr) -> (ibv_qp_attr, c_int) {
 /// The attributes of `attr` that `mask` selects (what `ibv_query_qp` or
 /// `rdma_init_qp_attr` filled in); fails on a state or MTU verbs.h does not
 /// define.
-pub(super) fn qp_attr_from_ibv(attr: &ibv_qp_attr, mask_bits: u32) -> Result<QpAttr, String> {
+pub(crate) fn qp_attr_from_ibv(attr: &ibv_qp_attr, mask_bits: u32) -> Result<QpAttr, String> {
     let has = |bit: u32| mask_bits & bit != 0;
     let state = if has(mask::STATE) {
         Some(

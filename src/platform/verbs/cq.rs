@@ -97,11 +97,11 @@ impl CompletionQueue {
         })
     }
 
-    pub(super) fn raw(&self) -> *mut ibv_cq {
+    pub(crate) fn raw(&self) -> *mut ibv_cq {
         self.cq
     }
 
-    pub(super) fn context(&self) -> &DeviceContext {
+    pub(crate) fn context(&self) -> &DeviceContext {
         &self.ctx
     }
 
@@ -128,7 +128,7 @@ impl CompletionQueue {
 }
 
 /// Sets `O_NONBLOCK` on `fd`.
-fn set_nonblocking(fd: c_int) -> std::io::Result<()> {
+pub(crate) fn set_nonblocking(fd: c_int) -> std::io::Result<()> {
     // SAFETY: F_GETFL on a descriptor the caller's channel owns; fcntl
     // touches no memory of ours.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
@@ -144,7 +144,7 @@ fn set_nonblocking(fd: c_int) -> std::io::Result<()> {
 
 /// Milliseconds until `deadline`, rounded up (so a wait never ends just
 /// before it), at most `c_int::MAX`.
-fn poll_timeout_ms(now: Instant, deadline: Instant) -> c_int {
+pub(crate) fn poll_timeout_ms(now: Instant, deadline: Instant) -> c_int {
     let micros = deadline.saturating_duration_since(now).as_micros();
     c_int::try_from(micros.div_ceil(1000)).unwrap_or(c_int::MAX)
 }

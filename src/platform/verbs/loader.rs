@@ -287,10 +287,8 @@ impl Verbs for LoadedVerbs {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-    use std::process::Command;
-
     use super::*;
+    use crate::platform::dl::stub::StubDir;
 
     /// Every required symbol, in the order the table resolves them.
     const REQUIRED: [&str; 22] = [
@@ -318,50 +316,6 @@ mod tests {
         "ibv_query_qp",
     ];
 
-    /// A scratch directory for stub libraries, removed on drop.
-    struct StubDir(PathBuf);
-
-    impl StubDir {
-        fn new(test: &str) -> StubDir {
-            let dir = std::env::temp_dir()
-                .join(format!("hipobj-verbs-stub-{}-{test}", std::process::id()));
-            std::fs::create_dir_all(&dir).expect("creating the stub directory");
-            StubDir(dir)
-        }
-
-        /// A shared library exporting `symbols` as empty functions (never
-        /// called), built with `cc`; a missing compiler fails the test.
-        fn library(&self, name: &str, symbols: &[&str]) -> &'static str {
-            let src = self.0.join(format!("{name}.c"));
-            let lib = self.0.join(format!("{name}.so"));
-            let body: String = symbols
-                .iter()
-                .map(|s| format!("void {s}(void) {{}}\n"))
-                .collect();
-            std::fs::write(&src, body).expect("writing the stub source");
-            let out = Command::new("cc")
-                .args(["-shared", "-fPIC", "-o"])
-                .arg(&lib)
-                .arg(&src)
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run cc (a C toolchain is required): {e}"));
-            assert!(
-                out.status.success(),
-                "cc failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            // dl::open_first keeps names for the life of the process.
-            Box::leak(lib.to_string_lossy().into_owned().into_boxed_str())
-        }
-    }
-
-    impl Drop for StubDir {
-        fn drop(&mut self) {
-            // Unmapped or not, the files may go (Linux keeps mapped pages).
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
     #[test]
     fn a_missing_library_is_named_in_the_error() {
         let err = LoadedVerbs::open(&["libhipobj-test-no-such-verbs.so.1"])
@@ -388,7 +342,7 @@ mod tests {
 
     #[test]
     fn every_required_symbol_is_checked_at_load() {
-        let dir = StubDir::new("missing");
+        let dir = StubDir::new("verbs-missing");
         for missing in 0..REQUIRED.len() {
             let mut symbols = REQUIRED.to_vec();
             let gone = symbols.remove(missing);
@@ -404,7 +358,7 @@ mod tests {
 
     #[test]
     fn ibv_reg_dmabuf_mr_is_optional() {
-        let dir = StubDir::new("optional");
+        let dir = StubDir::new("verbs-optional");
         let without = dir.library("required-only", &REQUIRED);
         let verbs = LoadedVerbs::open(&[without]).unwrap();
         assert!(!verbs.has_reg_dmabuf_mr());

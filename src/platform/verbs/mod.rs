@@ -13,8 +13,8 @@
 //! `unsafe` in the platform's verbs lives only in this directory.
 
 mod context;
-mod convert;
-mod cq;
+pub(crate) mod convert;
+pub(crate) mod cq;
 mod inline;
 pub mod loader;
 mod qp;
