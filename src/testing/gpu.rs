@@ -564,8 +564,10 @@ impl Gpu for FakeGpu {
 
     fn current_device(&self) -> HipResult<i32> {
         self.inner.fault("hipGetDevice")?;
+        // Measured on HIP 5.2 without a GPU (tests/hip_loader.rs): every call
+        // but hipGetDeviceCount fails with hipErrorInvalidDevice.
         if self.devices.is_empty() {
-            return Err(HIP_ERROR_NO_DEVICE);
+            return Err(HIP_ERROR_INVALID_DEVICE);
         }
         let current = self.current.lock();
         Ok(current.get(&thread::current().id()).copied().unwrap_or(0))
@@ -1323,7 +1325,7 @@ mod tests {
         let faults = Arc::new(Faults::new());
         let gpu = FakeGpu::new(Vec::new(), faults, Arc::new(Counters::new()));
         assert_eq!(gpu.device_count(), Err(HIP_ERROR_NO_DEVICE));
-        assert_eq!(gpu.current_device(), Err(HIP_ERROR_NO_DEVICE));
+        assert_eq!(gpu.current_device(), Err(HIP_ERROR_INVALID_DEVICE));
     }
 
     #[test]
