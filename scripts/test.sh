@@ -7,7 +7,7 @@ bash scripts/setup.sh
 
 echo "== format, lints, docs"
 cargo fmt --check
-cargo clippy --locked --all-targets -- -D warnings
+cargo clippy --locked --all-targets --features vm-lane -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps
 
 echo "== release library: SONAME and exports"
@@ -20,3 +20,6 @@ HIPOBJ_TEST_SANITIZE=address,undefined cargo test --locked --test c_api
 
 echo "== tests"
 cargo test --locked
+
+echo "== Soft-RoCE lane (real verbs in a VM)"
+bash scripts/vm/lane.sh

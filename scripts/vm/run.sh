@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Boots the lane's VM (software emulation: the host's KVM backend cannot run
+# a stock kernel) with the project tree shared at the same path, runs
+# `scripts/vm/guest.sh COMMAND...` inside, and exits with its status.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+vm="$root/target/vm"
+kernel="$vm/kernel/boot/vmlinuz-$(cat "$vm/kernel/KVER")"
+mkdir -p "$vm/out"
+export PATH="$vm/venv/bin:$PATH"
+quoted=$(printf '%q ' "$@")
+exec "$vm/venv/bin/vng" --run "$kernel" --disable-kvm --cpus 2 --memory 2G \
+    --rwdir "$vm/out" --cwd "$root" \
+    --exec "bash scripts/vm/guest.sh $quoted" </dev/null
