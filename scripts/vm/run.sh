@@ -9,6 +9,8 @@ kernel="$vm/kernel/boot/vmlinuz-$(cat "$vm/kernel/KVER")"
 mkdir -p "$vm/out"
 export PATH="$vm/venv/bin:$PATH"
 quoted=$(printf '%q ' "$@")
-exec "$vm/venv/bin/vng" --run "$kernel" --disable-kvm --cpus 2 --memory 2G \
+# Through a pipe: QEMU reopens its standard output and error, which for a file
+# would start writing again at offset 0 over what the caller logged before.
+"$vm/venv/bin/vng" --run "$kernel" --disable-kvm --cpus 2 --memory 2G \
     --rwdir "$vm/out" --cwd "$root" \
-    --exec "bash scripts/vm/guest.sh $quoted" </dev/null
+    --exec "bash scripts/vm/guest.sh $quoted" </dev/null 2>&1 | cat
