@@ -228,3 +228,154 @@ fn the_library_initializes_on_soft_roce_without_a_gpu() {
     assert_eq!(again.opError, hipObjOpError_t::hipObjSuccess);
     assert_eq!(hipObjShutdown().opError, hipObjOpError_t::hipObjSuccess);
 }
+
+/// The application's S3 client in this test: the server side of the
+/// protocol on a second context of the same rxe0, in process.
+struct App {
+    side: hipobj::server::ServerSide,
+    local: hipobj::server::LocalBuf,
+    op: hipobj::server::Op,
+    reply: Vec<u8>,
+}
+
+unsafe extern "C" fn send_request(
+    ctx: *mut std::ffi::c_void,
+    token: *const c_char,
+    len: usize,
+) -> std::ffi::c_int {
+    // SAFETY: ctx is the &mut App this test passes; token has `len` bytes.
+    let (app, text) = unsafe {
+        (
+            &mut *ctx.cast::<App>(),
+            std::slice::from_raw_parts(token.cast::<u8>(), len),
+        )
+    };
+    let token = hipobj::core::token::Token::parse_hex(text).expect("a token");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    app.reply = match app.side.serve(&token, app.op, &app.local, deadline) {
+        Ok(()) => b"200".to_vec(),
+        Err(e) => {
+            eprintln!("server: {e}");
+            b"500".to_vec()
+        }
+    };
+    0
+}
+
+unsafe extern "C" fn recv_reply(
+    ctx: *mut std::ffi::c_void,
+    reply: *mut c_char,
+    len: *mut usize,
+) -> std::ffi::c_int {
+    // SAFETY: as above; `reply` has `*len` (512) writable bytes.
+    unsafe {
+        let app = &mut *ctx.cast::<App>();
+        std::ptr::copy_nonoverlapping(app.reply.as_ptr(), reply.cast::<u8>(), app.reply.len());
+        *len = app.reply.len();
+    }
+    0
+}
+
+#[test]
+fn get_and_put_move_bytes_over_soft_roce() {
+    let platform = platform::system();
+    let verbs = platform.verbs().expect("libibverbs");
+    let ctx = verbs.open(DEVICE).expect("the server's context");
+    let pd = ctx.alloc_pd().expect("PD");
+    let mut store = vec![0u8; 1 << 20];
+    for (i, byte) in store.iter_mut().enumerate() {
+        *byte = (i * 7 % 253).to_le_bytes()[0];
+    }
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let mr = pd
+        .reg_mr(store.as_mut_ptr() as usize, store.len(), all)
+        .expect("server MR");
+    let local = hipobj::server::LocalBuf {
+        addr: mr.addr(),
+        mr,
+    };
+    let side = hipobj::server::ServerSide::new(platform.cm().expect("librdmacm"), ctx, pd);
+    let mut app = App {
+        side,
+        local,
+        op: hipobj::server::Op::Get,
+        reply: Vec::new(),
+    };
+
+    let hint = std::ffi::CString::new(DEVICE).unwrap();
+    let mut config = hipObjConfig_t {
+        endpoint: std::ptr::null(),
+        region: std::ptr::null(),
+        accessKey: std::ptr::null(),
+        secretKey: std::ptr::null(),
+        flags: 0,
+        gpuDevice: -1,
+        nicHint: hint.as_ptr(),
+    };
+    // SAFETY: a valid config whose strings outlive the call.
+    assert_eq!(
+        unsafe { hipObjInit(&mut config) }.opError,
+        hipObjOpError_t::hipObjSuccess
+    );
+    let mut buf = vec![0u8; 1 << 20];
+    let mut ops = hipObjOps_t {
+        sendRequest: Some(send_request),
+        recvReply: Some(recv_reply),
+    };
+    let ctx_ptr: *mut std::ffi::c_void = (&mut app as *mut App).cast();
+    // SAFETY: the buffer, ops and ctx outlive every call below.
+    unsafe {
+        assert_eq!(
+            hipObjBufRegisterHost(buf.as_mut_ptr().cast(), buf.len()).opError,
+            hipObjOpError_t::hipObjSuccess
+        );
+        for round in 0..5 {
+            let r = hipObjGet(
+                std::ptr::null_mut(),
+                buf.as_mut_ptr().cast(),
+                65536,
+                4096,
+                &mut ops,
+                ctx_ptr,
+            );
+            assert_eq!(
+                r.opError,
+                hipObjOpError_t::hipObjSuccess,
+                "GET round {round}"
+            );
+        }
+    }
+    assert_eq!(
+        &buf[4096..4096 + 65536],
+        &store[..65536],
+        "the GET landed at its offset"
+    );
+    assert!(
+        buf[..4096].iter().all(|b| *b == 0),
+        "nothing before the range"
+    );
+    assert_eq!(app.side.connection_count(), 1, "five GETs, one connection");
+    // PUT the whole MiB back into a cleared store.
+    for (i, byte) in buf.iter_mut().enumerate() {
+        *byte = (i % 241).to_le_bytes()[0];
+    }
+    app.op = hipobj::server::Op::Put;
+    // SAFETY: as above. The store is only written by the server's READ.
+    unsafe {
+        let r = hipObjPut(
+            std::ptr::null_mut(),
+            buf.as_ptr().cast(),
+            buf.len(),
+            0,
+            &mut ops,
+            ctx_ptr,
+        );
+        assert_eq!(r.opError, hipObjOpError_t::hipObjSuccess, "PUT");
+        assert_eq!(
+            hipObjBufDeregister(buf.as_mut_ptr().cast()).opError,
+            hipObjOpError_t::hipObjSuccess
+        );
+    }
+    assert_eq!(store, buf, "the PUT's bytes are at the server");
+    assert_eq!(hipObjShutdown().opError, hipObjOpError_t::hipObjSuccess);
+}

@@ -11,7 +11,7 @@ use std::ffi::{c_int, c_void};
 use super::sys::{rdma_cm_event, rdma_cm_id, rdma_conn_param, rdma_event_channel, rdma_port_space};
 use crate::core::{Error, Result};
 use crate::platform::dl::{self, Loaded};
-use crate::platform::verbs::sys::{ibv_pd, ibv_qp_attr, ibv_qp_init_attr};
+use crate::platform::verbs::sys::ibv_qp_attr;
 
 /// Runtime sonames, preferred first.
 pub const SONAMES: &[&str] = &["librdmacm.so.1", "librdmacm.so"];
@@ -49,13 +49,8 @@ type ResolveAddr = unsafe extern "C" fn(
     timeout_ms: c_int,
 ) -> c_int;
 type ResolveRoute = unsafe extern "C" fn(id: *mut rdma_cm_id, timeout_ms: c_int) -> c_int;
-type CreateQp = unsafe extern "C" fn(
-    id: *mut rdma_cm_id,
-    pd: *mut ibv_pd,
-    qp_init_attr: *mut ibv_qp_init_attr,
-) -> c_int;
-type DestroyQp = unsafe extern "C" fn(id: *mut rdma_cm_id);
 type Connect = unsafe extern "C" fn(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int;
+type Establish = unsafe extern "C" fn(id: *mut rdma_cm_id) -> c_int;
 /// Returns the port in network byte order (`__be16`).
 type GetSrcPort = unsafe extern "C" fn(id: *mut rdma_cm_id) -> u16;
 
@@ -77,10 +72,9 @@ pub(super) struct CmTable {
     pub(super) init_qp_attr: InitQpAttr,
     pub(super) resolve_addr: ResolveAddr,
     pub(super) resolve_route: ResolveRoute,
-    pub(super) create_qp: CreateQp,
-    pub(super) destroy_qp: DestroyQp,
     pub(super) connect: Connect,
     pub(super) get_src_port: GetSrcPort,
+    pub(super) establish: Establish,
     // Keeps the library mapped; declared last so the pointers above never
     // outlive it.
     pub(super) loaded: Loaded,
@@ -120,10 +114,9 @@ impl CmTable {
                 init_qp_attr: required(&loaded, b"rdma_init_qp_attr\0")?,
                 resolve_addr: required(&loaded, b"rdma_resolve_addr\0")?,
                 resolve_route: required(&loaded, b"rdma_resolve_route\0")?,
-                create_qp: required(&loaded, b"rdma_create_qp\0")?,
-                destroy_qp: required(&loaded, b"rdma_destroy_qp\0")?,
                 connect: required(&loaded, b"rdma_connect\0")?,
                 get_src_port: required(&loaded, b"rdma_get_src_port\0")?,
+                establish: required(&loaded, b"rdma_establish\0")?,
                 loaded,
             })
         }
@@ -136,7 +129,7 @@ mod tests {
     use crate::platform::dl::stub::StubDir;
 
     /// Every symbol, in the order the table resolves them.
-    const REQUIRED: [&str; 18] = [
+    const REQUIRED: [&str; 17] = [
         "rdma_create_event_channel",
         "rdma_destroy_event_channel",
         "rdma_create_id",
@@ -151,10 +144,9 @@ mod tests {
         "rdma_init_qp_attr",
         "rdma_resolve_addr",
         "rdma_resolve_route",
-        "rdma_create_qp",
-        "rdma_destroy_qp",
         "rdma_connect",
         "rdma_get_src_port",
+        "rdma_establish",
     ];
 
     #[test]

@@ -37,7 +37,6 @@
 pub mod loader;
 pub mod sys;
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::io::Write;
@@ -57,11 +56,11 @@ use self::sys::{
 };
 use super::verbs::convert;
 use super::verbs::cq::{poll_timeout_ms, set_nonblocking};
-use super::verbs::sys::{ibv_qp_attr, ibv_qp_cap, ibv_qp_init_attr, ibv_qp_type};
-use super::verbs::{CompletionQueue, ProtectionDomain, QueuePair};
+use super::verbs::sys::ibv_qp_attr;
+use super::verbs::ProtectionDomain;
 use super::{
     AcceptParams, Cm, CmConnection, CmEvent, CmListener, CmRequest, ConnectOutcome, ConnectRequest,
-    Cq, Pd, Qp, QpAttr, QpState, CM_REP_PRIVATE_DATA_MAX, CM_REQ_PRIVATE_DATA_MAX,
+    Qp, QpAttr, QpState, CM_REP_PRIVATE_DATA_MAX, CM_REQ_PRIVATE_DATA_MAX,
 };
 use crate::core::{Error, Result};
 
@@ -401,16 +400,13 @@ impl Drop for Channel {
 
 // ---------------------------------------------------------------- ids
 
-/// One `rdma_cm_id`, destroyed on drop, with the QP librdmacm created on it
-/// (if any) destroyed first.
+/// One `rdma_cm_id`, destroyed on drop. No id ever has a QP of librdmacm's:
+/// both sides bring their own (see `connect`).
 ///
-/// Field order: `raw` is destroyed by `Drop::drop`; `keep` (the PD and CQ of
-/// its QP) and `channel` are dropped after, so they outlive the QP and id.
+/// Field order: `raw` is destroyed by `Drop::drop`; `channel` is dropped
+/// after, so it outlives the id.
 struct Id {
     raw: *mut rdma_cm_id,
-    /// Whether `rdma_create_qp` succeeded on it.
-    has_qp: bool,
-    keep: Option<(Arc<dyn Pd>, Arc<dyn Cq>)>,
     channel: Arc<Channel>,
 }
 
@@ -419,7 +415,7 @@ struct Id {
 unsafe impl Send for Id {}
 // SAFETY: as for `Send`. An `Id` is shared (by `Arc`) only on the active
 // side: by its connection, which makes every call on it and its channel
-// behind its `state` mutex, and by the QP wrapper, which only keeps it.
+// behind its `state` mutex.
 unsafe impl Sync for Id {}
 
 impl Id {
@@ -429,12 +425,7 @@ impl Id {
     ///
     /// `raw` is a live id on `channel`, destroyed by nothing else.
     unsafe fn from_raw(raw: *mut rdma_cm_id, channel: Arc<Channel>) -> Id {
-        Id {
-            raw,
-            has_qp: false,
-            keep: None,
-            channel,
-        }
+        Id { raw, channel }
     }
 
     fn table(&self) -> &CmTable {
@@ -444,11 +435,6 @@ impl Id {
 
 impl Drop for Id {
     fn drop(&mut self) {
-        if self.has_qp {
-            // SAFETY: the QP was created on this id by rdma_create_qp and is
-            // destroyed once, here; its PD and CQ are in `keep`, still alive.
-            unsafe { (self.table().destroy_qp)(self.raw) };
-        }
         // SAFETY: `raw` is live and this is its only owner; every event of
         // it was acknowledged (`Channel::try_event`), so this does not block.
         let rc = unsafe { (self.table().destroy_id)(self.raw) };
@@ -810,19 +796,18 @@ fn connect(table: &Arc<CmTable>, request: ConnectRequest<'_>) -> Result<ConnectO
     if request.private_data.len() > CM_REQ_PRIVATE_DATA_MAX {
         return Err(invalid("private data longer than 56 bytes"));
     }
-    let pd = request
+    // The QP is created in this PD and connected through librdmacm: both
+    // must be the production ones.
+    if request
         .pd
         .as_any()
         .downcast_ref::<ProtectionDomain>()
-        .ok_or_else(|| invalid("the protection domain is not libibverbs'"))?;
-    let cq = request
-        .cq
-        .as_any()
-        .downcast_ref::<CompletionQueue>()
-        .filter(|c| c.context().raw() == pd.context().raw())
-        .ok_or_else(|| invalid("the CQ is not of the protection domain's device"))?;
+        .is_none()
+    {
+        return Err(invalid("the protection domain is not libibverbs'"));
+    }
     let channel = Channel::create(table)?;
-    let mut id = channel.create_id()?;
+    let id = channel.create_id()?;
     let wait = |want: rdma_cm_event_type::Type, step: &str| -> Result<()> {
         match channel.next_until(request.deadline)? {
             Some(e) if e.kind == want => Ok(()),
@@ -857,44 +842,16 @@ fn connect(table: &Arc<CmTable>, request: ConnectRequest<'_>) -> Result<ConnectO
         "rdma_resolve_route",
     )?;
 
-    // librdmacm requires the PD of the id's own context (cma.c
-    // rdma_create_qp_ex: `id->verbs != pd->context` is EINVAL), and that is
-    // the context librdmacm opened itself (ucma_open_device, the ones
-    // rdma_get_devices lists), not one of `Verbs::open`: the same device
-    // opened twice is two contexts (CMTEST.md, "own ctx=different"). Said
-    // here with the reason.
-    // SAFETY: `id` is live; `verbs` is set once the address is resolved.
-    if unsafe { (*id.raw).verbs } != pd.context().raw() {
-        return Err(invalid(
-            "the protection domain is not of librdmacm's context for the device the address \
-             resolves to",
-        ));
-    }
-    // SAFETY: ibv_qp_init_attr is plain C data (pointers and integers);
-    // all zeroes (NULL pointers) is a valid value.
-    let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-    init.send_cq = cq.raw();
-    init.recv_cq = cq.raw();
-    init.cap = ibv_qp_cap {
-        max_send_wr: request.caps.max_send_wr,
-        max_recv_wr: request.caps.max_recv_wr,
-        max_send_sge: request.caps.max_send_sge,
-        max_recv_sge: request.caps.max_recv_sge,
-        max_inline_data: 0,
-    };
-    init.qp_type = ibv_qp_type::IBV_QPT_RC;
-    init.sq_sig_all = 0;
-    // SAFETY: `id` is live with its route resolved; the PD and CQ are live
-    // and of the id's device (checked above); `init` is a valid in/out
-    // struct.
-    let rc = unsafe { (table.create_qp)(id.raw, pd.raw(), &mut init) };
-    check(
-        format_args!("rdma_create_qp({addr}, {:?})", request.caps),
-        rc,
-    )?;
-    id.has_qp = true;
-    id.keep = Some((Arc::clone(request.pd), Arc::clone(request.cq)));
-
+    // The id gets no QP of its own: librdmacm's rdma_create_qp wants a PD of
+    // the context librdmacm opened itself (cma.c: `id->verbs != pd->context`
+    // is EINVAL), and ours come from `Verbs::open`, another context of the
+    // same device. So the active side mirrors the passive one: our own QP,
+    // named in `conn_param.qp_num`, moved to RTR and RTS with the CM's
+    // attributes on CONNECT_RESPONSE, then `rdma_establish` sends the RTU
+    // (rdma_establish(3)).
+    let qp = request.pd.create_qp(request.cq, request.caps)?;
+    let init = id_qp_attr(table, &id, QpState::Init)?;
+    qp.modify(&init)?;
     let mut param = rdma_conn_param {
         private_data: if request.private_data.is_empty() {
             ptr::null()
@@ -909,15 +866,15 @@ fn connect(table: &Arc<CmTable>, request: ConnectRequest<'_>) -> Result<ConnectO
         retry_count: request.retry_count,
         rnr_retry_count: request.rnr_retry_count,
         srq: 0,
-        qp_num: 0,
+        qp_num: qp.qp_num(),
     };
-    // SAFETY: `id` is live with its QP; `param` and the private data it
-    // points at are valid for the call (librdmacm copies them).
+    // SAFETY: `id` is live with its route resolved; `param` and the private
+    // data it points at are valid for the call (librdmacm copies them).
     let rc = unsafe { (table.connect)(id.raw, &mut param) };
     check(format_args!("rdma_connect({addr})"), rc)?;
     let outcome = channel.next_until(request.deadline)?;
     match outcome {
-        Some(e) if e.kind == rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED => {}
+        Some(e) if e.kind == rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_RESPONSE => {}
         Some(e) if e.kind == rdma_cm_event_type::RDMA_CM_EVENT_REJECTED => {
             return Ok(ConnectOutcome::Rejected {
                 private_data: e.private_data,
@@ -932,25 +889,39 @@ fn connect(table: &Arc<CmTable>, request: ConnectRequest<'_>) -> Result<ConnectO
         }
         None => {
             return Err(Error::Rdma(format!(
-                "rdma_connect({addr}): neither ESTABLISHED nor REJECTED before the deadline"
+                "rdma_connect({addr}): neither CONNECT_RESPONSE nor REJECTED before the deadline"
             )))
         }
     }
-    // SAFETY: `id` is live and its QP was created above.
-    let qp = unsafe { (*id.raw).qp };
-    let pd = pd.arc()?;
-    let id = Arc::new(id);
-    let keeper: Arc<dyn Any + Send + Sync> = Arc::clone(&id) as _;
-    // SAFETY: `qp` is the id's live QP, in `pd` with `cq` for both queues;
-    // it is destroyed only by `Id::drop`, when the last `Arc` of `id` (the
-    // keeper, and the connection's) goes, and the id keeps the PD and CQ.
-    let qp = unsafe { QueuePair::from_foreign(qp, pd, Arc::clone(request.cq), keeper) };
+    // PSNs, path MTU and read depths as the CM negotiated them.
+    qp.modify(&id_qp_attr(table, &id, QpState::Rtr)?)?;
+    qp.modify(&id_qp_attr(table, &id, QpState::Rts)?)?;
+    // SAFETY: `id` is live, has no QP, and has just had its CONNECT_RESPONSE.
+    let rc = unsafe { (table.establish)(id.raw) };
+    check(format_args!("rdma_establish({addr})"), rc)?;
     Ok(ConnectOutcome::Established(Arc::new(ActiveConnection {
         conn: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
-        qp: Arc::new(qp),
+        qp,
         state: Mutex::new(ActiveState::default()),
-        id,
+        id: Arc::new(id),
     })))
+}
+
+/// `rdma_init_qp_attr` on `id` for the transition to `state`.
+fn id_qp_attr(table: &CmTable, id: &Id, state: QpState) -> Result<QpAttr> {
+    // SAFETY: ibv_qp_attr is plain C data (integers, a union of integers, no
+    // references); all zeroes is a valid value.
+    let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    attr.qp_state = convert::qp_state_to_ibv(state);
+    let mut mask: c_int = 0;
+    let call = format_args!("rdma_init_qp_attr(-> {})", convert::state_name(Some(state)));
+    // SAFETY: `id` is live; `attr` and `mask` are valid out-values.
+    let rc = unsafe { (table.init_qp_attr)(id.raw, &mut attr, &mut mask) };
+    check(call, rc)?;
+    let bits = u32::try_from(mask)
+        .map_err(|_| Error::Rdma(format!("rdma_init_qp_attr: negative mask {mask}")))?;
+    convert::qp_attr_from_ibv(&attr, bits)
+        .map_err(|why| Error::Rdma(format!("rdma_init_qp_attr: {why}")))
 }
 
 /// What an active connection knows of itself.
@@ -982,13 +953,21 @@ impl CmConnection for ActiveConnection {
         let mut state = self.state.lock();
         if !state.disconnect_sent {
             // SAFETY: the id is live and connected; `state` serializes the
-            // calls on it. librdmacm moves the id's QP to ERR first.
+            // calls on it.
             let rc = unsafe { (self.id.table().disconnect)(self.id.raw) };
             check(
                 format_args!("rdma_disconnect(connection {})", self.conn),
                 rc,
             )?;
             state.disconnect_sent = true;
+            // The QP is ours, not the id's, so librdmacm does not move it to
+            // ERR as it would its own: done here, so nothing more is sent.
+            if let Err(e) = self.qp.modify(&QpAttr {
+                state: Some(QpState::Err),
+                ..QpAttr::default()
+            }) {
+                let _ = writeln!(std::io::stderr(), "hipobj: connection {}: {e}", self.conn);
+            }
         }
         Ok(())
     }
@@ -1017,6 +996,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::platform::{Cq, Pd};
+    use std::any::Any;
 
     /// A pipe whose read end never becomes readable while the test runs:
     /// a stand-in for an event channel with no events.

@@ -454,7 +454,7 @@ unsafe impl Send for MemoryWindow {}
 unsafe impl Sync for MemoryWindow {}
 
 impl MemoryWindow {
-    pub(super) fn raw(&self) -> *mut ibv_mw {
+    pub(crate) fn raw(&self) -> *mut ibv_mw {
         self.mw
     }
 

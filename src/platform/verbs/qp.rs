@@ -10,22 +10,17 @@ use super::inline;
 use super::sys::{ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_send_wr, ibv_sge};
 use super::{check_rc, destroy_failed, rc_cause, rc_error};
 use crate::core::{Error, Result};
-use crate::platform::{Context, Cq, Mr, Mw, Qp, QpAttr, QpState, RecvWr, SendWr};
+use crate::platform::{Context, Cq, Mr, Mw, Qp, QpAttr, QpState, RecvWr, SendOp, SendWr};
 
 /// An RC QP (`struct ibv_qp`), destroyed on drop.
 ///
-/// Field order: `qp` is destroyed by `Drop::drop` (or, for a QP another
-/// library owns, by dropping `owner`); then `_cq` and `pd` are dropped, both
-/// of which must outlive the QP (and do, in either order).
+/// Field order: `qp` is destroyed by `Drop::drop`; then `_cq` and `pd` are
+/// dropped, both of which must outlive the QP (and do, in either order).
 pub struct QueuePair {
     qp: *mut ibv_qp,
     qp_num: u32,
     /// `QP n on device`, for messages.
     name: String,
-    /// For a QP created by librdmacm (`rdma_create_qp`): what destroys it
-    /// (`rdma_destroy_qp`, then its id) when the last holder lets go.
-    /// `None`: this owner destroys it with `ibv_destroy_qp`.
-    owner: Option<Arc<dyn Any + Send + Sync>>,
     /// Both queues' CQ, kept alive while the QP is.
     _cq: Arc<dyn Cq>,
     pd: Arc<ProtectionDomain>,
@@ -59,31 +54,9 @@ impl QueuePair {
             qp,
             qp_num,
             name: format!("QP {qp_num} on {}", pd.context().name()),
-            owner: None,
             _cq: cq,
             pd,
         }
-    }
-
-    /// Wraps `qp`, which another library created and destroys: `owner` is
-    /// kept until this wrapper drops, and dropping the last `Arc` of it
-    /// destroys the QP. This wrapper never calls `ibv_destroy_qp`.
-    ///
-    /// # Safety
-    ///
-    /// `qp` is live, in `pd` with `cq` (a [`super::CompletionQueue`]) for
-    /// both queues, and stays live until `owner` (every `Arc` of it) is
-    /// dropped; `owner` keeps `pd` and `cq` alive until it destroyed the QP.
-    pub(crate) unsafe fn from_foreign(
-        qp: *mut ibv_qp,
-        pd: Arc<ProtectionDomain>,
-        cq: Arc<dyn Cq>,
-        owner: Arc<dyn Any + Send + Sync>,
-    ) -> QueuePair {
-        // SAFETY: forwarded from the caller.
-        let mut wrapper = unsafe { QueuePair::from_raw(qp, pd, cq) };
-        wrapper.owner = Some(owner);
-        wrapper
     }
 
     /// The raw window and region a bind names: both must be this
@@ -208,6 +181,22 @@ impl Qp for QueuePair {
         // live: `wrs` holds `Arc`s of them. `bad` is writable.
         let rc = unsafe { inline::post_send(self.qp, base, &mut bad) };
         if rc == 0 {
+            // A type-2 bind carries the window's current rkey
+            // (`ibv_mw.rkey`) beside the new one, and providers check the
+            // pair (rxe: rxe_bind_mw compares it with the window's key,
+            // EINVAL otherwise). Libibverbs updates `ibv_mw.rkey` only for
+            // `ibv_bind_mw` (type 1); for a posted bind the caller does it,
+            // once the bind is queued. A bind that then fails leaves the
+            // window to be deallocated and replaced (core/pool.rs).
+            for wr in wrs {
+                if let SendOp::BindMw { mw, rkey, .. } = &wr.op {
+                    if let Some(window) = mw.as_any().downcast_ref::<super::MemoryWindow>() {
+                        // SAFETY: the window is live (`wrs` holds an `Arc`
+                        // of it) and only this library writes its rkey.
+                        unsafe { (*window.raw()).rkey = *rkey };
+                    }
+                }
+            }
             return Ok(());
         }
         let at = (0..wrs.len())
@@ -229,11 +218,6 @@ impl Qp for QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        if self.owner.is_some() {
-            // Another library's QP: dropping `owner` (next, before `_cq`
-            // and `pd`) lets it destroy the QP.
-            return;
-        }
         // SAFETY: `qp` is live and this is its last reference. Destroying a
         // QP discards its outstanding work without completions.
         let rc = unsafe { (self.pd.context().table().destroy_qp)(self.qp) };
