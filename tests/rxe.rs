@@ -313,10 +313,8 @@ fn get_and_put_move_bytes_over_soft_roce() {
         nicHint: hint.as_ptr(),
     };
     // SAFETY: a valid config whose strings outlive the call.
-    assert_eq!(
-        unsafe { hipObjInit(&mut config) }.opError,
-        hipObjOpError_t::hipObjSuccess
-    );
+    let init = unsafe { hipObjInit(&mut config) };
+    assert_eq!(init.opError, hipObjOpError_t::hipObjSuccess);
     let mut buf = vec![0u8; 1 << 20];
     let mut ops = hipObjOps_t {
         sendRequest: Some(send_request),
