@@ -432,12 +432,13 @@ fn init_failures_publish_nothing_and_report_the_documented_codes() {
         nic_hint: vec!["mlx5_9".into()],
         ..Config::default()
     };
+    // A hint naming no present device: opening it fails.
     assert_eq!(
         current
             .init_with(world.platform(), cfg, options())
             .unwrap_err()
             .code(),
-        Code::NicNotFound
+        Code::Rdma
     );
     // No librdmacm.
     world.platform.absent.lock().cm = true;

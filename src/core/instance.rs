@@ -122,7 +122,23 @@ impl Instance {
             .iter()
             .any(|name| config.nic_hint.is_empty() || config.nic_hint.contains(name))
         {
-            return Err(nic::not_found(&present, &config.nic_hint));
+            // The original opens a hinted device by name when nothing else
+            // chooses it, so a hint naming no present device is a failure
+            // to open it (hipObjRdmaError); with no hint and no device
+            // there is no NIC to find.
+            return Err(if config.nic_hint.is_empty() {
+                nic::not_found(&present, &config.nic_hint)
+            } else {
+                Error::Rdma(format!(
+                    "cannot open RDMA device {}: no such device (present: {})",
+                    config.nic_hint.join(","),
+                    if present.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        present.join(", ")
+                    }
+                ))
+            });
         }
         let topology = platform.topology()?;
         let nics = topology.nics()?;

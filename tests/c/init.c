@@ -7,8 +7,8 @@
  *    100 (hipErrorNoDevice) when the HIP runtime cannot be loaded, else
  *    what hipGetDeviceCount itself returns here (HIP 5.2 without a GPU:
  *    100 as well);
- *  - a valid config with nicHint "rxe0": the GPU-less path applies and no
- *    RDMA device exists, so {NicNotFound, 0};
+ *  - a valid config with nicHint "rxe0": the GPU-less path applies and the
+ *    hinted device does not exist, so opening it fails: {RdmaError, 0};
  *  - without libibverbs at all, both give {RdmaError, 0} (checked first);
  *  - a failed init publishes nothing: every non-[C] function still says
  *    NotInitialized, and the next init fails the same way (never
@@ -177,8 +177,7 @@ int main(void)
     }
     const int no_hint_op = hipObjRdmaError;
     const int no_hint_hip = verbs == VERBS_MISSING ? 0 : hip;
-    const int hint_op =
-        verbs == VERBS_MISSING ? hipObjRdmaError : hipObjNicNotFound;
+    const int hint_op = hipObjRdmaError;
     fprintf(stderr, "libibverbs %s, HIP says %d; expecting {%d, %d} without "
             "a hint, {%d, 0} with one\n",
             verbs == VERBS_MISSING ? "missing" : "present, no device", hip,
