@@ -15,6 +15,19 @@ use hipobj::platform::{
 
 const DEVICE: &str = "rxe0";
 
+/// A configuration for the current GPU, or none, with `hint` as the NIC.
+fn gpu_less_config(hint: &std::ffi::CStr) -> hipObjConfig_t {
+    hipObjConfig_t {
+        endpoint: std::ptr::null(),
+        region: std::ptr::null(),
+        accessKey: std::ptr::null(),
+        secretKey: std::ptr::null(),
+        flags: 0,
+        gpuDevice: -1,
+        nicHint: hint.as_ptr(),
+    }
+}
+
 fn wait_for(cq: &Arc<dyn Cq>, what: &str) -> Completion {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -176,15 +189,7 @@ fn verbs_objects_move_bytes_between_two_queue_pairs() {
 #[test]
 fn the_library_initializes_on_soft_roce_without_a_gpu() {
     let hint = std::ffi::CString::new(DEVICE).unwrap();
-    let mut config = hipObjConfig_t {
-        endpoint: std::ptr::null(),
-        region: std::ptr::null(),
-        accessKey: std::ptr::null(),
-        secretKey: std::ptr::null(),
-        flags: 0,
-        gpuDevice: -1,
-        nicHint: hint.as_ptr(),
-    };
+    let mut config = gpu_less_config(&hint);
     // SAFETY: a valid config whose strings outlive the call.
     let init = unsafe { hipObjInit(&mut config) };
     assert_eq!(
@@ -303,15 +308,7 @@ fn get_and_put_move_bytes_over_soft_roce() {
     };
 
     let hint = std::ffi::CString::new(DEVICE).unwrap();
-    let mut config = hipObjConfig_t {
-        endpoint: std::ptr::null(),
-        region: std::ptr::null(),
-        accessKey: std::ptr::null(),
-        secretKey: std::ptr::null(),
-        flags: 0,
-        gpuDevice: -1,
-        nicHint: hint.as_ptr(),
-    };
+    let mut config = gpu_less_config(&hint);
     // SAFETY: a valid config whose strings outlive the call.
     let init = unsafe { hipObjInit(&mut config) };
     assert_eq!(init.opError, hipObjOpError_t::hipObjSuccess);
