@@ -294,25 +294,15 @@ impl ServerSide {
 
 /// Waits for the send completion `wr_id` on a server connection.
 fn wait_send(conn: &ServerConn, wr_id: u64, deadline: Instant) -> Result<()> {
-    loop {
-        for c in conn.cq.poll(16)? {
-            if c.wr_id != wr_id {
-                continue;
-            }
-            return if c.status == WcStatus::Success {
-                Ok(())
-            } else {
-                Err(Error::Rdma(format!(
-                    "server work request {wr_id}: {:?}",
-                    c.status
-                )))
-            };
-        }
-        if Instant::now() >= deadline || !conn.cq.wait(deadline)? {
-            return Err(Error::Rdma(format!(
-                "server work request {wr_id}: no completion before the deadline"
-            )));
-        }
+    match crate::platform::wait_for_completion(&*conn.cq, wr_id, deadline)? {
+        Some(c) if c.status == WcStatus::Success => Ok(()),
+        Some(c) => Err(Error::Rdma(format!(
+            "server work request {wr_id}: {:?}",
+            c.status
+        ))),
+        None => Err(Error::Rdma(format!(
+            "server work request {wr_id}: no completion before the deadline"
+        ))),
     }
 }
 

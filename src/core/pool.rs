@@ -201,27 +201,11 @@ impl Connection {
     /// invalidation) just posted; other completions are of earlier
     /// transfers and are dropped.
     pub fn wait_window_op(&self, deadline: Instant) -> Result<()> {
-        loop {
-            for c in self.cq.poll(CQ_DEPTH as usize)? {
-                if c.wr_id != WINDOW_WR_ID {
-                    continue;
-                }
-                return if c.status == crate::platform::WcStatus::Success {
-                    Ok(())
-                } else {
-                    Err(Error::Rdma(format!(
-                        "memory window operation on QP {}: {:?}",
-                        self.qp.qp_num(),
-                        c.status
-                    )))
-                };
-            }
-            if Instant::now() >= deadline || !self.cq.wait(deadline)? {
-                return Err(Error::Rdma(format!(
-                    "memory window operation on QP {}: no completion",
-                    self.qp.qp_num()
-                )));
-            }
+        let what = || format!("memory window operation on QP {}", self.qp.qp_num());
+        match crate::platform::wait_for_completion(&*self.cq, WINDOW_WR_ID, deadline)? {
+            Some(c) if c.status == crate::platform::WcStatus::Success => Ok(()),
+            Some(c) => Err(Error::Rdma(format!("{}: {:?}", what(), c.status))),
+            None => Err(Error::Rdma(format!("{}: no completion", what()))),
         }
     }
 

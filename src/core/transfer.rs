@@ -401,27 +401,18 @@ impl Instance {
             access,
         });
         let rkey = bind.as_ref().map_or_else(|| entry.mr.rkey(), |b| b.rkey);
-        let bind = match bind {
-            Some(plan) if connected => {
-                conn.qp.modify(&QpAttr {
-                    access: Some(access),
-                    ..QpAttr::default()
-                })?;
+        if connected {
+            conn.qp.modify(&QpAttr {
+                access: Some(access),
+                ..QpAttr::default()
+            })?;
+            // On a fresh connection the listener binds, between RTS and the
+            // accept; the plan stays in `Waiting` either way, so that a
+            // server connecting anew gets the window bound again.
+            if let Some(plan) = &bind {
                 plan.bind(conn, Instant::now() + self.options.completion_timeout)?;
-                // Kept: if another server connects, the listener binds again.
-                Some(plan)
             }
-            Some(plan) => Some(plan),
-            None => {
-                if connected {
-                    conn.qp.modify(&QpAttr {
-                        access: Some(access),
-                        ..QpAttr::default()
-                    })?;
-                }
-                None
-            }
-        };
+        }
         let token = Token {
             transport: Transport::RcCm,
             qp_num: conn.qp.qp_num(),

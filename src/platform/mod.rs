@@ -131,6 +131,24 @@ pub fn next_rkey(rkey: u32) -> u32 {
     (rkey & 0xffff_ff00) | ((rkey.wrapping_add(1)) & 0xff)
 }
 
+/// Waits on `cq` until the completion of work request `wr_id` arrives, or
+/// `deadline` passes (`None`); completions of other work requests are
+/// dropped on the way (they belong to operations already given up on).
+pub fn wait_for_completion(
+    cq: &dyn Cq,
+    wr_id: u64,
+    deadline: Instant,
+) -> Result<Option<Completion>> {
+    loop {
+        if let Some(c) = cq.poll(16)?.into_iter().find(|c| c.wr_id == wr_id) {
+            return Ok(Some(c));
+        }
+        if Instant::now() >= deadline || !cq.wait(deadline)? {
+            return Ok(None);
+        }
+    }
+}
+
 /// A completion queue with its completion channel.
 pub trait Cq: Send + Sync {
     /// `ibv_poll_cq`: up to `max` completions, without waiting.

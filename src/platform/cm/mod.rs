@@ -660,19 +660,7 @@ impl CmRequest for Request {
 
     fn init_qp_attr(&self, state: QpState) -> Result<QpAttr> {
         let id = self.id()?;
-        // SAFETY: ibv_qp_attr is plain C data (integers, a union of
-        // integers, no references); all zeroes is a valid value.
-        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        attr.qp_state = convert::qp_state_to_ibv(state);
-        let mut mask: c_int = 0;
-        let call = format_args!("rdma_init_qp_attr(-> {})", convert::state_name(Some(state)));
-        // SAFETY: `id` is live; `attr` and `mask` are valid out-values.
-        let rc = unsafe { (id.table().init_qp_attr)(id.raw, &mut attr, &mut mask) };
-        check(call, rc)?;
-        let bits = u32::try_from(mask)
-            .map_err(|_| Error::Rdma(format!("rdma_init_qp_attr: negative mask {mask}")))?;
-        convert::qp_attr_from_ibv(&attr, bits)
-            .map_err(|why| Error::Rdma(format!("rdma_init_qp_attr: {why}")))
+        id_qp_attr(id.table(), id, state)
     }
 
     fn accept(mut self: Box<Self>, params: AcceptParams) -> Result<Arc<dyn CmConnection>> {
