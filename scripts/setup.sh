@@ -5,7 +5,7 @@
 # Packages already present are not reinstalled; run as root (or with sudo).
 set -euo pipefail
 
-packages=(gcc g++ make cmake pkg-config libc6-dev libibverbs1 libibverbs-dev librdmacm1 librdmacm-dev ibverbs-providers libamdhip64-5 libamdhip64-dev libhsa-runtime64-1 libhsa-runtime-dev)
+packages=(gcc g++ make cmake pkg-config libc6-dev libcurl4-openssl-dev curl libibverbs1 libibverbs-dev librdmacm1 librdmacm-dev ibverbs-providers libamdhip64-5 libamdhip64-dev libhsa-runtime64-1 libhsa-runtime-dev)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -7,8 +7,8 @@ bash scripts/setup.sh
 
 echo "== format, lints, docs"
 cargo fmt --check
-cargo clippy --locked --all-targets --features vm-lane -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps
+cargo clippy --locked --all-targets --features vm-lane,s3-server -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --features server
 
 echo "== release library: SONAME and exports"
 cargo build --locked --release
@@ -18,8 +18,8 @@ HIPOBJ_LIB_UNDER_TEST="${CARGO_TARGET_DIR:-target}/release/libhipobj.so" \
 echo "== C programs under AddressSanitizer and UndefinedBehaviorSanitizer"
 HIPOBJ_TEST_SANITIZE=address,undefined cargo test --locked --test c_api
 
-echo "== tests"
-cargo test --locked
+echo "== tests (with the S3 server: its own tests and the examples' HTTP paths)"
+cargo test --locked --features s3-server
 
-echo "== Soft-RoCE lane (real verbs in a VM)"
+echo "== Soft-RoCE lane (real verbs, the S3 server and the examples in a VM)"
 bash scripts/vm/lane.sh

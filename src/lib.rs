@@ -26,6 +26,7 @@ pub mod core;
 /// cbindgen:ignore
 pub mod platform;
 /// cbindgen:ignore
+#[cfg(feature = "server")]
 pub mod server;
 /// cbindgen:ignore
 #[cfg(feature = "fake-platform")]

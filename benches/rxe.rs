@@ -1,0 +1,2 @@
+//! The Soft-RoCE benchmark (being written).
+fn main() {}

@@ -1,0 +1,225 @@
+//! The command line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What `--help` prints.
+pub const USAGE: &str = "\
+usage: hipobj-s3-server --root DIR --listen ADDR:PORT --access-key AK --secret-key SK
+                        [--region REGION] [--bucket NAME]... [--device NAME] [--no-rdma]
+                        [--rdma-timeout-ms N] [--delay-final-ms N]
+
+  --root DIR            where buckets and objects are stored (created if missing)
+  --listen ADDR:PORT    HTTP address; port 0 picks a free port
+  --access-key AK       the one access key SigV4 requests must be signed with
+  --secret-key SK       its secret key
+  --region REGION       the region requests must be signed for (default us-east-1)
+  --bucket NAME         creates this bucket (a directory of the root) if missing; repeatable
+  --device NAME         RDMA device (default: the first one with an active port)
+  --no-rdma             decline every x-amz-rdma-token (501), as a server without RDMA
+  --rdma-timeout-ms N   deadline of each RDMA transfer (default 10000)
+  --delay-final-ms N    test knob: pause between the data and the final message (default 0)
+";
+
+/// The server's settings.
+#[derive(Debug)]
+pub struct Options {
+    /// `--root`.
+    pub root: PathBuf,
+    /// `--listen`.
+    pub listen: SocketAddr,
+    /// `--access-key`.
+    pub access_key: String,
+    /// `--secret-key`.
+    pub secret_key: String,
+    /// `--region`.
+    pub region: String,
+    /// `--bucket`, each.
+    pub buckets: Vec<String>,
+    /// `--device`.
+    pub device: Option<String>,
+    /// `--no-rdma`.
+    pub no_rdma: bool,
+    /// `--rdma-timeout-ms`.
+    pub rdma_timeout: Duration,
+    /// `--delay-final-ms`.
+    pub delay_final: Duration,
+}
+
+/// Parses the arguments (without the program name): the settings, or
+/// `None` for `--help`. Options take their value as the next argument or
+/// after `=`.
+pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
+    let mut root = None;
+    let mut listen = None;
+    let mut access_key = None;
+    let mut secret_key = None;
+    let mut region = "us-east-1".to_owned();
+    let mut buckets = Vec::new();
+    let mut device = None;
+    let mut no_rdma = false;
+    let mut rdma_timeout = Duration::from_millis(10_000);
+    let mut delay_final = Duration::ZERO;
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_owned())),
+            _ => (arg.as_str(), None),
+        };
+        let mut value = || -> Result<String, String> {
+            match &inline {
+                Some(v) => Ok(v.clone()),
+                None => it.next().cloned().ok_or(format!("{name} needs a value")),
+            }
+        };
+        match name {
+            "--help" | "-h" => return Ok(None),
+            "--root" => root = Some(PathBuf::from(value()?)),
+            "--listen" => {
+                let v = value()?;
+                listen = Some(
+                    v.parse::<SocketAddr>()
+                        .map_err(|e| format!("--listen {v}: {e} (expected IP:PORT)"))?,
+                );
+            }
+            "--access-key" => access_key = Some(value()?),
+            "--secret-key" => secret_key = Some(value()?),
+            "--region" => region = value()?,
+            "--bucket" => buckets.push(bucket_name(value()?)?),
+            "--device" => device = Some(value()?),
+            "--no-rdma" if inline.is_none() => no_rdma = true,
+            "--rdma-timeout-ms" => rdma_timeout = millis(name, &value()?, 1)?,
+            "--delay-final-ms" => delay_final = millis(name, &value()?, 0)?,
+            _ => return Err(format!("unknown argument {arg}")),
+        }
+    }
+    let missing = |what: &str| format!("{what} is required");
+    let access_key = access_key.ok_or_else(|| missing("--access-key"))?;
+    let secret_key = secret_key.ok_or_else(|| missing("--secret-key"))?;
+    if access_key.is_empty() || secret_key.is_empty() {
+        return Err("--access-key and --secret-key must not be empty".into());
+    }
+    Ok(Some(Options {
+        root: root.ok_or_else(|| missing("--root"))?,
+        listen: listen.ok_or_else(|| missing("--listen"))?,
+        access_key,
+        secret_key,
+        region,
+        buckets,
+        device,
+        no_rdma,
+        rdma_timeout,
+        delay_final,
+    }))
+}
+
+/// A duration in milliseconds of at least `min`, in plain decimal digits.
+fn millis(name: &str, text: &str, min: u64) -> Result<Duration, String> {
+    match text.parse::<u64>() {
+        Ok(n) if n >= min && text.bytes().all(|b| b.is_ascii_digit()) => {
+            Ok(Duration::from_millis(n))
+        }
+        _ => Err(format!(
+            "{name} {text}: expected a whole number of milliseconds >= {min}"
+        )),
+    }
+}
+
+/// A bucket name that names one directory of the root: S3's characters
+/// (lowercase letters, digits, `.` and `-`), 3 to 63 of them, not `.` or
+/// `..`.
+fn bucket_name(name: String) -> Result<String, String> {
+    let chars_ok = name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+    if chars_ok && (3..=63).contains(&name.len()) && !name.starts_with('.') {
+        Ok(name)
+    } else {
+        Err(format!("--bucket {name}: not a valid bucket name"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    fn required() -> Vec<&'static str> {
+        vec![
+            "--root",
+            "/r",
+            "--listen",
+            "127.0.0.1:0",
+            "--access-key",
+            "ak",
+            "--secret-key",
+            "sk",
+        ]
+    }
+
+    #[test]
+    fn defaults_apply_when_only_the_required_options_are_given() {
+        let o = parse(&args(&required())).unwrap().expect("not --help");
+        assert_eq!(o.root, PathBuf::from("/r"));
+        assert_eq!(o.listen.port(), 0);
+        assert_eq!(o.region, "us-east-1");
+        assert!(o.buckets.is_empty() && o.device.is_none() && !o.no_rdma);
+        assert_eq!(o.rdma_timeout, Duration::from_secs(10));
+        assert_eq!(o.delay_final, Duration::ZERO);
+    }
+
+    #[test]
+    fn every_option_is_read_with_a_separate_or_inline_value() {
+        let mut list = required();
+        list.extend([
+            "--bucket",
+            "one",
+            "--bucket=two",
+            "--region=eu-west-1",
+            "--device",
+            "rxe0",
+            "--no-rdma",
+            "--rdma-timeout-ms",
+            "250",
+            "--delay-final-ms=3000",
+        ]);
+        let o = parse(&args(&list)).unwrap().expect("not --help");
+        assert_eq!(o.buckets, ["one", "two"]);
+        assert_eq!(o.region, "eu-west-1");
+        assert_eq!(o.device.as_deref(), Some("rxe0"));
+        assert!(o.no_rdma);
+        assert_eq!(o.rdma_timeout, Duration::from_millis(250));
+        assert_eq!(o.delay_final, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn missing_unknown_and_malformed_arguments_are_refused() {
+        assert!(parse(&args(&["--root", "/r"])).is_err());
+        let mut unknown = required();
+        unknown.push("--verbose");
+        assert!(parse(&args(&unknown)).is_err());
+        for bad in [
+            ["--listen", "localhost"],
+            ["--rdma-timeout-ms", "0"],
+            ["--rdma-timeout-ms", "+5"],
+            ["--bucket", "../up"],
+            ["--bucket", "UPPER"],
+        ] {
+            let mut list = required();
+            list.extend(bad);
+            assert!(parse(&args(&list)).is_err(), "{bad:?} was accepted");
+        }
+        let mut dangling = required();
+        dangling.push("--region");
+        assert!(parse(&args(&dangling)).is_err());
+    }
+
+    #[test]
+    fn help_wins() {
+        assert!(matches!(parse(&args(&["--help"])), Ok(None)));
+    }
+}

@@ -1,0 +1,173 @@
+//! `hipobj-s3-server`: an S3 server (s3s over its filesystem backend, SigV4
+//! required) that also serves hipobj clients: a GetObject, PutObject or
+//! UploadPart carrying `x-amz-rdma-token` moves its payload by RDMA through
+//! the server side of the protocol (`hipobj::server`) instead of the HTTP
+//! body. For the end-to-end tests, the benchmarks and the demo.
+//!
+//! It prints one line once it listens:
+//! `hipobj-s3-server listening on http://IP:PORT (rdma: DEVICE|off: REASON)`,
+//! logs one line per RDMA transfer on standard error, and on SIGTERM or
+//! SIGINT stops accepting, disconnects every RDMA connection (a transfer in
+//! progress fails and answers 500), lets the HTTP requests in progress
+//! finish and exits 0.
+
+mod cli;
+mod rdma;
+mod s3;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder as ConnBuilder;
+use hyper_util::server::graceful::GracefulShutdown;
+use s3s::auth::SimpleAuth;
+use s3s::service::S3ServiceBuilder;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{signal, SignalKind};
+
+use cli::Options;
+use rdma::Rdma;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let options = match cli::parse(&args) {
+        Ok(Some(options)) => options,
+        Ok(None) => {
+            print!("{}", cli::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("hipobj-s3-server: {e}\n\n{}", cli::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    match run(options) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hipobj-s3-server: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Prepares the root, RDMA and the runtime, then serves until a signal.
+fn run(options: Options) -> Result<(), String> {
+    make_buckets(&options.root, &options.buckets)?;
+    let rdma = if options.no_rdma {
+        Err("disabled by --no-rdma".to_owned())
+    } else {
+        Rdma::open(
+            options.device.as_deref(),
+            options.rdma_timeout,
+            options.delay_final,
+        )
+        .map(Arc::new)
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the async runtime: {e}"))?;
+    let outcome = runtime.block_on(serve(
+        &options,
+        rdma.as_ref().ok().cloned(),
+        rdma_status(&rdma),
+    ));
+    // Requests still running (past the grace period) end with the runtime;
+    // then no transfer can start, and every connection is disconnected.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    if let Ok(rdma) = &rdma {
+        rdma.shutdown();
+    }
+    outcome
+}
+
+/// The `rdma: ...` part of the first line.
+fn rdma_status(rdma: &Result<Arc<Rdma>, String>) -> String {
+    match rdma {
+        Ok(rdma) => rdma.device().to_owned(),
+        Err(reason) => format!("off: {reason}"),
+    }
+}
+
+/// Creates the root and each bucket's directory if missing.
+fn make_buckets(root: &Path, buckets: &[String]) -> Result<(), String> {
+    std::fs::create_dir_all(root).map_err(|e| format!("creating {}: {e}", root.display()))?;
+    for bucket in buckets {
+        let dir = root.join(bucket);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Serves HTTP on the listener until SIGTERM or SIGINT, then ends RDMA and
+/// waits for the requests in progress (at most the RDMA deadline, the
+/// final-message delay and a second).
+async fn serve(options: &Options, rdma: Option<Arc<Rdma>>, status: String) -> Result<(), String> {
+    let fs = s3s_fs::FileSystem::new(&options.root)
+        .map_err(|e| format!("opening {}: {e:?}", options.root.display()))?;
+    let service = {
+        let s3 = s3::RdmaS3::new(fs, rdma.clone(), options.region.clone());
+        let mut builder = S3ServiceBuilder::new(s3);
+        builder.set_auth(SimpleAuth::from_single(
+            options.access_key.clone(),
+            options.secret_key.clone(),
+        ));
+        builder.build()
+    };
+    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM handler: {e}"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT handler: {e}"))?;
+    let listener = TcpListener::bind(options.listen)
+        .await
+        .map_err(|e| format!("listening on {}: {e}", options.listen))?;
+    let local: SocketAddr = listener
+        .local_addr()
+        .map_err(|e| format!("the listener's address: {e}"))?;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "hipobj-s3-server listening on http://{local} (rdma: {status})"
+        )
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("writing to standard output: {e}"))?;
+    }
+    let http = ConnBuilder::new(TokioExecutor::new());
+    let graceful = GracefulShutdown::new();
+    loop {
+        let socket = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((socket, _)) => socket,
+                Err(e) => {
+                    eprintln!("hipobj-s3-server: accept: {e}");
+                    continue;
+                }
+            },
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        };
+        let conn = http.serve_connection(TokioIo::new(socket), service.clone());
+        let conn = graceful.watch(conn.into_owned());
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+    drop(listener);
+    // Transfers in progress fail now (their QPs are in ERR) and answer 500;
+    // no new one starts.
+    if let Some(rdma) = &rdma {
+        rdma.shutdown();
+    }
+    let grace = options.rdma_timeout + options.delay_final + Duration::from_secs(1);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(grace) => {
+            eprintln!("hipobj-s3-server: requests still running after {grace:?}; stopping anyway");
+        }
+    }
+    Ok(())
+}

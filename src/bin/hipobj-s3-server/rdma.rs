@@ -1,0 +1,275 @@
+//! The server's RDMA: one device, its server side of the protocol, and a
+//! pool of registered buffers that payloads pass through. Every call here
+//! blocks (verbs, the CM, completions): the S3 layer runs them with
+//! `spawn_blocking`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hipobj::core::token::Token;
+use hipobj::platform::{Access, Context, Mr, PortState};
+use hipobj::server::{LocalBuf, Op, ServerSide};
+use parking_lot::Mutex;
+
+/// Registered bytes the pool keeps for reuse; buffers beyond are freed.
+const POOL_BYTES: usize = 256 << 20;
+/// The smallest buffer registered.
+const MIN_BUF: usize = 4096;
+/// Ports looked at when choosing a device.
+const MAX_PORTS: u8 = 8;
+
+/// The server's RDMA device and its server side.
+pub struct Rdma {
+    side: ServerSide,
+    device: String,
+    timeout: Duration,
+    pool: Mutex<Pool>,
+}
+
+/// Registered buffers not in use.
+#[derive(Default)]
+struct Pool {
+    free: Vec<RegBuf>,
+    bytes: usize,
+}
+
+/// Server memory registered with the device (local write only: the
+/// server's own WRITEs read it, its READs fill it).
+pub struct RegBuf {
+    // Declared first, so deregistered before the memory below is freed.
+    mr: Arc<dyn Mr>,
+    mem: Box<[u8]>,
+}
+
+impl RegBuf {
+    /// Its bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.mem
+    }
+
+    /// Its bytes, to fill before a WRITE.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.mem
+    }
+
+    fn local(&self) -> LocalBuf {
+        LocalBuf {
+            mr: self.mr.clone(),
+            addr: self.mr.addr(),
+        }
+    }
+}
+
+/// A transfer's description for the log.
+pub struct Label<'a> {
+    /// `GET` or `PUT`.
+    pub op: &'a str,
+    /// `bucket/key` (and the part, for an upload part).
+    pub object: &'a str,
+}
+
+impl Rdma {
+    /// Opens `device` (or the first device with an active port) through
+    /// the production platform: libibverbs and librdmacm, loaded now.
+    pub fn open(
+        device: Option<&str>,
+        timeout: Duration,
+        delay_final: Duration,
+    ) -> Result<Rdma, String> {
+        let platform = hipobj::platform::system();
+        let verbs = platform.verbs().map_err(|e| e.to_string())?;
+        let cm = platform.cm().map_err(|e| e.to_string())?;
+        let names = verbs.device_names().map_err(|e| e.to_string())?;
+        let ctx: Arc<dyn Context> = match device {
+            Some(name) => {
+                if !names.iter().any(|n| n == name) {
+                    return Err(format!("no RDMA device {name} (found: {})", list(&names)));
+                }
+                let ctx = verbs.open(name).map_err(|e| e.to_string())?;
+                if !has_active_port(&*ctx) {
+                    return Err(format!("{name} has no active port"));
+                }
+                ctx
+            }
+            None => names
+                .iter()
+                .filter_map(|name| verbs.open(name).ok())
+                .find(|ctx| has_active_port(&**ctx))
+                .ok_or_else(|| {
+                    if names.is_empty() {
+                        "no RDMA device".to_owned()
+                    } else {
+                        format!(
+                            "no RDMA device with an active port (found: {})",
+                            list(&names)
+                        )
+                    }
+                })?,
+        };
+        let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
+        let device = ctx.name().to_owned();
+        let mut side = ServerSide::new(cm, ctx, pd);
+        side.delay_before_final = delay_final;
+        Ok(Rdma {
+            side,
+            device,
+            timeout,
+            pool: Mutex::new(Pool::default()),
+        })
+    }
+
+    /// The device's name.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// A registered buffer of at least `len` bytes (reused when one is
+    /// free).
+    pub fn take(&self, len: usize) -> Result<RegBuf, String> {
+        {
+            let mut pool = self.pool.lock();
+            let best = pool
+                .free
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.mem.len() >= len)
+                .min_by_key(|(_, b)| b.mem.len())
+                .map(|(i, _)| i);
+            if let Some(i) = best {
+                let buf = pool.free.swap_remove(i);
+                pool.bytes -= buf.mem.len();
+                return Ok(buf);
+            }
+        }
+        let size = buffer_size(len);
+        let mut mem = vec![0u8; size].into_boxed_slice();
+        let addr = mem.as_mut_ptr().expose_provenance();
+        let mr = self
+            .side
+            .pd()
+            .reg_mr(addr, size, Access::LOCAL_WRITE)
+            .map_err(|e| format!("registering {size} bytes: {e}"))?;
+        Ok(RegBuf { mr, mem })
+    }
+
+    /// Returns a buffer to the pool (or frees it, past the pool's size).
+    pub fn give_back(&self, buf: RegBuf) {
+        let mut pool = self.pool.lock();
+        if pool.bytes + buf.mem.len() <= POOL_BYTES {
+            pool.bytes += buf.mem.len();
+            pool.free.push(buf);
+        }
+    }
+
+    /// Serves a GET: WRITEs the first `len` bytes of `buf` to the start of
+    /// the token's range, then the final message. Returns the buffer (to
+    /// give back) unless the NIC may still use it.
+    pub fn write_to_client(
+        &self,
+        token: &Token,
+        buf: RegBuf,
+        len: u64,
+        label: &Label<'_>,
+    ) -> (Result<(), String>, Option<RegBuf>) {
+        self.run(token, Op::Get, buf, len, label)
+    }
+
+    /// Serves a PUT: READs the token's whole range into `buf` (at least
+    /// that long), then the final message.
+    pub fn read_from_client(
+        &self,
+        token: &Token,
+        buf: RegBuf,
+        label: &Label<'_>,
+    ) -> (Result<(), String>, Option<RegBuf>) {
+        self.run(token, Op::Put, buf, token.length, label)
+    }
+
+    fn run(
+        &self,
+        token: &Token,
+        op: Op,
+        buf: RegBuf,
+        len: u64,
+        label: &Label<'_>,
+    ) -> (Result<(), String>, Option<RegBuf>) {
+        let start = Instant::now();
+        let outcome = self
+            .side
+            .transfer(token, op, &buf.local(), len, start + self.timeout);
+        let peer = hipobj::core::nic::ip_of(&token.gid);
+        let took = start.elapsed().as_secs_f64() * 1e3;
+        let what = format!(
+            "rdma {} {}: {len} bytes, client {peer} qp {}",
+            label.op, label.object, token.qp_num
+        );
+        match outcome {
+            Ok(()) => {
+                eprintln!("hipobj-s3-server: {what}: ok in {took:.1} ms");
+                (Ok(()), Some(buf))
+            }
+            Err(failure) => {
+                eprintln!("hipobj-s3-server: {what}: failed after {took:.1} ms: {failure}");
+                let kept = if failure.local_quiet {
+                    Some(buf)
+                } else {
+                    // The NIC may still read or write it: never reused,
+                    // never freed.
+                    eprintln!(
+                        "hipobj-s3-server: the transfer's {} byte buffer is leaked",
+                        buf.mem.len()
+                    );
+                    std::mem::forget(buf);
+                    None
+                };
+                (Err(failure.error.to_string()), kept)
+            }
+        }
+    }
+
+    /// Disconnects every connection; no transfer starts after this.
+    pub fn shutdown(&self) {
+        self.side.shutdown();
+    }
+}
+
+/// Whether any of the first ports of `ctx` is active.
+fn has_active_port(ctx: &dyn Context) -> bool {
+    (1..=MAX_PORTS)
+        .map_while(|port| ctx.query_port(port).ok())
+        .any(|attr| attr.state == PortState::Active)
+}
+
+/// The size registered for `len` bytes: a power of two up to 1 MiB, whole
+/// MiB beyond, never less than [`MIN_BUF`].
+fn buffer_size(len: usize) -> usize {
+    const MIB: usize = 1 << 20;
+    let len = len.max(MIN_BUF);
+    if len <= MIB {
+        len.next_power_of_two()
+    } else {
+        len.div_ceil(MIB).saturating_mul(MIB)
+    }
+}
+
+fn list(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_round_up_to_powers_of_two_then_to_whole_mebibytes() {
+        assert_eq!(buffer_size(0), MIN_BUF);
+        assert_eq!(buffer_size(4097), 8192);
+        assert_eq!(buffer_size(1 << 20), 1 << 20);
+        assert_eq!(buffer_size((1 << 20) + 1), 2 << 20);
+        assert_eq!(buffer_size((5 << 20) - 3), 5 << 20);
+    }
+}

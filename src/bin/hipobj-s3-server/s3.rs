@@ -1,0 +1,378 @@
+//! The S3 operations: s3s-fs's, with GetObject, PutObject and UploadPart
+//! moving their payload by RDMA when the request carries a usable
+//! `x-amz-rdma-token`.
+//!
+//! - No token: plain S3, exactly s3s-fs.
+//! - A usable token (it decodes, transport `0x02`, RDMA on): GET reads the
+//!   object (or range) through the backend, WRITEs min(its length, the
+//!   token's) to the client and answers 200 (206 for a range) with an empty
+//!   body, `x-amz-rdma-reply: 200|206` and `x-amz-rdma-bytes-transferred`;
+//!   PUT and UploadPart require an empty body, READ the token's length from
+//!   the client and store it through the backend, answering as S3 does plus
+//!   the same two headers. A failed transfer answers 500 with
+//!   `x-amz-rdma-reply: 500` and stores nothing. An error of the backend
+//!   (no such key, a bad range...) is answered as S3 does, with
+//!   `x-amz-rdma-reply` set to its status.
+//! - An unusable token: GET is answered the ordinary way plus
+//!   `x-amz-rdma-reply: 501`; PUT and UploadPart store nothing and answer
+//!   501 NotImplemented with `x-amz-rdma-reply: 501`.
+//!
+//! Every request must be signed (SigV4) for the configured region.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use hipobj::core::token::{Token, Transport};
+use http::header::CONTENT_TYPE;
+use http::{HeaderMap, HeaderName, HeaderValue};
+use s3s::dto::*;
+use s3s::{s3_error, S3Error, S3Request, S3Response, S3Result, S3};
+use s3s_fs::FileSystem;
+
+use crate::rdma::{Label, Rdma};
+
+/// The request header carrying the client's token.
+const TOKEN: &str = "x-amz-rdma-token";
+/// The response header the client hands to `hipObjParseRdmaReply`.
+const REPLY: HeaderName = HeaderName::from_static("x-amz-rdma-reply");
+/// Bytes the transfer moved.
+const BYTES: HeaderName = HeaderName::from_static("x-amz-rdma-bytes-transferred");
+
+/// s3s-fs, with the RDMA paths.
+pub struct RdmaS3 {
+    fs: FileSystem,
+    rdma: Option<Arc<Rdma>>,
+    region: String,
+}
+
+/// What a request's token asks for.
+enum Ask {
+    /// No token: plain S3.
+    Plain,
+    /// A token this server cannot serve, and why.
+    Decline(String),
+    /// A token to serve.
+    Rdma(Token, Arc<Rdma>),
+}
+
+impl RdmaS3 {
+    /// The operations over `fs`; `rdma` is `None` when RDMA is off.
+    pub fn new(fs: FileSystem, rdma: Option<Arc<Rdma>>, region: String) -> RdmaS3 {
+        RdmaS3 { fs, rdma, region }
+    }
+
+    /// Refuses a request signed for another region, as S3 does.
+    fn check_region<T>(&self, req: &S3Request<T>) -> S3Result<()> {
+        match &req.region {
+            Some(region) if region.as_str() != self.region => Err(s3_error!(
+                AuthorizationHeaderMalformed,
+                "the request is signed for region {region}; this server is {}",
+                self.region
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// What the request's `x-amz-rdma-token` asks for. A decline is logged.
+    fn ask(&self, headers: &HeaderMap, what: &str) -> Ask {
+        let Some(value) = headers.get(TOKEN) else {
+            return Ask::Plain;
+        };
+        let why = match Token::parse_hex(value.as_bytes()) {
+            Err(e) => format!("malformed token ({e:?})"),
+            Ok(token) if token.transport != Transport::RcCm => format!(
+                "transport {:#04x}: this server connects through RDMA CM (0x02) only",
+                token.transport.to_byte()
+            ),
+            Ok(token) => match &self.rdma {
+                Some(rdma) => return Ask::Rdma(token, rdma.clone()),
+                None => "RDMA is off".to_owned(),
+            },
+        };
+        eprintln!("hipobj-s3-server: {what}: declined {TOKEN}: {why}");
+        Ask::Decline(why)
+    }
+
+    /// GetObject with a usable token.
+    async fn get_by_rdma(
+        &self,
+        req: S3Request<GetObjectInput>,
+        token: Token,
+        rdma: Arc<Rdma>,
+        what: String,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        let mut resp = self.fs.get_object(req).await.map_err(echo_status)?;
+        let length = resp
+            .output
+            .content_length
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(|| failed("the backend gave no content length".into()))?;
+        let len = length.min(token.length);
+        let want = usize::try_from(len)
+            .map_err(|_| failed(format!("{len} bytes do not fit this machine's memory")))?;
+        let mut buf = blocking({
+            let rdma = rdma.clone();
+            move || rdma.take(want)
+        })
+        .await
+        .and_then(|r| r)
+        .map_err(failed)?;
+        let filled = match resp.output.body.take() {
+            Some(mut body) => fill(&mut body, &mut buf.bytes_mut()[..want]).await,
+            None => Ok(0),
+        };
+        match filled {
+            Ok(n) if n == want => {}
+            other => {
+                rdma.give_back(buf);
+                let why = match other {
+                    Err(e) => e,
+                    Ok(n) => format!("the object ended after {n} of {want} bytes"),
+                };
+                return Err(failed(format!("reading {what}: {why}")));
+            }
+        }
+        let (outcome, kept) = blocking({
+            let rdma = rdma.clone();
+            move || {
+                let label = Label {
+                    op: "GET",
+                    object: &what,
+                };
+                rdma.write_to_client(&token, buf, len, &label)
+            }
+        })
+        .await
+        .map_err(failed)?;
+        if let Some(buf) = kept {
+            rdma.give_back(buf);
+        }
+        outcome.map_err(|e| failed(format!("RDMA transfer failed: {e}")))?;
+        resp.output.content_length = Some(0);
+        // s3s answers 206 exactly when there is a Content-Range.
+        let status: u16 = if resp.output.content_range.is_some() {
+            206
+        } else {
+            200
+        };
+        resp.headers.insert(REPLY, HeaderValue::from(status));
+        resp.headers.insert(BYTES, HeaderValue::from(len));
+        Ok(resp)
+    }
+
+    /// Drains a PUT's (empty) body, which checks its signed hash, then READs
+    /// the token's range from the client: the object's bytes.
+    async fn read_by_rdma(
+        &self,
+        body: Option<StreamingBlob>,
+        token: Token,
+        rdma: Arc<Rdma>,
+        what: String,
+    ) -> S3Result<Vec<u8>> {
+        if let Some(mut body) = body {
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|e| {
+                    with_reply(
+                        s3_error!(IncompleteBody, "reading the request body: {e}"),
+                        400,
+                    )
+                })?;
+                if !chunk.is_empty() {
+                    return Err(with_reply(
+                        s3_error!(
+                            InvalidRequest,
+                            "a request with {TOKEN} must have an empty body"
+                        ),
+                        400,
+                    ));
+                }
+            }
+        }
+        let len = usize::try_from(token.length).map_err(|_| {
+            failed(format!(
+                "{} bytes do not fit this machine's memory",
+                token.length
+            ))
+        })?;
+        blocking(move || {
+            let buf = rdma.take(len)?;
+            let label = Label {
+                op: "PUT",
+                object: &what,
+            };
+            let (outcome, kept) = rdma.read_from_client(&token, buf, &label);
+            // A successful transfer always gives its buffer back.
+            let data = kept.as_ref().map(|buf| buf.bytes()[..len].to_vec());
+            if let Some(buf) = kept {
+                rdma.give_back(buf);
+            }
+            outcome.map_err(|e| format!("RDMA transfer failed: {e}"))?;
+            data.ok_or_else(|| "the transfer kept its buffer".to_owned())
+        })
+        .await
+        .and_then(|r| r)
+        .map_err(failed)
+    }
+}
+
+/// Runs a blocking call (verbs, the CM) off the async workers.
+async fn blocking<T, F>(f: F) -> Result<T, String>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| format!("the transfer's thread failed: {e}"))
+}
+
+/// Copies the first `out.len()` bytes of `body` into `out`; returns how
+/// many there were.
+async fn fill(body: &mut StreamingBlob, out: &mut [u8]) -> Result<usize, String> {
+    let mut filled = 0;
+    while filled < out.len() {
+        match body.next().await {
+            Some(Ok(chunk)) => {
+                let n = chunk.len().min(out.len() - filled);
+                out[filled..filled + n].copy_from_slice(&chunk[..n]);
+                filled += n;
+            }
+            Some(Err(e)) => return Err(e.to_string()),
+            None => break,
+        }
+    }
+    Ok(filled)
+}
+
+/// `e` answered with `x-amz-rdma-reply: status`.
+fn with_reply(mut e: S3Error, status: u16) -> S3Error {
+    let mut headers = HeaderMap::new();
+    // The error's headers replace the response's: keep its content type.
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/xml"));
+    headers.insert(REPLY, HeaderValue::from(status));
+    e.set_headers(headers);
+    e
+}
+
+/// A backend error, with its own status as `x-amz-rdma-reply`.
+fn echo_status(e: S3Error) -> S3Error {
+    let status = e.status_code().map_or(500, |s| s.as_u16());
+    with_reply(e, status)
+}
+
+/// A failed transfer: 500 InternalError, `x-amz-rdma-reply: 500`.
+fn failed(why: String) -> S3Error {
+    with_reply(s3_error!(InternalError, "{why}"), 500)
+}
+
+/// A declined token: 501 NotImplemented, `x-amz-rdma-reply: 501`.
+fn declined(why: &str) -> S3Error {
+    with_reply(s3_error!(NotImplemented, "{TOKEN} declined: {why}"), 501)
+}
+
+/// `bucket/key`.
+fn object(bucket: &str, key: &str) -> String {
+    format!("{bucket}/{key}")
+}
+
+/// The `S3` implementation: the operations with an RDMA path, then every
+/// other operation s3s-fs implements, delegated after the region check.
+macro_rules! rdma_s3 {
+    ($($op:ident: $input:ident => $output:ident;)*) => {
+        #[async_trait::async_trait]
+        impl S3 for RdmaS3 {
+            async fn get_object(
+                &self,
+                req: S3Request<GetObjectInput>,
+            ) -> S3Result<S3Response<GetObjectOutput>> {
+                self.check_region(&req)?;
+                let what = object(&req.input.bucket, &req.input.key);
+                match self.ask(&req.headers, &format!("GET {what}")) {
+                    Ask::Plain => self.fs.get_object(req).await,
+                    Ask::Decline(_) => match self.fs.get_object(req).await {
+                        Ok(mut resp) => {
+                            resp.headers.insert(REPLY, HeaderValue::from(501u16));
+                            Ok(resp)
+                        }
+                        Err(e) => Err(with_reply(e, 501)),
+                    },
+                    Ask::Rdma(token, rdma) => self.get_by_rdma(req, token, rdma, what).await,
+                }
+            }
+
+            async fn put_object(
+                &self,
+                mut req: S3Request<PutObjectInput>,
+            ) -> S3Result<S3Response<PutObjectOutput>> {
+                self.check_region(&req)?;
+                let what = object(&req.input.bucket, &req.input.key);
+                let (token, rdma) = match self.ask(&req.headers, &format!("PUT {what}")) {
+                    Ask::Plain => return self.fs.put_object(req).await,
+                    Ask::Decline(why) => return Err(declined(&why)),
+                    Ask::Rdma(token, rdma) => (token, rdma),
+                };
+                let body = req.input.body.take();
+                let data = self.read_by_rdma(body, token, rdma, what).await?;
+                let len = data.len();
+                req.input.content_length = i64::try_from(len).ok();
+                req.input.body = Some(StreamingBlob::from(s3s::Body::from(data)));
+                let mut resp = self.fs.put_object(req).await.map_err(echo_status)?;
+                resp.headers.insert(REPLY, HeaderValue::from(200u16));
+                resp.headers.insert(BYTES, HeaderValue::from(len));
+                Ok(resp)
+            }
+
+            async fn upload_part(
+                &self,
+                mut req: S3Request<UploadPartInput>,
+            ) -> S3Result<S3Response<UploadPartOutput>> {
+                self.check_region(&req)?;
+                let what = format!(
+                    "{} part {}",
+                    object(&req.input.bucket, &req.input.key),
+                    req.input.part_number
+                );
+                let (token, rdma) = match self.ask(&req.headers, &format!("PUT {what}")) {
+                    Ask::Plain => return self.fs.upload_part(req).await,
+                    Ask::Decline(why) => return Err(declined(&why)),
+                    Ask::Rdma(token, rdma) => (token, rdma),
+                };
+                let body = req.input.body.take();
+                let data = self.read_by_rdma(body, token, rdma, what).await?;
+                let len = data.len();
+                req.input.content_length = i64::try_from(len).ok();
+                req.input.body = Some(StreamingBlob::from(s3s::Body::from(data)));
+                let mut resp = self.fs.upload_part(req).await.map_err(echo_status)?;
+                resp.headers.insert(REPLY, HeaderValue::from(200u16));
+                resp.headers.insert(BYTES, HeaderValue::from(len));
+                Ok(resp)
+            }
+
+            $(
+                async fn $op(&self, req: S3Request<$input>) -> S3Result<S3Response<$output>> {
+                    self.check_region(&req)?;
+                    self.fs.$op(req).await
+                }
+            )*
+        }
+    };
+}
+
+rdma_s3! {
+    create_bucket: CreateBucketInput => CreateBucketOutput;
+    copy_object: CopyObjectInput => CopyObjectOutput;
+    delete_bucket: DeleteBucketInput => DeleteBucketOutput;
+    delete_object: DeleteObjectInput => DeleteObjectOutput;
+    delete_objects: DeleteObjectsInput => DeleteObjectsOutput;
+    get_bucket_location: GetBucketLocationInput => GetBucketLocationOutput;
+    head_bucket: HeadBucketInput => HeadBucketOutput;
+    head_object: HeadObjectInput => HeadObjectOutput;
+    list_buckets: ListBucketsInput => ListBucketsOutput;
+    list_objects: ListObjectsInput => ListObjectsOutput;
+    list_objects_v2: ListObjectsV2Input => ListObjectsV2Output;
+    create_multipart_upload: CreateMultipartUploadInput => CreateMultipartUploadOutput;
+    upload_part_copy: UploadPartCopyInput => UploadPartCopyOutput;
+    list_parts: ListPartsInput => ListPartsOutput;
+    complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput;
+    abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput;
+}

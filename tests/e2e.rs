@@ -1,0 +1,627 @@
+//! End to end on Soft-RoCE: the RDMA-enabled S3 server
+//! (`hipobj-s3-server`) and the C examples (`examples/*.c`, built against the
+//! installed `libhipobj.so` by `scripts/build-examples.sh`) moving objects
+//! over the kernel's rdma_rxe. Runs inside the VM lane only
+//! (`scripts/vm/lane.sh`, features `vm-lane` and `s3-server`), where `rxe0`
+//! sits on `dummy0` at 192.0.2.1; outside it a missing device fails every
+//! test.
+//!
+//! The examples print one summary line that says whether RDMA or the plain
+//! HTTP fallback carried the bytes; every test here says which it expects.
+
+#[path = "common/s3.rs"]
+mod s3;
+
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use hipobj::capi::*;
+use s3::S3Server;
+
+const DEVICE: &str = "rxe0";
+const IP: &str = "192.0.2.1";
+const MIB: usize = 1 << 20;
+
+fn server_binary() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_hipobj-s3-server"))
+}
+
+/// A server with RDMA on rxe0; the lane has nothing else, so RDMA must be on.
+fn rdma_server(extra: &[&str]) -> S3Server {
+    let mut args = vec!["--device", DEVICE];
+    args.extend_from_slice(extra);
+    let server = S3Server::start(server_binary(), IP, &args);
+    assert!(server.rdma, "the server found no RDMA on {DEVICE}");
+    server
+}
+
+/// `target/examples`, where `scripts/build-examples.sh` puts the programs:
+/// two levels above this test binary (`target/<profile>/deps`).
+fn examples_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary knows its path");
+    let target = exe
+        .ancestors()
+        .nth(3)
+        .expect("the test binary lives in target/<profile>/deps");
+    target.join("examples")
+}
+
+/// Runs example `name` against `server` and returns its output, after
+/// checking that it exited 0 and printed one summary line carried `via`.
+fn example(
+    server: &S3Server,
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    via: &str,
+) -> String {
+    let output = run_example(server, name, args, env);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{name} {args:?} failed: {}\nstdout:\n{stdout}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let line = stdout.trim_end();
+    assert_eq!(
+        line.lines().count(),
+        1,
+        "{name} prints one summary line: {stdout}"
+    );
+    assert!(
+        line.contains(&format!("via {via}")),
+        "{name} {args:?} was to go via {via}: {line}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    eprintln!("{line}");
+    line.to_owned()
+}
+
+fn run_example(server: &S3Server, name: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let program = examples_dir().join(name);
+    assert!(
+        program.is_file(),
+        "{} is missing: scripts/build-examples.sh builds it",
+        program.display()
+    );
+    let mut command = Command::new(&program);
+    command
+        .args(["--endpoint", &server.endpoint])
+        .args([
+            "--access-key",
+            s3::ACCESS_KEY,
+            "--secret-key",
+            s3::SECRET_KEY,
+        ])
+        .args(args)
+        .env_remove("HIPOBJ_MAX_TRANSFERS");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.output().expect("the example runs")
+}
+
+#[test]
+fn put_then_get_16_mib_byte_exact() {
+    let server = rdma_server(&[]);
+    let size = (16 * MIB).to_string();
+    let rdma = ["--nic", DEVICE, "--size", &size, "--pattern", "11"];
+    example(
+        &server,
+        "put-object",
+        &[&rdma[..], &[s3::BUCKET, "big"]].concat(),
+        &[],
+        "rdma",
+    );
+    let stored = std::fs::metadata(server.root().join(s3::BUCKET).join("big")).expect("stored");
+    assert_eq!(stored.len(), 16 * MIB as u64);
+    example(
+        &server,
+        "get-object",
+        &[&rdma[..], &[s3::BUCKET, "big"]].concat(),
+        &[],
+        "rdma",
+    );
+    // The pattern check is the example's; a wrong seed must fail it, so the
+    // check above is not vacuous.
+    let wrong = run_example(
+        &server,
+        "get-object",
+        &[
+            "--nic",
+            DEVICE,
+            "--size",
+            "4096",
+            "--pattern",
+            "12",
+            s3::BUCKET,
+            "big",
+        ],
+        &[],
+    );
+    assert_eq!(wrong.status.code(), Some(2), "a pattern mismatch exits 2");
+}
+
+#[test]
+fn ranged_gets_at_odd_offsets() {
+    let server = rdma_server(&[]);
+    let size = MIB + 12_345;
+    let size_arg = size.to_string();
+    example(
+        &server,
+        "put-object",
+        &[
+            "--nic",
+            DEVICE,
+            "--size",
+            &size_arg,
+            "--pattern",
+            "5",
+            s3::BUCKET,
+            "ranged",
+        ],
+        &[],
+        "rdma",
+    );
+    for (offset, len) in [(1, 4097), (65_537, 333_333), (size - 7, 7), (3, size - 3)] {
+        let (offset, len) = (offset.to_string(), len.to_string());
+        example(
+            &server,
+            "get-object",
+            &[
+                "--nic",
+                DEVICE,
+                "--offset",
+                &offset,
+                "--size",
+                &len,
+                "--pattern",
+                "5",
+                s3::BUCKET,
+                "ranged",
+            ],
+            &[],
+            "rdma",
+        );
+    }
+}
+
+#[test]
+fn three_part_multipart_upload_reads_back_whole() {
+    let server = rdma_server(&[]);
+    let size = (15 * MIB + 4321).to_string();
+    let line = example(
+        &server,
+        "put-object",
+        &[
+            "--nic",
+            DEVICE,
+            "--parts",
+            "3",
+            "--size",
+            &size,
+            "--pattern",
+            "23",
+            s3::BUCKET,
+            "parts",
+        ],
+        &[],
+        "rdma",
+    );
+    assert!(line.contains("in 3 parts"), "{line}");
+    example(
+        &server,
+        "get-object",
+        &[
+            "--nic",
+            DEVICE,
+            "--size",
+            &size,
+            "--pattern",
+            "23",
+            s3::BUCKET,
+            "parts",
+        ],
+        &[],
+        "rdma",
+    );
+}
+
+#[test]
+fn sixteen_threads_share_eight_connections() {
+    let server = rdma_server(&[]);
+    let env = [("HIPOBJ_MAX_TRANSFERS", "8")];
+    let common = [
+        "--nic",
+        DEVICE,
+        "--threads",
+        "16",
+        "--iterations",
+        "4",
+        "--size",
+        "262147",
+        "--pattern",
+        "31",
+    ];
+    example(
+        &server,
+        "put-object",
+        &[&common[..], &[s3::BUCKET, "threads"]].concat(),
+        &env,
+        "rdma",
+    );
+    example(
+        &server,
+        "get-object",
+        &[&common[..], &[s3::BUCKET, "threads"]].concat(),
+        &env,
+        "rdma",
+    );
+}
+
+#[test]
+fn the_application_driven_token_path_moves_bytes() {
+    let server = rdma_server(&[]);
+    let size = (3 * MIB + 5).to_string();
+    example(
+        &server,
+        "put-object",
+        &[
+            "--nic",
+            DEVICE,
+            "--size",
+            &size,
+            "--pattern",
+            "41",
+            s3::BUCKET,
+            "token",
+        ],
+        &[],
+        "rdma",
+    );
+    example(
+        &server,
+        "token-get",
+        &[
+            "--nic",
+            DEVICE,
+            "--size",
+            &size,
+            "--pattern",
+            "41",
+            s3::BUCKET,
+            "token",
+        ],
+        &[],
+        "rdma",
+    );
+}
+
+#[test]
+fn a_server_without_transport_0x02_ends_in_the_http_fallback() {
+    let server = S3Server::start(server_binary(), IP, &["--no-rdma"]);
+    assert!(!server.rdma);
+    let size = (2 * MIB + 1).to_string();
+    let args = [
+        "--nic",
+        DEVICE,
+        "--size",
+        &size,
+        "--pattern",
+        "7",
+        s3::BUCKET,
+        "plain",
+    ];
+    example(&server, "put-object", &args, &[], "fallback");
+    example(&server, "get-object", &args, &[], "fallback");
+    let ranged = [
+        "--nic",
+        DEVICE,
+        "--offset",
+        "99",
+        "--size",
+        "1001",
+        "--pattern",
+        "7",
+        s3::BUCKET,
+        "plain",
+    ];
+    example(&server, "get-object", &ranged, &[], "fallback");
+}
+
+/// The application of the in-process tests: signed requests through the
+/// `curl` command, the token in `x-amz-rdma-token`.
+struct CurlApp {
+    endpoint: String,
+    key: String,
+    reply: Vec<u8>,
+}
+
+impl CurlApp {
+    /// GETs the object with `token`, keeping `x-amz-rdma-reply`; false if
+    /// the HTTP exchange itself failed.
+    fn get_with_token(&mut self, token: &str) -> bool {
+        let url = format!("{}/{}/{}", self.endpoint, s3::BUCKET, self.key);
+        let output = s3::curl(
+            &url,
+            &["-X", "GET", "-H", &format!("x-amz-rdma-token: {token}")],
+        )
+        .expect("curl runs");
+        if !output.status.success() {
+            eprintln!(
+                "curl: {}",
+                String::from_utf8_lossy(&output.stderr).trim_end()
+            );
+            return false;
+        }
+        let headers = String::from_utf8_lossy(&output.stdout).into_owned();
+        self.reply = headers
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("x-amz-rdma-reply")
+                    .then(|| value.trim().as_bytes().to_vec())
+            })
+            .unwrap_or_else(|| b"err".to_vec());
+        true
+    }
+}
+
+unsafe extern "C" fn curl_send(ctx: *mut c_void, token: *const c_char, len: usize) -> c_int {
+    // SAFETY: ctx is the &mut CurlApp the test passes; `token` has `len`
+    // bytes of hex digits.
+    let (app, token) = unsafe {
+        (
+            &mut *ctx.cast::<CurlApp>(),
+            std::slice::from_raw_parts(token.cast::<u8>(), len),
+        )
+    };
+    let token = std::str::from_utf8(token).expect("hex digits");
+    if app.get_with_token(token) {
+        0
+    } else {
+        -1
+    }
+}
+
+unsafe extern "C" fn curl_recv(ctx: *mut c_void, reply: *mut c_char, len: *mut usize) -> c_int {
+    // SAFETY: as above; `reply` has `*len` (512) writable bytes, more than
+    // any reply value the server sends.
+    unsafe {
+        let app = &*ctx.cast::<CurlApp>();
+        assert!(app.reply.len() <= *len);
+        std::ptr::copy_nonoverlapping(app.reply.as_ptr(), reply.cast::<u8>(), app.reply.len());
+        *len = app.reply.len();
+    }
+    0
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            let [low, ..] = i.to_le_bytes();
+            let [page, ..] = (i >> 11).to_le_bytes();
+            low.wrapping_mul(31).wrapping_add(seed) ^ page
+        })
+        .collect()
+}
+
+#[test]
+fn a_server_killed_mid_transfer_fails_the_transfer_and_the_next_one_succeeds() {
+    const TIMEOUT_MS: u64 = 3000;
+    // Read at init: the deadline of every wait of a transfer.
+    std::env::set_var("HIPOBJ_COMPLETION_TIMEOUT_MS", TIMEOUT_MS.to_string());
+    let object = pattern(MIB, 3);
+    // The dying server moves the data, then waits before its final message:
+    // the kill lands between the two, while the client waits.
+    let mut dying = rdma_server(&["--delay-final-ms", "20000"]);
+    std::fs::write(dying.root().join(s3::BUCKET).join("k"), &object).expect("the object");
+
+    let hint = CString::new(DEVICE).unwrap();
+    let mut config = hipObjConfig_t {
+        endpoint: std::ptr::null(),
+        region: std::ptr::null(),
+        accessKey: std::ptr::null(),
+        secretKey: std::ptr::null(),
+        flags: 0,
+        gpuDevice: -1,
+        nicHint: hint.as_ptr(),
+    };
+    // SAFETY: a valid config whose strings outlive the call.
+    let init = unsafe { hipObjInit(&mut config) };
+    assert_eq!(init.opError, hipObjOpError_t::hipObjSuccess);
+    let mut buf = vec![0u8; MIB];
+    let mut ops = hipObjOps_t {
+        sendRequest: Some(curl_send),
+        recvReply: Some(curl_recv),
+    };
+    let mut app = CurlApp {
+        endpoint: dying.endpoint.clone(),
+        key: "k".into(),
+        reply: Vec::new(),
+    };
+    // SAFETY: the buffer is valid for its length and outlives its registration.
+    let registered = unsafe { hipObjBufRegisterHost(buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!(registered.opError, hipObjOpError_t::hipObjSuccess);
+
+    let started = Instant::now();
+    let get = |app: &mut CurlApp, buf: &mut Vec<u8>, ops: &mut hipObjOps_t| {
+        // SAFETY: buffer, ops and app outlive the call; the buffer is
+        // registered.
+        unsafe {
+            hipObjGet(
+                std::ptr::null_mut(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                0,
+                ops,
+                (app as *mut CurlApp).cast(),
+            )
+        }
+    };
+    let failed = std::thread::scope(|scope| {
+        let killer = scope.spawn(|| {
+            std::thread::sleep(Duration::from_millis(1500));
+            dying.kill();
+        });
+        let result = get(&mut app, &mut buf, &mut ops);
+        killer.join().expect("the killer");
+        result
+    });
+    let took = started.elapsed();
+    assert_ne!(
+        failed.opError,
+        hipObjOpError_t::hipObjSuccess,
+        "the killed transfer failed"
+    );
+    assert!(
+        took < Duration::from_millis(TIMEOUT_MS + 1500 + 2000),
+        "the killed transfer ended in {took:?}, past its deadline"
+    );
+    eprintln!("killed mid-transfer: {:?} after {took:?}", failed.opError);
+
+    // A new server on the same objects; the same instance serves the next
+    // transfer.
+    buf.fill(0);
+    let fresh = S3Server::start_at(server_binary(), IP, dying.root(), &["--device", DEVICE]);
+    app.endpoint = fresh.endpoint.clone();
+    let again = get(&mut app, &mut buf, &mut ops);
+    assert_eq!(
+        again.opError,
+        hipObjOpError_t::hipObjSuccess,
+        "the next transfer"
+    );
+    assert_eq!(app.reply, b"200");
+    assert!(buf == object, "the next transfer's bytes are the object's");
+    // SAFETY: registered above.
+    let deregistered = unsafe { hipObjBufDeregister(buf.as_mut_ptr().cast()) };
+    assert_eq!(deregistered.opError, hipObjOpError_t::hipObjSuccess);
+    assert_eq!(hipObjShutdown().opError, hipObjOpError_t::hipObjSuccess);
+    std::env::remove_var("HIPOBJ_COMPLETION_TIMEOUT_MS");
+}
+
+#[test]
+fn a_connection_attempt_without_the_proof_is_refused() {
+    use hipobj::core::protocol::ConnectData;
+    use hipobj::core::token::Token;
+    use hipobj::platform::Access;
+    use hipobj::server::{LocalBuf, Op, ServerSide};
+
+    let hint = CString::new(DEVICE).unwrap();
+    let mut config = hipObjConfig_t {
+        endpoint: std::ptr::null(),
+        region: std::ptr::null(),
+        accessKey: std::ptr::null(),
+        secretKey: std::ptr::null(),
+        flags: 0,
+        gpuDevice: -1,
+        nicHint: hint.as_ptr(),
+    };
+    // SAFETY: a valid config whose strings outlive the call.
+    let init = unsafe { hipObjInit(&mut config) };
+    assert_eq!(init.opError, hipObjOpError_t::hipObjSuccess);
+    let mut buf = vec![0u8; 65_536];
+    let mut text: *mut c_char = std::ptr::null_mut();
+    // SAFETY: a valid buffer, registered before its token is asked for.
+    unsafe {
+        let r = hipObjBufRegisterHost(buf.as_mut_ptr().cast(), buf.len());
+        assert_eq!(r.opError, hipObjOpError_t::hipObjSuccess);
+        let r = hipObjGetRdmaToken(
+            buf.as_ptr().cast(),
+            buf.len(),
+            HIPOBJ_RDMA_OP_GET,
+            &mut text,
+        );
+        assert_eq!(r.opError, hipObjOpError_t::hipObjSuccess);
+    }
+    // SAFETY: the library returned a NUL-terminated token.
+    let hex = unsafe { std::ffi::CStr::from_ptr(text) }
+        .to_bytes()
+        .to_vec();
+    let token = Token::parse_hex(&hex).expect("the library's token");
+
+    // The server's side, on a second context of the same device.
+    let platform = hipobj::platform::system();
+    let ctx = platform
+        .verbs()
+        .expect("libibverbs")
+        .open(DEVICE)
+        .expect("rxe0");
+    let pd = ctx.alloc_pd().expect("PD");
+    let mut object = pattern(buf.len(), 9);
+    let mr = pd
+        .reg_mr(
+            object.as_mut_ptr() as usize,
+            object.len(),
+            Access::LOCAL_WRITE,
+        )
+        .expect("the server's MR");
+    let local = LocalBuf {
+        addr: mr.addr(),
+        mr,
+    };
+    let side = ServerSide::new(platform.cm().expect("librdmacm"), ctx, pd);
+    let deadline = || Instant::now() + Duration::from_secs(10);
+
+    let mut other = token;
+    other.rkey ^= 0x100;
+    let mut longer = token;
+    longer.length += 1;
+    let attempts: [(&str, Vec<u8>); 4] = [
+        ("no private data", Vec::new()),
+        ("a request of another protocol", vec![0x5a; 56]),
+        (
+            "another rkey",
+            ConnectData {
+                token: other,
+                nonce: 1,
+            }
+            .encode()
+            .to_vec(),
+        ),
+        (
+            "another length",
+            ConnectData {
+                token: longer,
+                nonce: 2,
+            }
+            .encode()
+            .to_vec(),
+        ),
+    ];
+    for (what, data) in attempts {
+        let refused = side.connect_with(&token, &data, 7, deadline());
+        assert!(
+            refused.is_err(),
+            "a connect request with {what} was accepted"
+        );
+        eprintln!("refused, {what}: {}", refused.err().unwrap());
+    }
+    assert_eq!(side.connection_count(), 0);
+
+    // The waiting transfer survived the attempts: with the proof, it runs.
+    side.serve(&token, Op::Get, &local, deadline())
+        .expect("the transfer with the proof");
+    // SAFETY: the registered buffer and the token of this test.
+    unsafe {
+        let r = hipObjBufSync(buf.as_mut_ptr().cast(), buf.len(), 0, HIPOBJ_SYNC_TO_DEVICE);
+        assert_eq!(
+            r.opError,
+            hipObjOpError_t::hipObjSuccess,
+            "the final message arrived"
+        );
+        assert_eq!(
+            hipObjPutRdmaToken(text).opError,
+            hipObjOpError_t::hipObjSuccess
+        );
+    }
+    assert!(buf == object, "the GET's bytes landed");
+    drop(side);
+    // SAFETY: registered above.
+    let r = unsafe { hipObjBufDeregister(buf.as_mut_ptr().cast()) };
+    assert_eq!(r.opError, hipObjOpError_t::hipObjSuccess);
+    assert_eq!(hipObjShutdown().opError, hipObjOpError_t::hipObjSuccess);
+}
