@@ -40,7 +40,7 @@ run() {
     "$@" --endpoint "$endpoint"
 }
 
-size=$((64 << 20))
+size=$((32 << 20))
 echo "== the RDMA S3 server on rxe0"
 start_server --device rxe0
 run "$examples/put-object" --nic rxe0 --size "$size" --pattern 7 demo big-object
@@ -51,7 +51,7 @@ run "$examples/token-get" --nic rxe0 --size $((16 << 20)) --pattern 8 demo parts
 # 16 threads on 8 connections: each thread its own object (KEY.i).
 export HIPOBJ_MAX_TRANSFERS=8
 run "$examples/put-object" --nic rxe0 --threads 16 --size $((1 << 20)) --pattern 10 demo small
-run "$examples/get-object" --nic rxe0 --threads 16 --iterations 8 --size $((1 << 20)) --pattern 10 demo small
+run "$examples/get-object" --nic rxe0 --threads 16 --iterations 2 --size $((1 << 20)) --pattern 10 demo small
 unset HIPOBJ_MAX_TRANSFERS
 stop_server
 
