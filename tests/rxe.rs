@@ -15,6 +15,33 @@ use hipobj::platform::{
 
 const DEVICE: &str = "rxe0";
 
+// ---------------------------------------------------------------- contract
+//
+// The platform contract checks (`hipobj::testing::contract`), one test per
+// check, from the list `tests/contract.rs` runs against the fakes, here
+// against the production verbs, CM and sysfs topology on rxe0.
+
+mod contract {
+    use std::net::Ipv4Addr;
+    use std::time::Duration;
+
+    use hipobj::testing::contract::Env;
+
+    /// rxe0's address in the lane's VM.
+    const IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+    /// Long enough for Soft-RoCE, emulated, to have done what it must not.
+    const QUIET: Duration = Duration::from_millis(500);
+
+    fn rxe0() -> Env {
+        Env::on(&*hipobj::platform::system(), super::DEVICE, IP, QUIET)
+            .unwrap_or_else(|e| panic!("the production platform: {e}"))
+    }
+
+    hipobj::contract_tests!(rxe0);
+}
+
+// ---------------------------------------------------------------- end of contract
+
 /// A configuration for the current GPU, or none, with `hint` as the NIC.
 fn gpu_less_config(hint: &std::ffi::CStr) -> hipObjConfig_t {
     hipObjConfig_t {

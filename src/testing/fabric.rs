@@ -29,10 +29,16 @@
 //!   windows and QPs are checked; remote errors put both QPs in ERR. A
 //!   zero-length WRITE or READ does not look at its rkey (C9-88). MR lkeys
 //!   and rkeys differ, so using one for the other fails;
+//! - a QP whose access flags lack what a request needs NAKs it as an
+//!   invalid request (`REM_INV_REQ_ERR`, rxe's `check_op_valid`);
 //! - type-2 windows (rxe_mw.c): a bind needs an RTS QP of the window's PD,
 //!   a free window (invalidate before rebinding), an MR with `MW_BIND`, and
-//!   keeps the window's key index; the window is then usable only through
-//!   the QP that bound it; an MR with bound windows cannot be deregistered;
+//!   keeps the window's key index; it carries the window's current rkey as
+//!   the poster knows it (`ibv_mw.rkey`: the allocation's, then the last
+//!   bind posted, refused or not), which must be the window's; the window
+//!   is then usable only through the QP that bound it, and only inside its
+//!   range (stricter than rxe, which checks the MR's bounds); an MR with
+//!   bound windows cannot be deregistered;
 //! - `modify` follows the kernel's RC transition table (required and
 //!   allowed attributes per transition) and names the transition and mask
 //!   bits when it refuses; RESET discards posted work without completions,
@@ -65,7 +71,7 @@ use std::any::Any;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
@@ -181,15 +187,6 @@ pub fn roce_av(dgid: Gid) -> AddressVector {
     }
 }
 
-/// The link-local GID of the `index`th device (GID index 0): fe80:: with the
-/// EUI-64 of the made-up MAC 02:00:00:00:hh:ll.
-fn link_local_gid(index: usize) -> Gid {
-    let n = u16::try_from(index + 1).unwrap_or(u16::MAX).to_be_bytes();
-    [
-        0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x00, 0x00, 0x00, 0xff, 0xfe, 0x00, n[0], n[1],
-    ]
-}
-
 /// The in-memory fabric. Hosts share it through an `Arc`; each host sees the
 /// devices it names through [`Fabric::verbs`] and [`Fabric::cm`].
 pub struct Fabric {
@@ -236,9 +233,11 @@ impl Fabric {
                 spec.ipv4
             )));
         }
-        let index = st.devices.len();
         st.devices.push(Device {
-            gids: [link_local_gid(index), ipv4_gid(spec.ipv4)],
+            gids: [
+                super::topology::link_local_gid(spec.ipv4),
+                ipv4_gid(spec.ipv4),
+            ],
             spec,
             next_qpn: FIRST_QPN,
             next_key_index: 1,
@@ -519,6 +518,9 @@ enum Kind {
     Bind {
         mw: Option<u64>,
         mr: Option<u64>,
+        /// The window's current rkey as the poster knows it (`ibv_mw.rkey`),
+        /// carried beside the new one.
+        current: u32,
         rkey: u32,
         addr: u64,
         len: u64,
@@ -1048,12 +1050,13 @@ impl State {
             // Ahead: NAK sequence error, then retransmissions (P2).
             return retry();
         }
-        // The QP must allow the operation (check_op_valid).
+        // The QP must allow the operation (rxe's check_op_valid: an
+        // unsupported opcode, NAKed as an invalid request).
         let remote = wr.kind.remote();
         if let Some((_, _, need)) = remote {
             if !b_attrs.access.contains(need) {
                 self.enter_error(b);
-                return Outcome::Fail(WcStatus::RemAccessErr);
+                return Outcome::Fail(WcStatus::RemInvReqErr);
             }
         }
         // Resources (check_resource): a receive, or READ credit.
@@ -1151,6 +1154,7 @@ impl State {
         let Kind::Bind {
             mw,
             mr,
+            current,
             rkey,
             addr,
             len,
@@ -1163,6 +1167,9 @@ impl State {
             let qp = self.qps.get(&a)?;
             let (mw, mr) = (mw?, mr?);
             let w = self.mws.get(&mw)?;
+            // rxe_bind_mw: the carried key must be the window's current
+            // one (after a refused bind the poster's copy has moved on).
+            (current == w.rkey).then_some(())?;
             // o10-36.2.2: a type-2 window is bound only when free; C10-72:
             // in the QP's PD; the rkey keeps the window's index.
             (w.device == a.0 && w.pd == qp.pd && w.binding.is_none()).then_some(())?;
@@ -1697,6 +1704,7 @@ impl Pd for FakePd {
             _pd: pd,
             id,
             rkey,
+            carried: AtomicU32::new(rkey),
         }))
     }
 
@@ -1876,6 +1884,9 @@ struct FakeMw {
     _pd: Arc<FakePd>,
     id: u64,
     rkey: u32,
+    /// What `ibv_mw.rkey` holds: the allocation's rkey, then that of the
+    /// last bind posted (refused or not), carried by the next bind.
+    carried: AtomicU32,
 }
 
 impl Mw for FakeMw {
@@ -1915,6 +1926,26 @@ struct FakeQp {
 }
 
 impl FakeQp {
+    /// `mw` as this fabric's window, if it is one.
+    fn fake_mw<'w>(&self, mw: &'w Arc<dyn Mw>) -> Option<&'w FakeMw> {
+        mw.as_any()
+            .downcast_ref::<FakeMw>()
+            .filter(|w| w.fabric.id == self.fabric.id)
+    }
+
+    /// After a successful post: each posted bind's new rkey becomes its
+    /// window's carried one, whatever the device makes of the bind (the
+    /// production verbs write `ibv_mw.rkey` the same way).
+    fn carry_bound_rkeys(&self, wrs: &[SendWr]) {
+        for wr in wrs {
+            if let SendOp::BindMw { mw, rkey, .. } = &wr.op {
+                if let Some(w) = self.fake_mw(mw) {
+                    w.carried.store(*rkey, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+
     /// Converts a work request, resolving windows and regions to ids.
     fn convert(&self, wr: &SendWr) -> Wr {
         let kind = match &wr.op {
@@ -1945,11 +1976,10 @@ impl FakeQp {
                 len,
                 access,
             } => Kind::Bind {
-                mw: mw
-                    .as_any()
-                    .downcast_ref::<FakeMw>()
-                    .filter(|w| w.fabric.id == self.fabric.id)
-                    .map(|w| w.id),
+                mw: self.fake_mw(mw).map(|w| w.id),
+                current: self
+                    .fake_mw(mw)
+                    .map_or(0, |w| w.carried.load(Ordering::SeqCst)),
                 mr: mr
                     .as_any()
                     .downcast_ref::<FakeMr>()
@@ -2044,6 +2074,7 @@ impl Qp for FakeQp {
                     st.push(cq, c);
                 }
                 drop(st);
+                self.carry_bound_rkeys(wrs);
                 self.fabric.completions.notify_all();
                 return Ok(());
             }
@@ -2072,6 +2103,7 @@ impl Qp for FakeQp {
         }
         st.progress();
         drop(st);
+        self.carry_bound_rkeys(wrs);
         self.fabric.completions.notify_all();
         Ok(())
     }
@@ -2100,8 +2132,6 @@ impl Drop for FakeQp {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::platform::next_rkey;
 
@@ -2363,20 +2393,6 @@ mod tests {
     }
 
     #[test]
-    fn write_to_a_qp_in_init_is_dropped_and_retry_6_gives_up() {
-        let (_f, mut a, b) = pair();
-        pattern(&mut a.buf[..4096], 7);
-        aim_a(&a, &b, Link::default());
-        a.qp.post_send(&[write(&a, 0, 4096, b.addr(0), b.mr.rkey())])
-            .expect("post");
-        assert_eq!(statuses(&a.poll()), [WcStatus::RetryExcErr]);
-        assert_eq!(a.state(), QpState::Err);
-        assert_eq!(b.state(), QpState::Init);
-        assert!(b.poll().is_empty(), "the target sees nothing");
-        assert!(b.buf[..4096].iter().all(|&x| x == 0), "nothing landed");
-    }
-
-    #[test]
     fn retry_count_7_never_gives_up_and_delivers_after_rtr() {
         let (_f, mut a, b) = pair();
         pattern(&mut a.buf[..4096], 9);
@@ -2460,130 +2476,7 @@ mod tests {
     }
 
     #[test]
-    fn read_needs_max_dest_rd_atomic() {
-        let (_f, a, b) = pair();
-        let link = Link {
-            max_dest_rd_atomic: 0,
-            ..Link::default()
-        };
-        connect(&a, &b, link);
-        a.qp.post_send(&[read(&a, 0, 4096, b.addr(0), b.mr.rkey())])
-            .expect("post");
-        assert_eq!(statuses(&a.poll()), [WcStatus::RemInvReqErr], "P6");
-        assert_eq!(b.state(), QpState::Err);
-    }
-
-    #[test]
-    fn read_with_zero_initiator_depth_never_completes() {
-        let (_f, a, b) = pair();
-        let link = Link {
-            max_rd_atomic: 0,
-            ..Link::default()
-        };
-        connect(&a, &b, link);
-        let rd = read(&a, 0, 4096, b.addr(0), b.mr.rkey());
-        let wr = write(&a, 0, 16, b.addr(0), b.mr.rkey());
-        a.qp.post_send(&[rd, wr]).expect("post");
-        assert!(!a.cq.wait(Instant::now()).expect("wait"), "P7: hangs");
-        assert_eq!(a.state(), QpState::Rts, "without an error");
-        a.qp.modify(&state(QpState::Err)).expect("ERR");
-        let flushed = a.poll();
-        assert_eq!(statuses(&flushed), [WcStatus::WrFlushErr; 2]);
-        assert_eq!(flushed[0].opcode, WcOpcode::RdmaRead);
-    }
-
-    #[test]
-    fn write_with_imm_without_receive_is_rnr() {
-        let (_f, mut a, b) = pair();
-        pattern(&mut a.buf[..4096], 4);
-        let link = Link {
-            rnr_retry: 1,
-            ..Link::default()
-        };
-        connect(&a, &b, link);
-        a.qp.post_send(&[write_imm(&a, 4096, b.addr(0), b.mr.rkey(), 0xc0ffee)])
-            .expect("post");
-        assert_eq!(statuses(&a.poll()), [WcStatus::RnrRetryExcErr]);
-        assert!(
-            b.buf[..4096].iter().all(|&x| x == 0),
-            "RNR before executing"
-        );
-        assert!(b.poll().is_empty());
-        assert_eq!(b.state(), QpState::Rts, "RNR leaves the responder alone");
-    }
-
-    #[test]
-    fn rnr_retry_7_waits_for_a_receive() {
-        let (_f, mut a, b) = pair();
-        pattern(&mut a.buf[..4096], 5);
-        connect(&a, &b, Link::default());
-        a.qp.post_send(&[write_imm(&a, 4096, b.addr(0), b.mr.rkey(), 0xc0ffee)])
-            .expect("post");
-        assert!(a.poll().is_empty());
-        b.recv(77, None);
-        let got = b.poll();
-        assert_eq!(got.len(), 1);
-        assert_eq!(got[0].opcode, WcOpcode::RecvRdmaWithImm);
-        assert_eq!(
-            (got[0].wr_id, got[0].imm, got[0].byte_len),
-            (77, Some(0xc0ffee), 4096)
-        );
-        assert_eq!(got[0].qp_num, b.qp.qp_num());
-        assert_eq!(statuses(&a.poll()), [WcStatus::Success]);
-        assert_eq!(b.buf[..4096], a.buf[..4096]);
-    }
-
-    #[test]
-    fn one_sided_operations_complete_only_on_the_requester() {
-        let (_f, mut a, mut b) = pair();
-        pattern(&mut a.buf[..4096], 6);
-        pattern(&mut b.buf[8192..12288], 60);
-        connect(&a, &b, Link::default());
-        let wr = write(&a, 0, 4096, b.addr(0), b.mr.rkey());
-        let rd = read(&a, 16384, 4096, b.addr(8192), b.mr.rkey());
-        a.qp.post_send(&[wr, rd]).expect("post");
-        let done = a.poll();
-        assert_eq!(statuses(&done), [WcStatus::Success; 2]);
-        assert_eq!(done[1].byte_len, 4096);
-        assert!(b.poll().is_empty(), "WRITE and READ: nothing on the target");
-        assert_eq!(b.buf[..4096], a.buf[..4096]);
-        assert_eq!(a.buf[16384..20480], b.buf[8192..12288]);
-        // Unsignaled successes produce nothing either.
-        let mut quiet = write(&a, 0, 8, b.addr(0), b.mr.rkey());
-        quiet.signaled = false;
-        a.qp.post_send(&[quiet]).expect("post");
-        assert!(a.poll().is_empty());
-    }
-
-    #[test]
-    fn send_lands_in_the_posted_receive() {
-        let (_f, mut a, b) = pair();
-        pattern(&mut a.buf[..100], 8);
-        connect(&a, &b, Link::default());
-        b.recv(5, b.sge(4096, 128));
-        let send = |len| SendWr {
-            wr_id: 9,
-            op: SendOp::Send,
-            sge: a.sge(0, len),
-            signaled: true,
-        };
-        a.qp.post_send(&[send(100)]).expect("post");
-        let got = b.poll();
-        assert_eq!(
-            (got[0].opcode, got[0].byte_len, got[0].imm),
-            (WcOpcode::Recv, 100, None)
-        );
-        assert_eq!(b.buf[4096..4196], a.buf[..100]);
-        assert_eq!(a.poll()[0].opcode, WcOpcode::Send);
-        // A payload larger than the receive: both sides fail.
-        b.recv(6, b.sge(4096, 64));
-        a.qp.post_send(&[send(100)]).expect("post");
-        assert_eq!(statuses(&b.poll()), [WcStatus::LocLenErr]);
-        assert_eq!(statuses(&a.poll()), [WcStatus::RemInvReqErr]);
-    }
-
-    #[test]
-    fn rts_cannot_be_re_aimed_without_reset() {
+    fn re_aiming_an_rts_qp_names_the_rule_and_the_mask() {
         let (_f, a, b) = pair();
         connect(&a, &b, Link::default());
         let again = rtr(&b, B_SQ_PSN, Mtu::Mtu1024, 4);
@@ -2598,14 +2491,10 @@ mod tests {
             "{message}"
         );
         assert!(message.contains("STATE|AV|PATH_MTU"), "{message}");
-        assert_eq!(a.state(), QpState::Rts, "unchanged");
-        // The documented way: RESET, INIT, then RTR and RTS.
-        reconnect(&a, &b, Link::default());
-        assert_eq!(a.state(), QpState::Rts);
     }
 
     #[test]
-    fn modify_checks_masks_and_values() {
+    fn modify_names_missing_and_extra_attributes_and_checks_values() {
         let (_f, a, b) = pair();
         let qp = &a.qp;
         qp.modify(&state(QpState::Reset)).expect("RESET");
@@ -2622,11 +2511,9 @@ mod tests {
         };
         let err = qp.modify(&extra).expect_err("extra");
         assert!(err.to_string().contains("SQ_PSN not allowed"), "{err}");
+        // Values rxe takes (it masks PSNs, allows 128 READs) but the IB
+        // ranges do not.
         let bad = [
-            QpAttr {
-                path_mtu: Some(Mtu::Mtu4096),
-                ..rtr(&b, 1, Mtu::Mtu1024, 4)
-            },
             QpAttr {
                 rq_psn: Some(1 << 24),
                 ..rtr(&b, 1, Mtu::Mtu1024, 4)
@@ -2636,81 +2523,18 @@ mod tests {
                 ..rtr(&b, 1, Mtu::Mtu1024, 4)
             },
         ];
-        // MTU 4096 is the port's: fine; the other two are not.
-        assert!(qp.modify(&bad[1]).is_err());
-        assert!(qp.modify(&bad[2]).is_err());
-        let mut no_grh = rtr(&b, 1, Mtu::Mtu1024, 4);
-        if let Some(av) = no_grh.av.as_mut() {
-            av.is_global = false;
-        }
-        assert!(qp.modify(&no_grh).is_err());
-        qp.modify(&bad[0]).expect("RTR at the port's MTU");
-        assert!(qp.modify(&state(QpState::Init)).is_err());
-        let skip = QpAttr {
-            state: Some(QpState::Rts),
-            ..rts(1, Link::default(), 4)
+        assert!(qp.modify(&bad[0]).is_err(), "a 25-bit PSN");
+        assert!(qp.modify(&bad[1]).is_err(), "17 READs");
+        let at_port_mtu = QpAttr {
+            path_mtu: Some(Mtu::Mtu4096),
+            ..rtr(&b, 1, Mtu::Mtu1024, 4)
         };
-        qp.modify(&skip).expect("RTR -> RTS");
-        let err = qp.modify(&state(QpState::Rtr)).expect_err("back");
-        assert!(err.to_string().contains("RTS -> RTR"), "{err}");
+        qp.modify(&at_port_mtu).expect("RTR at the port's MTU");
     }
 
     #[test]
-    fn reset_discards_receives_without_completions() {
-        let (_f, a, b) = pair();
-        connect(&a, &b, Link::default());
-        for id in 0..4 {
-            b.recv(id, None);
-        }
-        a.qp.post_send(&[write_imm(&a, 0, 0, 0, 1)]).expect("post");
-        // One receive consumed: its completion stays on the CQ across RESET.
-        b.qp.modify(&state(QpState::Reset)).expect("RESET");
-        let got = b.poll();
-        assert_eq!(got.len(), 1, "no flush completions for the other three");
-        assert_eq!(got[0].opcode, WcOpcode::RecvRdmaWithImm);
-        let err = b.qp.post_recv(RecvWr {
-            wr_id: 9,
-            sge: None,
-        });
-        assert!(err.is_err(), "no receives in RESET");
-        b.qp.modify(&init(ALL)).expect("INIT");
-        aim_b(&a, &b, Link::default());
-        // B's queue is empty now: with rnr_retry 7, A's IMM waits.
-        a.qp.post_send(&[write_imm(&a, 0, 0, 0, 2)]).expect("post");
-        assert!(b.poll().is_empty());
-    }
-
-    #[test]
-    fn error_flushes_receives_and_outstanding_sends() {
-        let (_f, a, b) = pair();
-        let link = Link {
-            retry_cnt: 7,
-            ..Link::default()
-        };
-        aim_a(&a, &b, link);
-        a.qp.post_send(&[write(&a, 0, 8, b.addr(0), b.mr.rkey())])
-            .expect("post");
-        a.recv(11, None);
-        a.recv(12, None);
-        assert!(a.poll().is_empty());
-        a.qp.modify(&state(QpState::Err)).expect("ERR");
-        let flushed = a.poll();
-        assert_eq!(statuses(&flushed), [WcStatus::WrFlushErr; 3]);
-        let ids: Vec<u64> = flushed.iter().map(|c| c.wr_id).collect();
-        assert_eq!(ids, [1, 11, 12]);
-        // Work posted in ERR is flushed at once, signaled or not.
-        let mut quiet = write(&a, 0, 8, b.addr(0), b.mr.rkey());
-        quiet.signaled = false;
-        a.qp.post_send(&[quiet]).expect("post in ERR");
-        a.recv(13, None);
-        assert_eq!(statuses(&a.poll()), [WcStatus::WrFlushErr; 2]);
-    }
-
-    #[test]
-    fn sends_need_rts_and_queues_have_depths() {
-        let (fabric, a, b) = pair();
-        let err = a.qp.post_send(&[write(&a, 0, 8, b.addr(0), b.mr.rkey())]);
-        assert!(err.is_err(), "INIT cannot send");
+    fn queues_have_depths_and_cqs_belong_to_their_device() {
+        let (fabric, a, _b) = pair();
         let small = QpCaps {
             max_send_wr: 1,
             max_recv_wr: 1,
@@ -2748,14 +2572,16 @@ mod tests {
         );
     }
 
+    /// Stricter than rxe, which checks only the region's bounds: a window
+    /// grants nothing outside its own range.
     #[test]
-    fn memory_window_bind_and_invalidate() {
+    fn a_window_grants_only_its_range() {
         let (_f, mut a, b) = pair();
-        pattern(&mut a.buf[..8192], 10);
-        let link = Link::default();
-        connect(&a, &b, link);
+        pattern(&mut a.buf[..16], 10);
+        connect(&a, &b, Link::default());
         let mw = b.pd.alloc_mw().expect("mw");
-        let bind = |rkey: u32, access: Access| SendWr {
+        let rkey = next_rkey(mw.rkey());
+        let bind = SendWr {
             wr_id: 20,
             op: SendOp::BindMw {
                 mw: Arc::clone(&mw),
@@ -2763,82 +2589,29 @@ mod tests {
                 mr: Arc::clone(&b.mr),
                 addr: b.addr(4096),
                 len: 8192,
-                access,
+                access: Access::REMOTE_WRITE,
             },
             sge: None,
             signaled: true,
         };
-        let inv = |rkey: u32| SendWr {
-            wr_id: 21,
-            op: SendOp::LocalInv { rkey },
-            sge: None,
-            signaled: true,
-        };
-        let first = next_rkey(mw.rkey());
-        b.qp.post_send(&[bind(first, Access::REMOTE_WRITE)])
-            .expect("bind");
-        let bound = b.poll();
-        assert_eq!(
-            (bound[0].status, bound[0].opcode),
-            (WcStatus::Success, WcOpcode::BindMw)
-        );
-        // Inside the window: lands.
-        a.qp.post_send(&[write(&a, 0, 8192, b.addr(4096), first)])
-            .expect("post");
-        assert_eq!(statuses(&a.poll()), [WcStatus::Success]);
-        assert_eq!(b.buf[4096..12288], a.buf[..8192]);
-        // One byte past it, though inside the MR: refused.
-        a.qp.post_send(&[write(&a, 0, 16, b.addr(12288 - 8), first)])
-            .expect("post");
-        assert_eq!(statuses(&a.poll()), [WcStatus::RemAccessErr]);
-        assert_eq!(
-            statuses(&b.poll()),
-            [],
-            "B in ERR; nothing was posted on it"
-        );
-        reconnect(&a, &b, link);
-        // The window grants no READ.
-        a.qp.post_send(&[read(&a, 0, 16, b.addr(4096), first)])
-            .expect("post");
-        assert_eq!(statuses(&a.poll()), [WcStatus::RemAccessErr]);
-        reconnect(&a, &b, link);
-        // A bound type-2 window must be invalidated before it is rebound.
-        b.qp.post_send(&[bind(next_rkey(first), Access::REMOTE_WRITE)])
-            .expect("post");
-        assert_eq!(statuses(&b.poll()), [WcStatus::MwBindErr]);
-        reconnect(&a, &b, link);
-        b.qp.post_send(&[inv(first)]).expect("invalidate");
-        assert_eq!(b.poll()[0].opcode, WcOpcode::LocalInv);
-        a.qp.post_send(&[write(&a, 0, 16, b.addr(4096), first)])
-            .expect("post");
-        assert_eq!(statuses(&a.poll()), [WcStatus::RemAccessErr], "stale rkey");
-        reconnect(&a, &b, link);
-        let second = next_rkey(first);
-        b.qp.post_send(&[bind(second, Access::REMOTE_WRITE | Access::REMOTE_READ)])
-            .expect("bind");
+        b.qp.post_send(&[bind]).expect("bind");
         assert_eq!(statuses(&b.poll()), [WcStatus::Success]);
-        a.qp.post_send(&[read(&a, 0, 16, b.addr(4096), second)])
+        a.qp.post_send(&[write(&a, 0, 16, b.addr(12288 - 8), rkey)])
             .expect("post");
-        assert_eq!(statuses(&a.poll()), [WcStatus::Success]);
-        // A key that is no bound window cannot be invalidated.
-        b.qp.post_send(&[inv(first)]).expect("post");
-        assert_eq!(statuses(&b.poll()), [WcStatus::Other(WC_LOC_QP_OP_ERR)]);
+        assert_eq!(statuses(&a.poll()), [WcStatus::RemAccessErr]);
+        assert!(b.buf[12280..12296].iter().all(|&x| x == 0));
+        assert_eq!(b.state(), QpState::Err);
     }
 
+    /// The fake's exact statuses of failed local operations (rxe reports
+    /// them as flushed).
     #[test]
-    fn a_window_is_usable_only_through_the_qp_that_bound_it() {
+    fn failed_binds_and_invalidates_complete_with_their_own_status() {
         let (_f, a, b) = pair();
         connect(&a, &b, Link::default());
-        // A second QP on B binds the window; A reaches B's first QP.
-        let other = End::new(&_f, "a");
-        let b2 = b.pd.create_qp(&b.cq, caps()).expect("qp");
-        b2.modify(&init(ALL)).expect("INIT");
-        b2.modify(&rtr(&other, 1, Mtu::Mtu1024, 4)).expect("RTR");
-        b2.modify(&rts(1, Link::default(), 4)).expect("RTS");
         let mw = b.pd.alloc_mw().expect("mw");
-        let rkey = next_rkey(mw.rkey());
-        let bind = SendWr {
-            wr_id: 1,
+        let bind = |rkey| SendWr {
+            wr_id: 20,
             op: SendOp::BindMw {
                 mw: Arc::clone(&mw),
                 rkey,
@@ -2848,67 +2621,42 @@ mod tests {
                 access: Access::REMOTE_WRITE,
             },
             sge: None,
-            signaled: false,
+            signaled: true,
         };
-        b2.post_send(&[bind]).expect("bind");
-        assert!(b.poll().is_empty());
-        a.qp.post_send(&[write(&a, 0, 16, b.addr(0), rkey)])
-            .expect("post");
-        assert_eq!(statuses(&a.poll()), [WcStatus::RemAccessErr]);
+        let first = next_rkey(mw.rkey());
+        b.qp.post_send(&[bind(first)]).expect("bind");
+        b.qp.post_send(&[bind(next_rkey(first))]).expect("rebind");
+        assert_eq!(
+            statuses(&b.poll()),
+            [WcStatus::Success, WcStatus::MwBindErr]
+        );
+        reconnect(&a, &b, Link::default());
+        let inv = SendWr {
+            wr_id: 21,
+            op: SendOp::LocalInv {
+                rkey: next_rkey(first),
+            },
+            sge: None,
+            signaled: true,
+        };
+        b.qp.post_send(&[inv]).expect("post");
+        assert_eq!(statuses(&b.poll()), [WcStatus::Other(WC_LOC_QP_OP_ERR)]);
+        assert_eq!(b.state(), QpState::Err);
     }
 
+    /// Stricter than rxe, whose MR rkey is its lkey: the fake's differ, so
+    /// a key used in the other's place is caught.
     #[test]
-    fn rkey_bounds_and_access_are_checked() {
-        let (_f, a, mut b) = pair();
+    fn an_lkey_is_no_rkey_and_an_rkey_no_lkey() {
+        let (_f, a, b) = pair();
         let link = Link::default();
         connect(&a, &b, link);
-        let rkey = b.mr.rkey();
-        let cases: [(&str, SendWr); 4] = [
-            ("past the end", write(&a, 0, 16, b.addr(BUF - 8), rkey)),
-            ("before the start", write(&a, 0, 16, b.addr(0) - 1, rkey)),
-            (
-                "an lkey is no rkey",
-                write(&a, 0, 16, b.addr(0), b.mr.lkey()),
-            ),
-            ("unknown rkey", write(&a, 0, 16, b.addr(0), rkey ^ 0xff00)),
-        ];
-        for (what, wr) in cases {
-            a.qp.post_send(&[wr]).expect("post");
-            assert_eq!(statuses(&a.poll()), [WcStatus::RemAccessErr], "{what}");
-            assert_eq!(b.state(), QpState::Err, "{what}");
-            reconnect(&a, &b, link);
-        }
-        // Zero-length: the rkey is not looked at (C9-88).
-        let zero = SendWr {
-            sge: None,
-            ..write(&a, 0, 0, 0, 0xdead_beef)
-        };
-        a.qp.post_send(&[zero]).expect("post");
-        assert_eq!(statuses(&a.poll()), [WcStatus::Success]);
-        // An MR without REMOTE_READ cannot be read.
-        let mut extra = vec![0u8; 4096];
-        let write_only =
-            b.pd.reg_mr(
-                extra.as_mut_ptr() as usize,
-                4096,
-                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-            )
-            .expect("mr");
-        a.qp.post_send(&[read(&a, 0, 16, write_only.addr(), write_only.rkey())])
+        a.qp.post_send(&[write(&a, 0, 16, b.addr(0), b.mr.lkey())])
             .expect("post");
         assert_eq!(statuses(&a.poll()), [WcStatus::RemAccessErr]);
+        assert_eq!(b.state(), QpState::Err);
         reconnect(&a, &b, link);
-        // A QP without REMOTE_WRITE refuses writes whatever the MR allows.
-        b.qp.modify(&state(QpState::Reset)).expect("RESET");
-        b.qp.modify(&init(Access::LOCAL_WRITE | Access::REMOTE_READ))
-            .expect("INIT");
-        aim_b(&a, &b, link);
-        a.qp.post_send(&[write(&a, 0, 16, b.addr(0), rkey)])
-            .expect("post");
-        assert_eq!(statuses(&a.poll()), [WcStatus::RemAccessErr]);
-        reconnect(&a, &b, link);
-        // Local keys: a wrong lkey, and a READ into memory without LOCAL_WRITE.
-        let mut bad = write(&a, 0, 16, b.addr(0), rkey);
+        let mut bad = write(&a, 0, 16, b.addr(0), b.mr.rkey());
         bad.sge = Some(Sge {
             lkey: a.mr.rkey(),
             ..a.sge(0, 16).expect("sge")
@@ -2916,24 +2664,6 @@ mod tests {
         a.qp.post_send(&[bad]).expect("post");
         assert_eq!(statuses(&a.poll()), [WcStatus::LocProtErr]);
         assert_eq!(b.state(), QpState::Rts, "local errors stay local");
-        reconnect(&a, &b, link);
-        let mut ro = vec![0u8; 4096];
-        let read_only =
-            a.pd.reg_mr(ro.as_mut_ptr() as usize, 4096, Access::empty())
-                .expect("mr");
-        let into_ro = SendWr {
-            sge: Some(Sge {
-                addr: read_only.addr(),
-                len: 16,
-                lkey: read_only.lkey(),
-            }),
-            ..read(&a, 0, 16, b.addr(0), rkey)
-        };
-        a.qp.post_send(&[into_ro]).expect("post");
-        assert_eq!(statuses(&a.poll()), [WcStatus::LocProtErr]);
-        b.buf[0] = 1; // still ours to touch
-        drop((read_only, write_only));
-        drop((ro, extra));
     }
 
     #[test]
@@ -2947,20 +2677,6 @@ mod tests {
             .expect("post");
         assert_eq!(statuses(&a.poll()), [WcStatus::RetryExcErr]);
         assert!(b.buf[..16].iter().all(|&x| x == 0));
-    }
-
-    #[test]
-    fn cq_wait_wakes_when_a_completion_arrives() {
-        let (_f, a, b) = pair();
-        connect(&a, &b, Link::default());
-        assert!(!b.cq.wait(Instant::now()).expect("wait"), "empty: deadline");
-        b.recv(1, None);
-        std::thread::scope(|s| {
-            let waiter = s.spawn(|| b.cq.wait(Instant::now() + Duration::from_secs(30)));
-            a.qp.post_send(&[write_imm(&a, 0, 0, 0, 7)]).expect("post");
-            assert!(waiter.join().expect("join").expect("wait"));
-        });
-        assert_eq!(b.poll()[0].imm, Some(7));
     }
 
     #[test]

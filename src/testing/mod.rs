@@ -17,6 +17,7 @@
 
 pub mod c_world;
 pub mod cm;
+pub mod contract;
 pub mod fabric;
 pub mod faults;
 pub mod gpu;
