@@ -23,7 +23,7 @@ pub mod verbs;
 use std::any::Any;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::core::Result;
 
@@ -131,19 +131,36 @@ pub fn next_rkey(rkey: u32) -> u32 {
     (rkey & 0xffff_ff00) | ((rkey.wrapping_add(1)) & 0xff)
 }
 
+/// How long [`wait_for_completion`] polls before it sleeps on the
+/// completion channel. A local operation (a window bind or invalidate)
+/// completes within microseconds on hardware and within about 60 µs on the
+/// emulated Soft-RoCE lane, where a round through the channel costs about
+/// 80 µs more than polling (`docs/performance.md`).
+pub const SPIN: Duration = Duration::from_micros(100);
+
 /// Waits on `cq` until the completion of work request `wr_id` arrives, or
-/// `deadline` passes (`None`); completions of other work requests are
-/// dropped on the way (they belong to operations already given up on).
+/// `deadline` passes (`None`): it polls for up to [`SPIN`], then sleeps on
+/// the completion channel between polls. Completions of other work requests
+/// are dropped on the way (they belong to operations already given up on).
 pub fn wait_for_completion(
     cq: &dyn Cq,
     wr_id: u64,
     deadline: Instant,
 ) -> Result<Option<Completion>> {
+    let spin_until = Instant::now() + SPIN;
     loop {
         if let Some(c) = cq.poll(16)?.into_iter().find(|c| c.wr_id == wr_id) {
             return Ok(Some(c));
         }
-        if Instant::now() >= deadline || !cq.wait(deadline)? {
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(None);
+        }
+        if now < spin_until {
+            std::hint::spin_loop();
+            continue;
+        }
+        if !cq.wait(deadline)? {
             return Ok(None);
         }
     }
