@@ -447,48 +447,70 @@ fn a_server_killed_mid_transfer_fails_the_transfer_and_the_next_one_succeeds() {
     let registered = unsafe { hipObjBufRegisterHost(buf.as_mut_ptr().cast(), buf.len()) };
     assert_eq!(registered.opError, hipObjOpError_t::hipObjSuccess);
 
-    let started = Instant::now();
-    let get = |app: &mut CurlApp, buf: &mut Vec<u8>, ops: &mut hipObjOps_t| {
-        // SAFETY: buffer, ops and app outlive the call; the buffer is
-        // registered.
+    // The buffer is reached through this address only while a transfer or
+    // the killer may touch it: no Rust reference to it is live meanwhile.
+    let (addr, len) = (buf.as_mut_ptr() as usize, buf.len());
+    let get = |app: &mut CurlApp, ops: &mut hipObjOps_t| {
+        // SAFETY: the buffer (registered), ops and app outlive the call.
         unsafe {
             hipObjGet(
                 std::ptr::null_mut(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
+                addr as *mut c_void,
+                len,
                 0,
                 ops,
                 (app as *mut CurlApp).cast(),
             )
         }
     };
-    let failed = std::thread::scope(|scope| {
+    // The kill must land while the client waits for the final message:
+    // after the server's WRITE landed (the last non-zero byte of the object
+    // is in the buffer), before the final message it holds back.
+    let last = object
+        .iter()
+        .rposition(|b| *b != 0)
+        .expect("a non-zero byte");
+    let (failed, killed_at) = std::thread::scope(|scope| {
         let killer = scope.spawn(|| {
-            std::thread::sleep(Duration::from_millis(1500));
+            let give_up = Instant::now() + Duration::from_secs(60);
+            loop {
+                // SAFETY: `addr + last` is inside the live buffer; a volatile
+                // read of a byte the NIC may be writing yields some u8.
+                let byte = unsafe { std::ptr::read_volatile((addr + last) as *const u8) };
+                if byte == object[last] {
+                    break;
+                }
+                assert!(Instant::now() < give_up, "the server's WRITE never landed");
+                std::thread::sleep(Duration::from_millis(5));
+            }
             dying.kill();
+            Instant::now()
         });
-        let result = get(&mut app, &mut buf, &mut ops);
-        killer.join().expect("the killer");
-        result
+        let result = get(&mut app, &mut ops);
+        (result, killer.join().expect("the killer"))
     });
-    let took = started.elapsed();
+    let took = killed_at.elapsed();
     assert_ne!(
         failed.opError,
         hipObjOpError_t::hipObjSuccess,
         "the killed transfer failed"
     );
     assert!(
-        took < Duration::from_millis(TIMEOUT_MS + 1500 + 2000),
-        "the killed transfer ended in {took:?}, past its deadline"
+        took < Duration::from_millis(TIMEOUT_MS + 2000),
+        "the killed transfer ended {took:?} after the kill, past its deadline"
     );
-    eprintln!("killed mid-transfer: {:?} after {took:?}", failed.opError);
+    eprintln!(
+        "killed mid-transfer: {:?}, {took:?} after the kill",
+        failed.opError
+    );
 
     // A new server on the same objects; the same instance serves the next
     // transfer.
-    buf.fill(0);
+    // SAFETY: the buffer is live and no transfer runs.
+    unsafe { std::ptr::write_bytes(addr as *mut u8, 0, len) };
     let fresh = S3Server::start_at(server_binary(), IP, dying.root(), &["--device", DEVICE]);
     app.endpoint = fresh.endpoint.clone();
-    let again = get(&mut app, &mut buf, &mut ops);
+    let again = get(&mut app, &mut ops);
     assert_eq!(
         again.opError,
         hipObjOpError_t::hipObjSuccess,
