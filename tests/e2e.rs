@@ -332,6 +332,24 @@ fn a_server_without_transport_0x02_ends_in_the_http_fallback() {
     example(&server, "get-object", &ranged, &[], "fallback");
 }
 
+/// `hipObjInit` with `rxe0` as the NIC and no GPU, as the in-process tests
+/// need it.
+fn init_gpu_less_on_rxe0() {
+    let hint = CString::new(DEVICE).unwrap();
+    let mut config = hipObjConfig_t {
+        endpoint: std::ptr::null(),
+        region: std::ptr::null(),
+        accessKey: std::ptr::null(),
+        secretKey: std::ptr::null(),
+        flags: 0,
+        gpuDevice: -1,
+        nicHint: hint.as_ptr(),
+    };
+    // SAFETY: a valid config whose strings outlive the call.
+    let init = unsafe { hipObjInit(&mut config) };
+    assert_eq!(init.opError, hipObjOpError_t::hipObjSuccess);
+}
+
 /// The application of the in-process tests: signed requests through the
 /// `curl` command, the token in `x-amz-rdma-token`.
 struct CurlApp {
@@ -420,19 +438,7 @@ fn a_server_killed_mid_transfer_fails_the_transfer_and_the_next_one_succeeds() {
     let mut dying = rdma_server(&["--delay-final-ms", "20000"]);
     std::fs::write(dying.root().join(s3::BUCKET).join("k"), &object).expect("the object");
 
-    let hint = CString::new(DEVICE).unwrap();
-    let mut config = hipObjConfig_t {
-        endpoint: std::ptr::null(),
-        region: std::ptr::null(),
-        accessKey: std::ptr::null(),
-        secretKey: std::ptr::null(),
-        flags: 0,
-        gpuDevice: -1,
-        nicHint: hint.as_ptr(),
-    };
-    // SAFETY: a valid config whose strings outlive the call.
-    let init = unsafe { hipObjInit(&mut config) };
-    assert_eq!(init.opError, hipObjOpError_t::hipObjSuccess);
+    init_gpu_less_on_rxe0();
     let mut buf = vec![0u8; MIB];
     let mut ops = hipObjOps_t {
         sendRequest: Some(curl_send),
@@ -532,19 +538,7 @@ fn a_connection_attempt_without_the_proof_is_refused() {
     use hipobj::platform::Access;
     use hipobj::server::{LocalBuf, Op, ServerSide};
 
-    let hint = CString::new(DEVICE).unwrap();
-    let mut config = hipObjConfig_t {
-        endpoint: std::ptr::null(),
-        region: std::ptr::null(),
-        accessKey: std::ptr::null(),
-        secretKey: std::ptr::null(),
-        flags: 0,
-        gpuDevice: -1,
-        nicHint: hint.as_ptr(),
-    };
-    // SAFETY: a valid config whose strings outlive the call.
-    let init = unsafe { hipObjInit(&mut config) };
-    assert_eq!(init.opError, hipObjOpError_t::hipObjSuccess);
+    init_gpu_less_on_rxe0();
     let mut buf = vec![0u8; 65_536];
     let mut text: *mut c_char = std::ptr::null_mut();
     // SAFETY: a valid buffer, registered before its token is asked for.
