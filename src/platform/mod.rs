@@ -132,10 +132,11 @@ pub fn next_rkey(rkey: u32) -> u32 {
 }
 
 /// How long [`wait_for_completion`] polls before it sleeps on the
-/// completion channel. A local operation (a window bind or invalidate)
-/// completes within microseconds on hardware and within about 60 µs on the
-/// emulated Soft-RoCE lane, where a round through the channel costs about
-/// 80 µs more than polling (`docs/performance.md`).
+/// completion channel: the short busy poll before the channel. A local
+/// operation (a window bind or invalidate) completes within microseconds on
+/// hardware, and within about 35 to 60 µs on the emulated Soft-RoCE lane,
+/// where one of five benchmark runs saw the channel cost 80 µs more than
+/// polling and four saw no difference (`docs/performance.md`).
 pub const SPIN: Duration = Duration::from_micros(100);
 
 /// Waits on `cq` until the completion of work request `wr_id` arrives, or

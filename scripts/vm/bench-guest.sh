@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# Runs inside the lane's VM (scripts/vm/bench.sh boots it): perftest on rxe0,
+# server and client both in the VM over 192.0.2.1, and the library's
+# benchmark (benches/rxe.rs), each bandwidth configuration right after
+# perftest's, so that both see the same load on the emulated machine; the
+# whole sequence REPEATS times. Figures go to OUT as `name value unit`
+# lines: perftest.txt and library.txt, the bandwidth names ending in _rN
+# (the repetition); each tool's own output under OUT/raw.
+#
+# Usage: bench-guest.sh BENCH_BINARY OUT [VOLUME_MIB [REPEATS]]
+# VOLUME_MIB (default 64) is what each bandwidth figure moves at least;
+# perftest's minimum of 5 iterations per QP makes its 16-QP 16 MiB runs
+# move 1280 MiB whatever the volume. REPEATS defaults to 1.
+#
+# A perftest run that fails or outlives its time limit is recorded in
+# OUT/failed.txt and the others go on: ib_read_bw with 16 QPs and 16 MiB
+# messages stalls on rxe (retransmissions: raw/*.counters has the device's
+# counters for each perftest run), and a stalled run can leave its QPs and
+# pinned memory behind (rxe_destroy_qp times out), so it runs once, last.
+set -euo pipefail
+bench=$1
+out=$2
+volume_mib=${3:-64}
+repeats=${4:-1}
+raw="$out/raw"
+rm -rf "$raw"
+mkdir -p "$raw"
+: >"$out/perftest.txt"
+: >"$out/library.txt"
+: >"$out/failed.txt"
+counters=/sys/class/infiniband/rxe0/ports/1/hw_counters
+
+# RoCE v2 over the dummy netdev: GID index 1 is ::ffff:192.0.2.1 (guest.sh
+# waits for it). -F: the VM has no cpufreq to warn about.
+common=(-d rxe0 -x 1 -F)
+port=18600
+# Seconds a perftest run may take (then TERM, and KILL 10 s later).
+limit=300
+
+{
+    echo "date $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "kernel $(uname -r)"
+    echo "cpus $(nproc)"
+    echo "cpu $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+    echo "memory_mib $(awk '/^MemTotal:/ { print int($2 / 1024) }' /proc/meminfo)"
+    echo "perftest $(dpkg-query -W -f '${Version}' perftest 2>/dev/null || echo unknown)"
+    echo "rxe0_mtu $(ibv_devinfo -d rxe0 | awk '/active_mtu:/ { print $2; exit }')"
+    echo "repeats $repeats"
+} >"$out/machine.txt"
+
+# Waits until a TCP listener is on port $1 (perftest's server exchanges the
+# QP attributes over TCP), for up to 30 s.
+wait_listen() {
+    local _
+    for _ in $(seq 300); do
+        ss -Hltn "sport = :$1" | grep -q . && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+# The device's counters, `name value` lines.
+snapshot() {
+    local f
+    for f in "$counters"/*; do echo "${f##*/} $(cat "$f")"; done
+}
+
+# Runs one perftest server and its client: pair NAME TOOL ARGS... Leaves
+# the device's counters that moved in raw/NAME.counters. A failure is
+# recorded in failed.txt and returns 1.
+pair() {
+    local name=$1 tool=$2
+    shift 2
+    port=$((port + 1))
+    snapshot >"$raw/$name.before"
+    timeout -k 10 "$limit" "$tool" "${common[@]}" "$@" -p "$port" >"$raw/$name.server" 2>&1 &
+    local server=$!
+    local status=0
+    if wait_listen "$port"; then
+        timeout -k 10 "$limit" "$tool" "${common[@]}" "$@" -p "$port" 192.0.2.1 >"$raw/$name.client" 2>&1 || status=$?
+    else
+        echo "bench-guest: $name: the $tool server did not listen" >&2
+        status=1
+    fi
+    local server_status=0
+    wait "$server" || server_status=$?
+    ((status != 0)) || status=$server_status
+    snapshot | awk 'NR == FNR { was[$1] = $2; next } $2 != was[$1] { print $1, $2 - was[$1] }' \
+        "$raw/$name.before" - >"$raw/$name.counters"
+    rm -f "$raw/$name.before"
+    if ((status != 0)); then
+        echo "bench-guest: $name: $tool failed or timed out (status $status)" >&2
+        echo "$name $tool status $status after at most ${limit} s" >>"$out/failed.txt"
+        return 1
+    fi
+}
+
+# The size as the figures' names spell it.
+size_name() {
+    if (($1 >= 1048576)); then echo "$(($1 / 1048576))MiB"; else echo "$(($1 / 1024))KiB"; fi
+}
+
+# Bandwidth: bw REP TOOL SIZE QPS [EXTRA...]. Iterations per QP: enough for
+# the volume, at least perftest's 5. Records BW average (MiB/s: perftest's
+# MB/sec are 2^20 bytes).
+bw() {
+    local rep=$1 tool=$2 size=$3 qps=$4
+    shift 4
+    local iters=$(((volume_mib * 1048576 + size * qps - 1) / (size * qps)))
+    ((iters >= 5)) || iters=5
+    local name="perftest_${tool#ib_}_$(size_name "$size")_x$qps"
+    if (($# > 0)); then name="${name}_depth1"; fi
+    name="${name}_r$rep"
+    echo "bench-guest: $name ($iters iterations per QP)" >&2
+    pair "$name" "$tool" -s "$size" -q "$qps" -n "$iters" "$@" || return 0
+    local avg
+    avg=$(awk -v size="$size" '$1 == size && NF >= 5 { print $4 }' "$raw/$name.client")
+    if [[ -z "$avg" ]]; then
+        echo "bench-guest: $name: no result in its output" >&2
+        echo "$name $tool printed no result" >>"$out/failed.txt"
+        return 0
+    fi
+    echo "$name $avg MiB/s" >>"$out/perftest.txt"
+}
+
+# The library's bench: library SUFFIX ARGS... Its figures go to
+# library.txt, their names ending in SUFFIX.
+library() {
+    local suffix=$1
+    shift
+    echo "bench-guest: the library: $* $suffix" >&2
+    local status=0
+    "$bench" "$@" --volume-mib "$volume_mib" >"$raw/library.out" 2>>"$raw/library.stderr" || status=$?
+    awk -v suffix="$suffix" 'NF == 3 { print $1 suffix, $2, $3 }' "$raw/library.out" >>"$out/library.txt"
+    if ((status != 0)); then
+        echo "bench-guest: the library bench failed ($status)" >&2
+        cat "$raw/library.stderr" >&2
+        exit 1
+    fi
+}
+
+for rep in $(seq "$repeats"); do
+    for size in 65536 1048576 16777216; do
+        for qps in 1 16; do
+            for op in get put; do
+                tool=ib_write_bw
+                [[ $op == get ]] || tool=ib_read_bw
+                if ((size != 16777216 || qps != 16)) || [[ $op == get ]]; then
+                    bw "$rep" "$tool" "$size" "$qps"
+                fi
+                if ((qps == 1)); then
+                    # One operation in flight at a time, as a stream of
+                    # whole transfers has: what the one-at-a-time costs on
+                    # this device by itself.
+                    if [[ $op == get ]]; then
+                        bw "$rep" "$tool" "$size" 1 -t 1
+                    else
+                        bw "$rep" "$tool" "$size" 1 -t 1 -o 1
+                    fi
+                fi
+                library "_r$rep" throughput "$op" "$size" "$qps"
+            done
+        done
+    done
+done
+
+echo "bench-guest: perftest_write_lat_8B" >&2
+pair perftest_write_lat_8B ib_write_lat -s 8 -n 5000 || true
+# #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
+awk '$1 == 8 && NF >= 9 {
+    print "perftest_write_lat_8B_typical " $5 " us"
+    print "perftest_write_lat_8B_avg " $6 " us"
+    print "perftest_write_lat_8B_min " $3 " us"
+    print "perftest_write_lat_8B_p99 " $8 " us"
+}' "$raw/perftest_write_lat_8B.client" >>"$out/perftest.txt" || true
+library "" latency
+
+# 1280 MiB: about 40 s if it does not stall.
+limit=90
+bw 1 ib_read_bw 16777216 16

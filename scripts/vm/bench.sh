@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# The Soft-RoCE benchmark in one command on the host: prepares the lane,
+# builds benches/rxe.rs (bench profile), boots the VM once to run
+# scripts/vm/bench-guest.sh (perftest on rxe0 and the library's bench,
+# alternating), and prints one table: the library's figures against
+# perftest's on the same device, with each goal met or missed. Takes
+# /tmp/hipobj-vm.lock itself (do not wrap it in flock); run as root.
+#
+# Usage: bash scripts/vm/bench.sh [VOLUME_MIB [REPEATS]] (defaults 64 and 1:
+# 10 to 13 minutes in all; each more repetition adds 6 to 10; see
+# bench-guest.sh)
+# Outputs under target/vm/out/bench: machine.txt, perftest.txt, library.txt
+# (`name value unit` lines), failed.txt (perftest runs that failed),
+# host-load.txt, table.md, console.log, raw/ (each tool's output and the
+# device's counters).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+volume_mib=${1:-64}
+repeats=${2:-1}
+for n in "$volume_mib" "$repeats"; do
+    [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "vm/bench: VOLUME_MIB and REPEATS are positive integers" >&2; exit 2; }
+done
+
+bash scripts/vm/setup.sh
+binary=$(cargo bench --locked --no-run --features vm-lane --bench rxe --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    t = m.get("target", {})
+    if m.get("reason") == "compiler-artifact" and t.get("name") == "rxe" and "bench" in t.get("kind", []) and m.get("executable"):
+        print(m["executable"])')
+[[ -x "$binary" ]] || { echo "vm/bench: the rxe bench was not built" >&2; exit 1; }
+
+out="$root/target/vm/out/bench"
+rm -rf "$out"
+mkdir -p "$out"
+echo "== Soft-RoCE benchmark: $binary (at least $volume_mib MiB per bandwidth figure, $repeats times)"
+# The emulated VM shares the host's cores: their load is part of the figures.
+echo "before $(cat /proc/loadavg)" >"$out/host-load.txt"
+status=0
+# timeout kills its whole process group, QEMU included, if the device hangs.
+flock /tmp/hipobj-vm.lock timeout -k 30 1800 \
+    bash scripts/vm/run.sh bash scripts/vm/bench-guest.sh "$binary" "$out" "$volume_mib" "$repeats" 2>&1 |
+    tee "$out/console.log" || status=$?
+echo "after $(cat /proc/loadavg)" >>"$out/host-load.txt"
+if ((status != 0)) || [[ ! -s "$out/library.txt" ]]; then
+    echo "vm/bench: the run failed (status $status); see $out/console.log and $out/raw" >&2
+    exit 1
+fi
+
+python3 - "$out" <<'EOF' | tee "$out/table.md"
+import sys
+
+out = sys.argv[1]
+
+
+def figures(name):
+    values = {}
+    with open(f"{out}/{name}") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 3:
+                values[parts[0]] = float(parts[1])
+    return values
+
+
+lib = figures("library.txt")
+perf = figures("perftest.txt")
+machine = dict(
+    line.rstrip("\n").split(" ", 1) for line in open(f"{out}/machine.txt") if " " in line
+)
+load = open(f"{out}/host-load.txt").read().split("\n")
+failed = [line.split()[0] for line in open(f"{out}/failed.txt") if line.strip()]
+repeats = int(machine.get("repeats", "1"))
+
+
+def verdict(met):
+    return "met" if met else "**missed**"
+
+
+def median(values):
+    v = sorted(values)
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+
+
+def spread(values, digits):
+    """The median, and the range when there are several values."""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{median(values):.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+
+
+def runs(table, name):
+    return [table[f"{name}_r{r}"] for r in range(1, repeats + 1) if f"{name}_r{r}" in table]
+
+
+print(f"Soft-RoCE benchmark, {machine.get('date', '?')}: {machine.get('cpus', '?')} vCPUs "
+      f"({machine.get('cpu', '?')}), {machine.get('memory_mib', '?')} MiB, kernel "
+      f"{machine.get('kernel', '?')}, perftest {machine.get('perftest', '?')}, rxe0 MTU "
+      f"{machine.get('rxe0_mtu', '?')}; host load average {' / '.join(l for l in load if l)}")
+print(f"Bandwidths: median of {repeats} runs (lowest–highest); each ratio is taken within a "
+      f"run, between the library and the perftest run just before it.")
+if failed:
+    print(f"perftest runs that failed or timed out: {', '.join(failed)}")
+print()
+print("| transfer | streams | library MiB/s | perftest MiB/s (GET: ib_write_bw, PUT: "
+      "ib_read_bw; -q streams) | ratio | goal | ratio to perftest with 1 in flight |")
+print("|---|---|---|---|---|---|---|")
+for op, tool in (("get", "write_bw"), ("put", "read_bw")):
+    for size in ("64KiB", "1MiB", "16MiB"):
+        for n in (1, 16):
+            name = f"{op}_{size}_x{n}_throughput"
+            mine = runs(lib, name)
+            refs = runs(perf, f"perftest_{tool}_{size}_x{n}")
+            ratios = [lib[f"{name}_r{r}"] / perf[f"perftest_{tool}_{size}_x{n}_r{r}"]
+                      for r in range(1, repeats + 1)
+                      if f"{name}_r{r}" in lib and f"perftest_{tool}_{size}_x{n}_r{r}" in perf]
+            want = None if size == "64KiB" else (0.95 if n == 1 else 0.90)
+            if ratios:
+                goal = "none" if want is None else f"≥ {want:.2f}: {verdict(median(ratios) >= want)}"
+                shown, ratio = spread(refs, 1), spread(ratios, 3)
+            else:
+                goal = "none" if want is None else f"≥ {want:.2f}: no reference"
+                shown, ratio = "did not finish", "—"
+            d1 = [lib[f"{name}_r{r}"] / perf[f"perftest_{tool}_{size}_x1_depth1_r{r}"]
+                  for r in range(1, repeats + 1)
+                  if n == 1 and f"{name}_r{r}" in lib
+                  and f"perftest_{tool}_{size}_x1_depth1_r{r}" in perf]
+            print(f"| {op.upper()} {size} | {n} | {spread(mine, 1)} | {shown} | "
+                  f"{ratio} | {goal} | {spread(d1, 2) if d1 else ''} |")
+
+print()
+total = lib["latency_get_8B_median"]
+callbacks = lib["latency_get_8B_callbacks_median"]
+own = lib["latency_get_8B_library_median"]
+wlat = perf.get("perftest_write_lat_8B_typical")
+print("| 8-byte GET, reused connection | µs |")
+print("|---|---|")
+print(f"| library, whole call (median; p99 {lib['latency_get_8B_p99']:.0f}) | {total:.1f} |")
+print(f"| of which in the callbacks (the server side's WRITE and final SEND) | {callbacks:.1f} |")
+print(f"| library's own: call minus callbacks (median) | {own:.1f} |")
+print(f"| of which before `sendRequest` (median) | {lib['latency_get_8B_library_before_median']:.1f} |")
+print(f"| of which after `recvReply` (median) | {lib['latency_get_8B_library_after_median']:.1f} |")
+if wlat is None:
+    print("| ib_write_lat | did not finish |")
+else:
+    print(f"| ib_write_lat, typical (p99 {perf['perftest_write_lat_8B_p99']:.0f}) | {wlat:.1f} |")
+    print(f"| goal: call ≤ 2 × ib_write_lat + callbacks, i.e. own ≤ 2 × ib_write_lat = "
+          f"{2 * wlat:.1f} | {verdict(own <= 2 * wlat)} (own / ib_write_lat = {own / wlat:.2f}) |")
+print()
+print("| fresh handshake (8-byte GET) | µs |")
+print("|---|---|")
+print(f"| whole call (median) | {lib['handshake_get_8B_median']:.1f} |")
+print(f"| of which the server side's connect (median) | {lib['handshake_get_8B_connect_median']:.1f} |")
+print(f"| more than on a reused connection | {lib['handshake_get_8B_extra_median']:.1f} |")
+print(f"| disconnect and the library's reset before it (median, not in the call) | "
+      f"{lib['handshake_get_8B_teardown_median']:.1f} |")
+print()
+print("| verbs of the reused path, on the server side's QP (median) | µs |")
+print("|---|---|")
+print(f"| RTS->RTS modify of the access flags | {lib['verbs_modify_access_median']:.1f} |")
+for what in ("bind", "invalidate"):
+    for how, text in (("library", "waited for as the library waits"),
+                      ("channel", "on the completion channel alone"),
+                      ("spin", "CQ polled until it completes")):
+        print(f"| window {what}, {text} | {lib[f'verbs_{what}_{how}_median']:.1f} |")
+print()
+print("| mean per transfer, µs (median of the runs) | whole call | server side | library's own | "
+      "before `sendRequest` | after `recvReply` | calling threads on a CPU | "
+      "calling threads waiting for a CPU |")
+print("|---|---|---|---|---|---|---|---|")
+for op in ("get", "put"):
+    for size in ("64KiB", "1MiB", "16MiB"):
+        for n in (1, 16):
+            k = f"{op}_{size}_x{n}"
+            print(f"| {op.upper()} {size} x{n} | {median(runs(lib, k + '_transfer_mean')):.0f} | "
+                  f"{median(runs(lib, k + '_server_side_mean')):.0f} | "
+                  f"{median(runs(lib, k + '_library_mean')):.0f} | "
+                  f"{median(runs(lib, k + '_library_before_mean')):.0f} | "
+                  f"{median(runs(lib, k + '_library_after_mean')):.0f} | "
+                  f"{median(runs(lib, k + '_on_cpu_mean')):.0f} | "
+                  f"{median(runs(lib, k + '_runqueue_wait_mean')):.0f} |")
+EOF
