@@ -41,11 +41,10 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use hipobj::capi::*;
-use hipobj::core::pool::Link;
 use hipobj::core::token::Token;
 use hipobj::core::{Instance, CURRENT};
 use hipobj::platform::{self, next_rkey, Access, Cq, QpAttr, SendOp, SendWr, WcStatus};
-use hipobj::server::{ClientQp, LocalBuf, Op, ServerSide};
+use hipobj::server::{ClientQp, DialPolicy, LocalBuf, Op, ServerConfig, ServerSide};
 
 /// The Soft-RoCE device the VM lane brings up.
 const DEVICE: &str = "rxe0";
@@ -192,11 +191,12 @@ fn fill(buf: &mut [u8], seed: u64) {
 struct CallTimes {
     /// Inside `sendRequest` and `recvReply`.
     callbacks: Duration,
-    /// Inside `ServerSide::serve`: the data and the final message (and a
-    /// handshake, when the connection is new).
+    /// In the server side: the proof (or the handshake), the data and the
+    /// final message.
     serve: Duration,
-    /// Inside `ServerSide::connection`, when the application connects first.
-    connect: Duration,
+    /// In the server side's `begin`: the in-band proof and the client's
+    /// grant on a reused connection, the handshake on a fresh one.
+    begin: Duration,
     /// The library's, from the call to `sendRequest`: the lease, the
     /// receive, the access grant, the window's bind.
     before: Duration,
@@ -210,8 +210,6 @@ struct App<'a> {
     side: &'a ServerSide,
     local: &'a LocalBuf,
     op: Op,
-    /// Connect (timed apart) before serving: for the handshake figures.
-    connect_first: bool,
     reply: &'static [u8],
     /// The server side's failure, if the last transfer had one.
     failure: Option<String>,
@@ -230,7 +228,6 @@ impl<'a> App<'a> {
             side,
             local,
             op,
-            connect_first: false,
             reply: b"500",
             failure: None,
             times: CallTimes::default(),
@@ -245,15 +242,17 @@ impl<'a> App<'a> {
         let token = Token::parse_hex(token).map_err(|e| format!("token: {e:?}"))?;
         self.last_token = Some(token);
         let deadline = Instant::now() + SERVE_TIMEOUT;
-        if self.connect_first {
-            let start = Instant::now();
-            self.side
-                .connection(&token, deadline)
-                .map_err(|e| format!("connect: {e}"))?;
-            self.times.connect += start.elapsed();
-        }
         let start = Instant::now();
-        let served = self.side.serve(&token, self.op, self.local, deadline);
+        let mut session = self
+            .side
+            .begin(&token, None, deadline)
+            .map_err(|e| format!("begin: {e}"))?;
+        self.times.begin += start.elapsed();
+        let moved = match self.op {
+            Op::Get => session.write(self.local, 0, 0, token.length),
+            Op::Put => session.read(self.local, 0, 0, token.length),
+        };
+        let served = moved.and_then(|()| session.finish());
         self.times.serve += start.elapsed();
         served.map_err(|e| format!("serve: {e}"))
     }
@@ -631,6 +630,8 @@ fn latency(side: &ServerSide, stream: &mut Stream, iters: usize) -> Outcome<(Dur
     report_us(&format!("{name}_mean"), total.mean());
     report_us(&format!("{name}_callbacks_median"), callbacks.median());
     report_us(&format!("{name}_server_side_median"), serve.median());
+    let proof = Samples::new(all.iter().map(|t| t.1.begin).collect());
+    report_us(&format!("{name}_proof_median"), proof.median());
     report_us(&format!("{name}_library_median"), own.median());
     let before_calls = Samples::new(all.iter().map(|t| t.1.before).collect());
     let after_calls = Samples::new(all.iter().map(|t| t.1.after).collect());
@@ -706,8 +707,8 @@ fn post_and_complete(
 /// connection to the client QP `token` names: no transfer runs meanwhile.
 fn primitives(side: &ServerSide, token: &Token, iters: usize) -> Outcome<()> {
     let conn = side
-        .connection(token, Instant::now() + SERVE_TIMEOUT)
-        .map_err(|e| format!("connection: {e}"))?;
+        .connection(&ClientQp::of(token))
+        .ok_or("no connection to the client QP")?;
     let conn = conn.lock();
     let mut region = vec![0u8; 4096].into_boxed_slice();
     let mr = side
@@ -775,21 +776,10 @@ fn primitives(side: &ServerSide, token: &Token, iters: usize) -> Outcome<()> {
 /// Disconnects the server side from every pool connection, then waits
 /// until the library has noticed, so that the next transfer must connect.
 fn drop_all(side: &ServerSide, instance: &Instance) -> Outcome<()> {
-    for conn in instance.pool().slots() {
-        side.drop_connection(&ClientQp {
-            gid: instance.gid,
-            qp_num: conn.qp.qp_num(),
-            port: instance.listener_port(),
-        });
-    }
+    side.disconnect_all();
     let deadline = Instant::now() + SETTLE_TIMEOUT;
     loop {
-        let connected = instance
-            .pool()
-            .slots()
-            .iter()
-            .any(|c| matches!(c.state.lock().link, Link::Connected(_)));
-        if !connected {
+        if instance.pool().connected_free_count() == 0 {
             return Ok(());
         }
         if Instant::now() >= deadline {
@@ -811,7 +801,6 @@ fn handshake(
         .map_err(|e| format!("no instance: {e}"))?;
     let local = stream.local.clone();
     let mut app = App::new(side, &local, Op::Get);
-    app.connect_first = true;
     drop_all(side, &instance)?;
     stream.checked(&mut app, SMALL, 0xface)?;
     let mut all = Vec::with_capacity(iters);
@@ -823,7 +812,7 @@ fn handshake(
         all.push(app.transfer(&mut stream.client, SMALL)?);
     }
     let total = Samples::new(all.iter().map(|t| t.0).collect());
-    let connect = Samples::new(all.iter().map(|t| t.1.connect).collect());
+    let connect = Samples::new(all.iter().map(|t| t.1.begin).collect());
     let callbacks = Samples::new(all.iter().map(|t| t.1.callbacks).collect());
     let teardown = Samples::new(teardown);
     let name = format!("handshake_get_{}", size_name(SMALL));
@@ -856,7 +845,12 @@ fn run(settings: &Settings) -> Outcome<()> {
         .map_err(|e| format!("open {DEVICE}: {e}"))?;
     let pd = ctx.alloc_pd().map_err(|e| format!("PD: {e}"))?;
     let cm = platform.cm().map_err(|e| format!("librdmacm: {e}"))?;
-    let side = ServerSide::new(cm, ctx, pd);
+    let config = ServerConfig {
+        // Both sides are this process, on one device.
+        dial: DialPolicy::any(),
+        ..ServerConfig::default()
+    };
+    let side = ServerSide::with_config(cm, ctx, pd, config);
 
     let hint = CString::new(DEVICE).map_err(|e| e.to_string())?;
     let mut config = hipObjConfig_t {

@@ -14,7 +14,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use hipobj::core::args::{BufferRange, Slice};
 use hipobj::core::transfer::Direction;
 use hipobj::core::{Config, Current, Instance, Options};
-use hipobj::server::{ClientQp, Op};
+use hipobj::server::Op;
 use hipobj::testing::world::{World, WorldSpec};
 
 fn setup(windows: bool) -> (World, Current, Arc<Instance>, Box<[u8]>) {
@@ -74,16 +74,7 @@ fn transfers(c: &mut Criterion) {
                     &mut world.server.session(Op::Get),
                 )
                 .expect("transfer");
-            let qp_num = instance.pool().slots()[0].qp.qp_num();
-            for conn in instance.pool().slots() {
-                let key = ClientQp {
-                    gid: instance.gid,
-                    qp_num: conn.qp.qp_num(),
-                    port: instance.listener_port(),
-                };
-                world.server.side().drop_connection(&key);
-            }
-            black_box(qp_num);
+            world.server.side().disconnect_all();
         })
     });
     let (plain_world, _plain_current, plain, plain_buf) = setup(false);

@@ -22,15 +22,15 @@ types=(
     ibv_device ibv_context ibv_context_ops ibv_device_attr ibv_port_attr ibv_gid
     ibv_pd ibv_mr ibv_mw ibv_cq ibv_comp_channel ibv_qp ibv_qp_init_attr ibv_qp_cap
     ibv_qp_attr ibv_ah_attr ibv_global_route ibv_sge ibv_send_wr ibv_recv_wr
-    ibv_mw_bind_info ibv_wc
+    ibv_mw_bind_info ibv_wc ibv_async_event
     ibv_qp_state ibv_mtu ibv_port_state ibv_qp_type ibv_wr_opcode ibv_send_flags
     ibv_wc_status ibv_wc_opcode ibv_wc_flags ibv_access_flags ibv_qp_attr_mask
-    ibv_mw_type
+    ibv_mw_type ibv_event_type ibv_device_cap_flags
 )
 # Reached only through pointers (or, for ibv_mw_bind, a type-1 bind this
 # library never makes): kept as blobs of the right size and alignment, so
 # nothing of them is generated or needs auditing.
-opaque=(ibv_srq ibv_ah ibv_mw_bind)
+opaque=(ibv_srq ibv_ah ibv_mw_bind ibv_wq)
 
 args=(
     --no-layout-tests --no-doc-comments --no-prepend-enum-name

@@ -3,37 +3,47 @@
 //! `0x02` token. The S3 test servers, the benchmarks and
 //! `hipobj-s3-server` are built on it.
 //!
-//! For each token it finds its established connection to the client QP the
-//! token names, or connects to the client's listener with the token as
-//! proof; moves the bytes with RDMA WRITEs (GET) or READs (PUT); then sends
-//! the zero-length SEND with immediate carrying the transfer's secret, and
-//! waits for its completion, before the S3 reply may be sent.
+//! A transfer (`ServerSide::begin`, then `Session::write` or
+//! `Session::read`, then `Session::finish`):
 //!
-//! A failed transfer's connection is disconnected and forgotten, and the
-//! server's buffer is reported free only once no WRITE or READ on it can
-//! still be running. Shutting the server side down (or dropping it)
-//! disconnects every connection, so no client QP is left connected to it.
+//! 1. checks the token and the dial policy: the client's address must be
+//!    one this server may dial (`DialPolicy`);
+//! 2. proves it holds the token before the client grants anything: on the
+//!    connection it has to the QP the token names, by SENDing the token
+//!    and waiting for the client's grant (a SEND with immediate derived
+//!    from the token's secret); with no connection, or when that proof
+//!    fails, by connecting to the client's listener with the token as the
+//!    connect request's private data (the accept is the grant);
+//! 3. moves the bytes in WRITEs (GET) or READs (PUT) of at most the
+//!    device's `max_msg_sz` each, a few in flight;
+//! 4. sends the final message (a zero-length SEND with immediate derived
+//!    from the secret) and waits for it, before the S3 reply may go out.
 //!
-//! The steps are public on their own so that tests can play a server that
-//! breaks the protocol on purpose.
+//! Connections are bounded, in all and per client; an idle one is closed
+//! to make room. A failed transfer's connection is disconnected and
+//! forgotten, and the server's buffer is reported free only once no WRITE
+//! or READ on it can still be running. Shutting the server side down (or
+//! dropping it) disconnects every connection.
+//!
+//! The lower steps are public so that tests can play a server that breaks
+//! the protocol on purpose.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
 use std::io::Write;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RawMutex};
 
 use crate::core::nic::ip_of;
-use crate::core::protocol::{decode_reject, final_imm, ConnectData};
+use crate::core::protocol::{encode_connect, encode_proof, final_imm, grant_imm, is_refusal};
 use crate::core::token::{Token, Transport};
 use crate::core::{Error, Result};
 use crate::platform::{
-    Cm, CmConnection, ConnectOutcome, ConnectRequest, Context, Cq, Gid, Mr, Pd, Qp, QpCaps, SendOp,
-    SendWr, Sge, WcStatus,
+    Access, Cm, CmConnection, Completion, ConnectOutcome, ConnectRequest, Context, Cq, Gid, Mr, Pd,
+    Qp, QpCaps, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
 
 /// The client QP a token names, as a connection's key.
@@ -58,6 +68,9 @@ impl ClientQp {
     }
 }
 
+/// Bytes of a connection's send buffer: room for an in-band proof.
+const PROOF_BUF_LEN: usize = 64;
+
 /// One established connection to a client QP.
 pub struct ServerConn {
     /// The CM connection (active side, which owns the QP).
@@ -66,10 +79,19 @@ pub struct ServerConn {
     pub qp: Arc<dyn Qp>,
     /// Its completion queue.
     pub cq: Arc<dyn Cq>,
-    /// The nonce sent in the connect request.
-    pub nonce: u32,
-    /// Transfers completed on it.
-    pub seq: u32,
+    /// Where an in-band proof is written before it is sent (local only).
+    proof: Box<[AtomicU8]>,
+    proof_mr: Arc<dyn Mr>,
+    next_wr: u64,
+    /// When its last transfer ended.
+    pub last_used: Instant,
+}
+
+impl ServerConn {
+    fn next_wr(&mut self) -> u64 {
+        self.next_wr += 1;
+        self.next_wr
+    }
 }
 
 /// The server's memory a transfer reads from or writes to.
@@ -90,6 +112,82 @@ pub enum Op {
     Put,
 }
 
+/// Where the server side may connect: a token names the client's address,
+/// and a server that dials whatever a token says is a confused deputy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DialPolicy {
+    /// The HTTP request's own source address may be dialed.
+    pub request_source: bool,
+    /// Networks that may be dialed (the fabric's subnets).
+    pub allow: Vec<ipnet::IpNet>,
+}
+
+impl DialPolicy {
+    /// Only the address the S3 request came from.
+    pub fn request_source() -> DialPolicy {
+        DialPolicy {
+            request_source: true,
+            allow: Vec::new(),
+        }
+    }
+
+    /// Any address: for tests and benchmarks that play both sides.
+    pub fn any() -> DialPolicy {
+        DialPolicy {
+            request_source: false,
+            allow: vec![
+                "0.0.0.0/0".parse().expect("a network"),
+                "::/0".parse().expect("a network"),
+            ],
+        }
+    }
+
+    /// Whether `client` may be dialed for a request from `source`.
+    pub fn permits(&self, client: IpAddr, source: Option<IpAddr>) -> bool {
+        let canonical = |ip: IpAddr| match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        let client = canonical(client);
+        (self.request_source && source.map(canonical) == Some(client))
+            || self.allow.iter().any(|net| net.contains(&client))
+    }
+}
+
+/// How a server side behaves.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Where it may connect.
+    pub dial: DialPolicy,
+    /// Connections held at most, to all clients.
+    pub max_connections: usize,
+    /// Connections held at most to one client address.
+    pub max_connections_per_client: usize,
+    /// `conn_param.retry_count`: finite, so failures surface (7 would
+    /// retry forever on Soft-RoCE).
+    pub retry_count: u8,
+    /// How long the proof on an established connection may take before
+    /// the server connects afresh instead.
+    pub proof_timeout: Duration,
+    /// Pause between the data and the final message of every transfer;
+    /// zero unless a test wants a window in which the data has moved and
+    /// the transfer has not ended.
+    pub delay_before_final: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            dial: DialPolicy::request_source(),
+            max_connections: 4096,
+            max_connections_per_client: 1024,
+            retry_count: 6,
+            proof_timeout: Duration::from_secs(2),
+            delay_before_final: Duration::ZERO,
+        }
+    }
+}
+
 /// QP capacities of server connections.
 const CAPS: QpCaps = QpCaps {
     max_send_wr: 16,
@@ -97,18 +195,15 @@ const CAPS: QpCaps = QpCaps {
     max_send_sge: 1,
     max_recv_sge: 1,
 };
+/// Data work requests in flight at most on one connection.
+const DATA_IN_FLIGHT: usize = 8;
 
 /// How long a failed transfer waits, after its connection was moved to
-/// ERR, for the flush completion of a WRITE or READ still outstanding: the
-/// proof that the NIC no longer touches the server's buffer.
+/// ERR, for the flush completions of WRITEs or READs still outstanding:
+/// the proof that the NIC no longer touches the server's buffer.
 const QUIESCE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Work request id of a transfer's data (the WRITE or READ).
-const DATA_WR: u64 = 1;
-/// Work request id of a transfer's final message.
-const FINAL_WR: u64 = 2;
-
-/// A transfer that failed ([`ServerSide::transfer`]).
+/// A transfer that failed.
 #[derive(Debug)]
 pub struct TransferFailure {
     /// What went wrong.
@@ -119,17 +214,19 @@ pub struct TransferFailure {
     pub local_quiet: bool,
 }
 
+impl TransferFailure {
+    fn quiet(error: Error) -> TransferFailure {
+        TransferFailure {
+            error,
+            local_quiet: true,
+        }
+    }
+}
+
 impl std::fmt::Display for TransferFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.error.fmt(f)
     }
-}
-
-/// A work request that did not complete successfully.
-struct WrFailure {
-    error: Error,
-    /// Posted, and no completion seen: still on the send queue.
-    outstanding: bool,
 }
 
 /// One entry of the connection map: the connection, and its CM id beside
@@ -138,6 +235,7 @@ struct WrFailure {
 struct Slot {
     conn: Arc<Mutex<ServerConn>>,
     cm: Arc<dyn CmConnection>,
+    client: IpAddr,
 }
 
 /// The server side of one NIC.
@@ -146,9 +244,6 @@ struct Slot {
 /// connections is locked only to look up, insert or remove; each connection
 /// has its own lock, held by the one transfer using it, and every wait
 /// (for that lock, the CM, a completion) ends at the transfer's deadline.
-/// A failed transfer's connection is disconnected and forgotten;
-/// [`ServerSide::shutdown`] (and dropping the server side) disconnects every
-/// connection, and no new one is made after it.
 pub struct ServerSide {
     cm: Arc<dyn Cm>,
     ctx: Arc<dyn Context>,
@@ -157,18 +252,42 @@ pub struct ServerSide {
     closed: AtomicBool,
     /// When connections whose client disconnected were last forgotten.
     last_sweep: Mutex<Instant>,
-    /// `conn_param.retry_count`: finite, so failures surface (7 would retry
-    /// forever on Soft-RoCE).
-    pub retry_count: u8,
-    /// Pause between the data and the final message of every transfer
-    /// ([`ServerSide::transfer`]); zero unless a test wants a window in
-    /// which the data has moved and the transfer has not ended.
-    pub delay_before_final: Duration,
+    /// The device's `max_msg_sz` (port 1).
+    max_msg_sz: u64,
+    /// How it behaves.
+    pub config: ServerConfig,
+}
+
+/// A transfer in progress ([`ServerSide::begin`]): the connection is
+/// held, the token proved, the client's grant in. Dropped without
+/// [`Session::finish`], the connection is disconnected (the client fails
+/// the transfer and revokes its access).
+pub struct Session<'a> {
+    side: &'a ServerSide,
+    key: ClientQp,
+    conn: Arc<Mutex<ServerConn>>,
+    guard: Option<parking_lot::lock_api::ArcMutexGuard<RawMutex, ServerConn>>,
+    token: Token,
+    deadline: Instant,
 }
 
 impl ServerSide {
-    /// A server side on `ctx` / `pd`.
+    /// A server side on `ctx` / `pd`, with [`ServerConfig::default`] (it
+    /// dials only a request's own source address).
     pub fn new(cm: Arc<dyn Cm>, ctx: Arc<dyn Context>, pd: Arc<dyn Pd>) -> ServerSide {
+        ServerSide::with_config(cm, ctx, pd, ServerConfig::default())
+    }
+
+    /// A server side that behaves as `config` says.
+    pub fn with_config(
+        cm: Arc<dyn Cm>,
+        ctx: Arc<dyn Context>,
+        pd: Arc<dyn Pd>,
+        config: ServerConfig,
+    ) -> ServerSide {
+        let max_msg_sz = ctx
+            .query_port(1)
+            .map_or(1 << 30, |p| u64::from(p.max_msg_sz).max(1));
         ServerSide {
             cm,
             ctx,
@@ -176,8 +295,8 @@ impl ServerSide {
             conns: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             last_sweep: Mutex::new(Instant::now()),
-            retry_count: 6,
-            delay_before_final: Duration::ZERO,
+            max_msg_sz,
+            config,
         }
     }
 
@@ -186,117 +305,144 @@ impl ServerSide {
         &self.pd
     }
 
-    /// Serves one transfer of the token's whole length: the whole
-    /// protocol. On any failure the connection is dropped (disconnected),
-    /// as the client drops its side.
+    /// The largest message one work request carries.
+    pub fn max_msg_sz(&self) -> u64 {
+        self.max_msg_sz
+    }
+
+    /// Serves one transfer of the token's whole length between `local`
+    /// and the client, for a request whose source is not known (tests).
     pub fn serve(&self, token: &Token, op: Op, local: &LocalBuf, deadline: Instant) -> Result<()> {
-        self.transfer(token, op, local, token.length, deadline)
+        self.transfer(token, op, local, token.length, None, deadline)
             .map_err(|f| f.error)
     }
 
     /// Serves one transfer of `len` bytes (at most the token's length)
-    /// between `local` and the start of the client's range: finds or makes
-    /// the connection, WRITEs (GET) or READs (PUT) and waits for it, sends
-    /// the final message and waits for it. Only after `Ok` may the S3 reply
-    /// be sent.
-    ///
-    /// On failure the connection is disconnected and forgotten, and an
-    /// outstanding WRITE or READ is waited for (its flush, for at most 2 s);
-    /// [`TransferFailure::local_quiet`] says whether `local` is free again.
+    /// between `local` and the start of the client's range, for an S3
+    /// request from `source`: the whole protocol. Only after `Ok` may the
+    /// S3 reply be sent.
     pub fn transfer(
         &self,
         token: &Token,
         op: Op,
         local: &LocalBuf,
         len: u64,
+        source: Option<IpAddr>,
         deadline: Instant,
     ) -> std::result::Result<(), TransferFailure> {
-        let quiet = |error| TransferFailure {
-            error,
-            local_quiet: true,
-        };
         if len > token.length {
-            return Err(quiet(Error::InvalidValue(
+            return Err(TransferFailure::quiet(Error::InvalidValue(
                 "transfer longer than the token's range",
             )));
         }
-        let len = u32::try_from(len)
-            .map_err(|_| quiet(Error::InvalidValue("transfer larger than 4 GiB - 1")))?;
-        self.sweep();
-        let conn = self.connection(token, deadline).map_err(quiet)?;
-        let Some(mut guard) = conn.try_lock_until(deadline) else {
-            return Err(quiet(Error::Rdma(
-                "the connection to this client QP stayed busy until the deadline".into(),
-            )));
-        };
-        let outcome = post_wait(&guard, data_wr(token, op, local, len), deadline).and_then(|()| {
-            if !self.delay_before_final.is_zero() {
-                std::thread::sleep(self.delay_before_final.min(remaining(deadline)));
-            }
-            let imm = final_imm(guard.nonce, guard.seq);
-            post_wait(&guard, final_wr(imm), deadline).map_err(|f| WrFailure {
-                // The final message carries no data: the buffer is quiet.
-                outstanding: false,
-                ..f
-            })
-        });
-        match outcome {
-            Ok(()) => {
-                guard.seq = guard.seq.wrapping_add(1);
-                Ok(())
-            }
-            Err(failure) => {
-                self.drop_this(&ClientQp::of(token), &conn, &guard.cm);
-                // Disconnected, the QP is in ERR: an outstanding WRITE or
-                // READ is flushed, unless the disconnect failed.
-                let local_quiet = !failure.outstanding
-                    || matches!(
-                        crate::platform::wait_for_completion(
-                            &*guard.cq,
-                            DATA_WR,
-                            Instant::now() + QUIESCE_TIMEOUT
-                        ),
-                        Ok(Some(_))
-                    );
-                Err(TransferFailure {
-                    error: failure.error,
-                    local_quiet,
-                })
-            }
+        let mut session = self.begin(token, source, deadline)?;
+        match op {
+            Op::Get => session.write(local, 0, 0, len)?,
+            Op::Put => session.read(local, 0, 0, len)?,
         }
+        session.finish()
     }
 
-    /// The established connection to the QP `token` names, or a new one.
-    /// Fails after [`ServerSide::shutdown`].
-    pub fn connection(&self, token: &Token, deadline: Instant) -> Result<Arc<Mutex<ServerConn>>> {
+    /// Starts a transfer for `token`, for an S3 request from `source`:
+    /// checks the token and the dial policy, then proves the token on the
+    /// established connection to the client QP (or, failing that or with
+    /// none, connects with it). Fails after [`ServerSide::shutdown`].
+    pub fn begin(
+        &self,
+        token: &Token,
+        source: Option<IpAddr>,
+        deadline: Instant,
+    ) -> std::result::Result<Session<'_>, TransferFailure> {
+        let quiet = TransferFailure::quiet;
         if token.transport != Transport::RcCm {
-            return Err(Error::InvalidValue(
+            return Err(quiet(Error::InvalidValue(
                 "not a 0x02 token: this server connects through RDMA CM",
-            ));
+            )));
         }
-        if self.closed.load(Ordering::SeqCst) {
-            return Err(Error::Rdma("the server side is shut down".into()));
+        let client = ip_of(&token.gid);
+        if !self.config.dial.permits(client, source) {
+            return Err(quiet(Error::NotSupported(
+                "the token names an address this server may not dial",
+            )));
         }
+        if self.is_shut_down() {
+            return Err(quiet(Error::Rdma("the server side is shut down".into())));
+        }
+        self.sweep();
         let key = ClientQp::of(token);
-        // Bound first: the map's guard must not live into the branch below.
+        if let Some(conn) = self.established(&key) {
+            let Some(mut guard) = conn.try_lock_arc_until(deadline) else {
+                return Err(quiet(Error::Rdma(
+                    "the connection to this client QP stayed busy until the deadline".into(),
+                )));
+            };
+            let until = deadline.min(Instant::now() + self.config.proof_timeout);
+            match prove(&mut guard, token, until) {
+                Ok(()) => {
+                    return Ok(Session {
+                        side: self,
+                        key,
+                        conn,
+                        guard: Some(guard),
+                        token: *token,
+                        deadline,
+                    })
+                }
+                Err(e) => {
+                    // The client refused the proof (it re-aimed its QP, or
+                    // the connection died): nothing was granted; connect
+                    // afresh with the token as proof.
+                    let cm = guard.cm.clone();
+                    drop(guard);
+                    self.drop_this(&key, &conn, &cm);
+                    eprintln!(
+                        "hipobj server: the proof on the connection to QP {} failed ({e}); \
+                         connecting afresh",
+                        token.qp_num
+                    );
+                }
+            }
+        }
+        let made = self.connect(token, client, deadline).map_err(quiet)?;
+        let Some(guard) = made.try_lock_arc_until(deadline) else {
+            return Err(quiet(Error::Rdma("the new connection is busy".into())));
+        };
+        Ok(Session {
+            side: self,
+            key,
+            conn: made,
+            guard: Some(guard),
+            token: *token,
+            deadline,
+        })
+    }
+
+    /// The established connection to `key`, if it is still connected.
+    fn established(&self, key: &ClientQp) -> Option<Arc<Mutex<ServerConn>>> {
         let existing = self
             .conns
             .lock()
-            .get(&key)
-            .map(|s| (s.conn.clone(), s.cm.clone()));
-        if let Some((conn, cm)) = existing {
-            if !cm.is_disconnected() {
-                return Ok(conn);
-            }
-            self.drop_this(&key, &conn, &cm);
+            .get(key)
+            .map(|s| (s.conn.clone(), s.cm.clone()))?;
+        let (conn, cm) = existing;
+        if cm.is_disconnected() {
+            self.drop_this(key, &conn, &cm);
+            return None;
         }
-        let nonce = random_u32();
-        let data = ConnectData {
-            token: *token,
-            nonce,
-        }
-        .encode();
-        let made = self.connect_with(token, &data, nonce, deadline)?;
+        Some(conn)
+    }
+
+    /// Connects to the client's listener with the token as proof, making
+    /// room within the limits first, and records the connection.
+    fn connect(
+        &self,
+        token: &Token,
+        client: IpAddr,
+        deadline: Instant,
+    ) -> Result<Arc<Mutex<ServerConn>>> {
+        let key = ClientQp::of(token);
+        self.make_room(client)?;
+        let made = self.connect_with(token, &encode_connect(token), deadline)?;
         let cm = made.cm.clone();
         let conn = Arc::new(Mutex::new(made));
         let replaced = {
@@ -304,7 +450,7 @@ impl ServerSide {
             // Checked under the map's lock: shutdown sets the flag before it
             // empties the map, so a connection is either seen by shutdown or
             // refused here.
-            if self.closed.load(Ordering::SeqCst) {
+            if self.is_shut_down() {
                 drop(conns);
                 let _ = cm.disconnect();
                 return Err(Error::Rdma("the server side is shut down".into()));
@@ -314,6 +460,7 @@ impl ServerSide {
                 Slot {
                     conn: conn.clone(),
                     cm,
+                    client,
                 },
             )
         };
@@ -323,16 +470,53 @@ impl ServerSide {
         Ok(conn)
     }
 
+    /// Keeps the connections within the limits before one more to
+    /// `client`: closes the least recently used idle one (of that client
+    /// first, when its own limit is reached); `Busy` when every connection
+    /// that could go is in use.
+    fn make_room(&self, client: IpAddr) -> Result<()> {
+        let victim = {
+            let conns = self.conns.lock();
+            let of_client = conns.values().filter(|s| s.client == client).count();
+            let full_client = of_client >= self.config.max_connections_per_client;
+            let full = conns.len() >= self.config.max_connections;
+            if !full_client && !full {
+                return Ok(());
+            }
+            // An idle connection: its lock is free (no transfer holds it).
+            let idle = conns
+                .iter()
+                .filter(|(_, s)| !full_client || s.client == client)
+                .filter_map(|(k, s)| s.conn.try_lock().map(|c| (c.last_used, *k)))
+                .min_by_key(|(used, _)| *used);
+            match idle {
+                Some((_, key)) => key,
+                None => {
+                    return Err(Error::Busy(
+                        "every connection this server may hold is in use",
+                    ))
+                }
+            }
+        };
+        self.drop_connection(&victim);
+        Ok(())
+    }
+
     /// Connects to the listener `token` names with `private_data` as the
-    /// connect request's.
+    /// connect request's (the token's encoding, or anything a test wants).
     pub fn connect_with(
         &self,
         token: &Token,
         private_data: &[u8],
-        nonce: u32,
         deadline: Instant,
     ) -> Result<ServerConn> {
         let cq = self.ctx.create_cq(32)?;
+        let proof: Box<[AtomicU8]> = (0..PROOF_BUF_LEN).map(|_| AtomicU8::new(0)).collect();
+        let proof_mr = self.pd.reg_mr(
+            proof.as_ptr().expose_provenance(),
+            PROOF_BUF_LEN,
+            Access::LOCAL_WRITE,
+        )?;
         let addr = SocketAddr::new(ip_of(&token.gid), token.lid);
         let outcome = self.cm.connect(ConnectRequest {
             addr,
@@ -342,7 +526,7 @@ impl ServerSide {
             private_data,
             initiator_depth: 1,
             responder_resources: 1,
-            retry_count: self.retry_count,
+            retry_count: self.config.retry_count,
             rnr_retry_count: 7,
             deadline,
         })?;
@@ -355,17 +539,20 @@ impl ServerSide {
                     cm,
                     qp,
                     cq,
-                    nonce,
-                    seq: 0,
+                    proof,
+                    proof_mr,
+                    next_wr: 0,
+                    last_used: Instant::now(),
                 })
             }
             ConnectOutcome::Rejected { private_data } => {
-                Err(Error::Rdma(match decode_reject(&private_data) {
-                    Some(reason) => format!("the client rejected the connection: {reason:?}"),
-                    None => format!(
+                Err(Error::Rdma(if is_refusal(&private_data) {
+                    format!("the client at {addr} refused the connection")
+                } else {
+                    format!(
                         "the connection to {addr} was rejected without a hipobj reason \
                          (nothing listening there?)"
-                    ),
+                    )
                 }))
             }
         }
@@ -426,6 +613,21 @@ impl ServerSide {
         self.conns.lock().len()
     }
 
+    /// The established connection to `key`, if any (for tests that play a
+    /// misbehaving server on it).
+    pub fn connection(&self, key: &ClientQp) -> Option<Arc<Mutex<ServerConn>>> {
+        self.conns.lock().get(key).map(|s| s.conn.clone())
+    }
+
+    /// Disconnects every connection (and goes on serving: the next transfer
+    /// to each client connects afresh).
+    pub fn disconnect_all(&self) {
+        let all: Vec<Slot> = self.conns.lock().drain().map(|(_, s)| s).collect();
+        for slot in &all {
+            let _ = slot.cm.disconnect();
+        }
+    }
+
     /// Disconnects every connection and refuses new ones. Transfers in
     /// progress fail (their QPs are in ERR). Idempotent; dropping the
     /// server side does it too.
@@ -447,27 +649,6 @@ impl ServerSide {
     pub fn is_shut_down(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }
-
-    /// The data of one transfer: WRITEs for a GET, READs for a PUT, of the
-    /// token's whole length, waited for (a READ must complete before the
-    /// final message says the bytes are here).
-    pub fn move_data(
-        &self,
-        conn: &ServerConn,
-        token: &Token,
-        op: Op,
-        local: &LocalBuf,
-        deadline: Instant,
-    ) -> Result<()> {
-        let len = u32::try_from(token.length)
-            .map_err(|_| Error::InvalidValue("transfer larger than 4 GiB - 1"))?;
-        post_wait(conn, data_wr(token, op, local, len), deadline).map_err(|f| f.error)
-    }
-
-    /// The final message: a zero-length SEND with immediate, waited for.
-    pub fn send_final(&self, conn: &ServerConn, imm: u32, deadline: Instant) -> Result<()> {
-        post_wait(conn, final_wr(imm), deadline).map_err(|f| f.error)
-    }
 }
 
 impl Drop for ServerSide {
@@ -479,82 +660,287 @@ impl Drop for ServerSide {
 /// How often a transfer first forgets connections the clients ended.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
-/// The WRITE (GET) or READ (PUT) of `len` bytes between `local` and the
-/// start of the token's range.
-fn data_wr(token: &Token, op: Op, local: &LocalBuf, len: u32) -> SendWr {
-    let op = match op {
-        Op::Get => SendOp::Write {
-            remote_addr: token.addr,
-            rkey: token.rkey,
-        },
-        Op::Put => SendOp::Read {
-            remote_addr: token.addr,
-            rkey: token.rkey,
-        },
-    };
-    SendWr {
-        wr_id: DATA_WR,
-        op,
-        sge: Some(Sge {
-            addr: local.addr,
-            len,
-            lkey: local.mr.lkey(),
-        }),
-        signaled: true,
+/// Proves `token` on an established connection: SENDs it, with a receive
+/// posted for the client's grant, and waits until `until` for both.
+pub fn prove(conn: &mut ServerConn, token: &Token, until: Instant) -> Result<()> {
+    send_proof(conn, token)?;
+    let grant = wait_grant(conn, until)?;
+    if grant != grant_imm(token.secret) {
+        return Err(Error::Rdma(
+            "the client's grant is not this transfer's".into(),
+        ));
     }
+    Ok(())
 }
 
-/// The final message: a zero-length SEND with immediate `imm`.
-fn final_wr(imm: u32) -> SendWr {
-    SendWr {
-        wr_id: FINAL_WR,
-        op: SendOp::SendImm { imm },
+/// Posts the receive of the grant and SENDs `token` as a proof (the first
+/// half of [`prove`], for tests that do not wait for the grant).
+pub fn send_proof(conn: &mut ServerConn, token: &Token) -> Result<()> {
+    let grant_wr = conn.next_wr();
+    conn.qp.post_recv(RecvWr {
+        wr_id: grant_wr | GRANT_TAG,
         sge: None,
-        signaled: true,
-    }
-}
-
-/// Posts `wr` on the connection and waits for its completion.
-fn post_wait(
-    conn: &ServerConn,
-    wr: SendWr,
-    deadline: Instant,
-) -> std::result::Result<(), WrFailure> {
-    let wr_id = wr.wr_id;
-    conn.qp.post_send(&[wr]).map_err(|error| WrFailure {
-        error,
-        outstanding: false,
     })?;
-    match crate::platform::wait_for_completion(&*conn.cq, wr_id, deadline) {
-        Ok(Some(c)) if c.status == WcStatus::Success => Ok(()),
-        Ok(Some(c)) => Err(WrFailure {
-            error: Error::Rdma(format!("server work request {wr_id}: {:?}", c.status)),
-            outstanding: false,
-        }),
-        Ok(None) => Err(WrFailure {
-            error: Error::Rdma(format!(
-                "server work request {wr_id}: no completion before the deadline"
-            )),
-            outstanding: true,
-        }),
-        Err(error) => Err(WrFailure {
-            error,
-            outstanding: true,
-        }),
+    let bytes = encode_proof(token);
+    for (slot, b) in conn.proof.iter().zip(bytes) {
+        slot.store(b, Ordering::Release);
+    }
+    let send_wr = conn.next_wr();
+    let sge = Sge {
+        addr: conn.proof.as_ptr().expose_provenance() as u64,
+        len: u32::try_from(bytes.len()).unwrap_or(u32::MAX),
+        lkey: conn.proof_mr.lkey(),
+    };
+    conn.qp.post_send(&[SendWr {
+        wr_id: send_wr,
+        op: SendOp::Send,
+        sge: Some(sge),
+        signaled: true,
+    }])?;
+    Ok(())
+}
+
+/// Receives of grants are tagged, to tell them from send completions.
+const GRANT_TAG: u64 = 1 << 63;
+
+/// Waits until `until` for the proof's completion and the client's grant;
+/// returns the grant's immediate.
+fn wait_grant(conn: &ServerConn, until: Instant) -> Result<u32> {
+    let mut sent = false;
+    let mut grant = None;
+    while !(sent && grant.is_some()) {
+        let Some(c) = next_completion(&*conn.cq, until)? else {
+            return Err(Error::Rdma(
+                "no grant from the client before the deadline".into(),
+            ));
+        };
+        if c.status != WcStatus::Success {
+            return Err(Error::Rdma(format!(
+                "the proof's {} completed with {:?}",
+                if c.wr_id & GRANT_TAG != 0 {
+                    "receive"
+                } else {
+                    "SEND"
+                },
+                c.status
+            )));
+        }
+        if c.wr_id & GRANT_TAG != 0 {
+            if c.opcode != WcOpcode::Recv {
+                return Err(Error::Rdma("the client's grant is not a SEND".into()));
+            }
+            grant = Some(
+                c.imm
+                    .ok_or_else(|| Error::Rdma("a grant without immediate".into()))?,
+            );
+        } else {
+            sent = true;
+        }
+    }
+    grant.ok_or_else(|| Error::Internal("no grant".into()))
+}
+
+/// The next completion on `cq`, waiting until `until`.
+fn next_completion(cq: &dyn Cq, until: Instant) -> Result<Option<Completion>> {
+    loop {
+        if let Some(c) = cq.poll(1)?.into_iter().next() {
+            return Ok(Some(c));
+        }
+        if Instant::now() >= until || !cq.wait(until)? {
+            return Ok(cq.poll(1)?.into_iter().next());
+        }
     }
 }
 
-/// Time left until `deadline` (zero once it passed).
-fn remaining(deadline: Instant) -> Duration {
-    deadline.saturating_duration_since(Instant::now())
+impl Session<'_> {
+    /// The connection.
+    pub fn conn(&mut self) -> &mut ServerConn {
+        self.guard.as_mut().expect("a session holds its connection")
+    }
+
+    /// The token the session serves.
+    pub fn token(&self) -> &Token {
+        &self.token
+    }
+
+    /// WRITEs `len` bytes from `local` at `local_offset` to the client's
+    /// range at `remote_offset` (GET).
+    pub fn write(
+        &mut self,
+        local: &LocalBuf,
+        local_offset: u64,
+        remote_offset: u64,
+        len: u64,
+    ) -> std::result::Result<(), TransferFailure> {
+        self.data(Op::Get, local, local_offset, remote_offset, len)
+    }
+
+    /// READs `len` bytes of the client's range at `remote_offset` into
+    /// `local` at `local_offset` (PUT).
+    pub fn read(
+        &mut self,
+        local: &LocalBuf,
+        local_offset: u64,
+        remote_offset: u64,
+        len: u64,
+    ) -> std::result::Result<(), TransferFailure> {
+        self.data(Op::Put, local, local_offset, remote_offset, len)
+    }
+
+    fn data(
+        &mut self,
+        op: Op,
+        local: &LocalBuf,
+        local_offset: u64,
+        remote_offset: u64,
+        len: u64,
+    ) -> std::result::Result<(), TransferFailure> {
+        let inside = remote_offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.token.length);
+        if !inside {
+            return Err(self.fail(Error::InvalidValue("outside the token's range"), Vec::new()));
+        }
+        let (addr, rkey) = (self.token.addr + remote_offset, self.token.rkey);
+        self.data_unchecked(op, addr, rkey, local, local_offset, len)
+    }
+
+    /// Moves `len` bytes between `local` and the client's `remote_addr`
+    /// with `rkey`, without looking at the token's range: split into work
+    /// requests of at most `max_msg_sz`, a few in flight. Public for tests
+    /// of servers that reach past their range.
+    pub fn data_unchecked(
+        &mut self,
+        op: Op,
+        remote_addr: u64,
+        rkey: u32,
+        local: &LocalBuf,
+        local_offset: u64,
+        len: u64,
+    ) -> std::result::Result<(), TransferFailure> {
+        let max = self.side.max_msg_sz;
+        let deadline = self.deadline;
+        let mut outstanding = std::collections::VecDeque::new();
+        let mut done = 0u64;
+        while done < len || !outstanding.is_empty() {
+            while done < len && outstanding.len() < DATA_IN_FLIGHT {
+                let n = (len - done).min(max);
+                let conn = self.conn();
+                let id = conn.next_wr();
+                let remote_addr = remote_addr + done;
+                let wr = SendWr {
+                    wr_id: id,
+                    op: match op {
+                        Op::Get => SendOp::Write { remote_addr, rkey },
+                        Op::Put => SendOp::Read { remote_addr, rkey },
+                    },
+                    sge: Some(Sge {
+                        addr: local.addr + local_offset + done,
+                        len: u32::try_from(n).unwrap_or(u32::MAX),
+                        lkey: local.mr.lkey(),
+                    }),
+                    signaled: true,
+                };
+                if let Err(e) = conn.qp.post_send(&[wr]) {
+                    return Err(self.fail(e, outstanding.into_iter().collect()));
+                }
+                outstanding.push_back(id);
+                done += n;
+            }
+            let waited = next_completion(&*self.conn().cq, deadline);
+            let error = match waited {
+                Ok(Some(c)) if c.status == WcStatus::Success => {
+                    outstanding.retain(|&id| id != c.wr_id);
+                    continue;
+                }
+                Ok(Some(c)) => {
+                    outstanding.retain(|&id| id != c.wr_id);
+                    Error::Rdma(format!("server {:?}: {:?}", op, c.status))
+                }
+                Ok(None) => Error::Rdma("server data: no completion before the deadline".into()),
+                Err(e) => e,
+            };
+            return Err(self.fail(error, outstanding.into_iter().collect()));
+        }
+        Ok(())
+    }
+
+    /// The final message (a zero-length SEND with the immediate derived
+    /// from the token's secret), waited for: only then may the S3 reply be
+    /// sent. The connection stays for the next transfer.
+    pub fn finish(self) -> std::result::Result<(), TransferFailure> {
+        let imm = final_imm(self.token.secret);
+        self.finish_with(imm)
+    }
+
+    /// [`Session::finish`] with any immediate value (tests of a wrong one).
+    pub fn finish_with(mut self, imm: u32) -> std::result::Result<(), TransferFailure> {
+        let delay = self.side.config.delay_before_final;
+        if !delay.is_zero() {
+            std::thread::sleep(delay.min(self.deadline.saturating_duration_since(Instant::now())));
+        }
+        let deadline = self.deadline;
+        let conn = self.conn();
+        let id = conn.next_wr();
+        let posted = conn.qp.post_send(&[SendWr {
+            wr_id: id,
+            op: SendOp::SendImm { imm },
+            sge: None,
+            signaled: true,
+        }]);
+        let outcome = posted.and_then(|()| match next_completion(&*conn.cq, deadline)? {
+            Some(c) if c.status == WcStatus::Success => Ok(()),
+            Some(c) => Err(Error::Rdma(format!("the final message: {:?}", c.status))),
+            None => Err(Error::Rdma(
+                "the final message: no completion before the deadline".into(),
+            )),
+        });
+        match outcome {
+            Ok(()) => {
+                conn.last_used = Instant::now();
+                self.guard = None;
+                Ok(())
+            }
+            // The final message carries no data: the buffer is quiet.
+            Err(e) => Err(self.fail(e, Vec::new())),
+        }
+    }
+
+    /// Ends the session without the final message, keeping the
+    /// connection (tests of a server that never sends it).
+    pub fn abandon(mut self) {
+        self.guard = None;
+    }
+
+    /// Disconnects the connection and reports `error`; `outstanding` data
+    /// work requests are waited for (their flush) to tell whether the
+    /// buffer is quiet.
+    fn fail(&mut self, error: Error, outstanding: Vec<u64>) -> TransferFailure {
+        let Some(guard) = self.guard.take() else {
+            return TransferFailure::quiet(error);
+        };
+        self.side.drop_this(&self.key, &self.conn, &guard.cm);
+        let mut left = outstanding;
+        let until = Instant::now() + QUIESCE_TIMEOUT;
+        while !left.is_empty() {
+            match next_completion(&*guard.cq, until) {
+                Ok(Some(c)) => left.retain(|&id| id != c.wr_id),
+                _ => break,
+            }
+        }
+        TransferFailure {
+            error,
+            local_quiet: left.is_empty(),
+        }
+    }
 }
 
-/// A nonce: not secret, only different per connection.
-fn random_u32() -> u32 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(Instant::now().elapsed().as_nanos().try_into().unwrap_or(0));
-    let v = h.finish().to_le_bytes();
-    u32::from_le_bytes([v[0], v[1], v[2], v[3]])
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        if self.guard.is_some() {
+            let _ = self.fail(Error::Rdma("the transfer was abandoned".into()), Vec::new());
+        }
+    }
 }
 
 #[cfg(test)]
@@ -583,18 +969,25 @@ mod tests {
 
     impl Setup {
         fn new() -> Setup {
+            Setup::with(ServerConfig {
+                dial: DialPolicy::any(),
+                ..ServerConfig::default()
+            })
+        }
+
+        fn with(config: ServerConfig) -> Setup {
             let world = World::new();
             let current = Current::new();
             let options = crate::core::Options {
                 max_transfers: 4,
                 ..crate::core::Options::default()
             };
-            let config = Config {
+            let config_ = Config {
                 gpu_device: 0,
                 ..Config::default()
             };
             current
-                .init_with(world.platform(), config, options)
+                .init_with(world.platform(), config_, options)
                 .expect("init on the fake platform");
             let client = vec![0xeeu8; LEN].into_boxed_slice();
             current
@@ -620,7 +1013,12 @@ mod tests {
                 addr: mr.addr(),
                 mr,
             };
-            let side = Arc::new(ServerSide::new(fabric.cm(&[SERVER_NIC]), ctx, pd));
+            let side = Arc::new(ServerSide::with_config(
+                fabric.cm(&[SERVER_NIC]),
+                ctx,
+                pd,
+                config,
+            ));
             Setup {
                 _world: world,
                 current,
@@ -662,7 +1060,7 @@ mod tests {
         let s = Setup::new();
         let token = s.token(TokenOp::Get);
         s.side
-            .transfer(&token, Op::Get, &s.local, 100, Setup::deadline())
+            .transfer(&token, Op::Get, &s.local, 100, None, Setup::deadline())
             .expect("the transfer");
         assert_eq!(&s.client[..100], &s.server[..100]);
         assert!(
@@ -676,6 +1074,7 @@ mod tests {
                 Op::Get,
                 &s.local,
                 token.length + 1,
+                None,
                 Setup::deadline(),
             )
             .expect_err("longer than the token");
@@ -684,22 +1083,115 @@ mod tests {
     }
 
     #[test]
+    fn data_longer_than_max_msg_sz_moves_in_several_work_requests() {
+        let s = Setup::new();
+        assert!(s.side.max_msg_sz() >= LEN as u64);
+        let mut side = ServerSide::with_config(
+            s._world.platform.fabric.cm(&[SERVER_NIC]),
+            s._world
+                .platform
+                .fabric
+                .verbs(&[SERVER_NIC])
+                .open(SERVER_NIC)
+                .unwrap(),
+            s.side.pd().clone(),
+            s.side.config.clone(),
+        );
+        // As if the device carried 1000-byte messages at most: five work
+        // requests, the last one short.
+        side.max_msg_sz = 1000;
+        let token = s.token(TokenOp::Get);
+        side.serve(&token, Op::Get, &s.local, Setup::deadline())
+            .expect("a chunked transfer");
+        assert_eq!(&s.client[..], &s.server[..]);
+    }
+
+    #[test]
     fn a_failed_transfer_drops_its_connection_and_reports_the_buffer_free() {
         let s = Setup::new();
         // A GET's token grants remote write only: reading it fails at the
         // client's NIC.
         let token = s.token(TokenOp::Get);
-        let conn = s.side.connection(&token, Setup::deadline()).unwrap();
         let failure = s
             .side
-            .transfer(&token, Op::Put, &s.local, token.length, Setup::deadline())
+            .transfer(
+                &token,
+                Op::Put,
+                &s.local,
+                token.length,
+                None,
+                Setup::deadline(),
+            )
             .expect_err("a READ of a GET's range");
         assert!(matches!(failure.error, Error::Rdma(_)), "{failure}");
         assert!(failure.local_quiet, "the READ completed (in error)");
         assert_eq!(s.side.connection_count(), 0);
-        let conn = conn.lock();
-        assert!(conn.cm.is_disconnected());
-        assert_eq!(conn.qp.state().unwrap(), QpState::Err);
+    }
+
+    #[test]
+    fn the_dial_policy_decides_which_clients_may_be_connected_to() {
+        let s = Setup::with(ServerConfig::default());
+        let token = s.token(TokenOp::Get);
+        let client = ip_of(&token.gid);
+        let other: IpAddr = "198.51.100.7".parse().unwrap();
+        let refused = s
+            .side
+            .transfer(&token, Op::Get, &s.local, 8, Some(other), Setup::deadline())
+            .expect_err("another source");
+        assert!(matches!(refused.error, Error::NotSupported(_)), "{refused}");
+        assert!(s
+            .side
+            .transfer(&token, Op::Get, &s.local, 8, None, Setup::deadline())
+            .is_err());
+        assert_eq!(s.side.connection_count(), 0, "nothing was dialed");
+        s.side
+            .transfer(
+                &token,
+                Op::Get,
+                &s.local,
+                8,
+                Some(client),
+                Setup::deadline(),
+            )
+            .expect("the request's own source");
+        let mut subnet = DialPolicy::request_source();
+        subnet.allow.push("192.0.2.0/24".parse().unwrap());
+        assert!(subnet.permits(client, None));
+        assert!(!subnet.permits(other, Some(client)));
+        let mapped: IpAddr = "::ffff:192.0.2.1".parse().unwrap();
+        assert!(subnet.permits(mapped, None), "an IPv4-mapped client");
+    }
+
+    #[test]
+    fn connections_stay_within_the_limits_by_closing_idle_ones() {
+        let s = Setup::with(ServerConfig {
+            dial: DialPolicy::any(),
+            max_connections: 2,
+            ..ServerConfig::default()
+        });
+        for _ in 0..3 {
+            let token = s.token(TokenOp::Get);
+            s.side
+                .serve(&token, Op::Get, &s.local, Setup::deadline())
+                .expect("within the limits");
+            assert!(s.side.connection_count() <= 2);
+        }
+        // With both connections busy, a third cannot be made.
+        let held: Vec<_> = s
+            .side
+            .conns
+            .lock()
+            .values()
+            .map(|c| c.conn.clone())
+            .collect();
+        let guards: Vec<_> = held.iter().map(|c| c.lock()).collect();
+        let token = s.token(TokenOp::Get);
+        let busy = s
+            .side
+            .transfer(&token, Op::Get, &s.local, 8, None, Setup::deadline())
+            .expect_err("no room");
+        assert!(matches!(busy.error, Error::Busy(_)), "{busy}");
+        drop(guards);
     }
 
     #[test]
@@ -713,7 +1205,7 @@ mod tests {
                 s.side
                     .serve(t, Op::Get, &s.local, Setup::deadline())
                     .unwrap();
-                s.side.connection(t, Setup::deadline()).unwrap()
+                s.side.connection(&ClientQp::of(t)).unwrap()
             })
             .collect();
         assert_eq!(s.side.connection_count(), 2);
@@ -734,38 +1226,28 @@ mod tests {
     }
 
     #[test]
-    fn dropping_the_server_side_disconnects_its_connections() {
-        let s = Setup::new();
-        let token = s.token(TokenOp::Get);
-        s.side
-            .serve(&token, Op::Get, &s.local, Setup::deadline())
-            .unwrap();
-        let conn = s.side.connection(&token, Setup::deadline()).unwrap();
-        let Setup { side, local, .. } = s;
-        drop(local);
-        drop(side);
-        let conn = conn.lock();
-        assert!(conn.cm.is_disconnected());
-        assert_eq!(conn.qp.state().unwrap(), QpState::Err);
-    }
-
-    #[test]
     fn a_busy_connection_blocks_neither_the_map_nor_a_transfer_past_its_deadline() {
         let s = Setup::new();
         let token = s.token(TokenOp::Get);
         s.side
             .serve(&token, Op::Get, &s.local, Setup::deadline())
             .unwrap();
-        let conn = s.side.connection(&token, Setup::deadline()).unwrap();
+        let conn = s.side.connection(&ClientQp::of(&token)).unwrap();
         let held = conn.lock();
         let side = s.side.clone();
         let local = s.local.clone();
+        let next = s.token(TokenOp::Get);
+        let next = Token {
+            qp_num: token.qp_num,
+            ..next
+        };
         let failure = returns_in_time(move || {
             side.transfer(
-                &token,
+                &next,
                 Op::Get,
                 &local,
-                token.length,
+                8,
+                None,
                 Instant::now() + Duration::from_millis(50),
             )
         })

@@ -533,10 +533,10 @@ fn a_server_killed_mid_transfer_fails_the_transfer_and_the_next_one_succeeds() {
 
 #[test]
 fn a_connection_attempt_without_the_proof_is_refused() {
-    use hipobj::core::protocol::ConnectData;
+    use hipobj::core::protocol::encode_connect;
     use hipobj::core::token::Token;
     use hipobj::platform::Access;
-    use hipobj::server::{LocalBuf, Op, ServerSide};
+    use hipobj::server::{DialPolicy, LocalBuf, Op, ServerConfig, ServerSide};
 
     init_gpu_less_on_rxe0();
     let mut buf = vec![0u8; 65_536];
@@ -579,7 +579,11 @@ fn a_connection_attempt_without_the_proof_is_refused() {
         addr: mr.addr(),
         mr,
     };
-    let side = ServerSide::new(platform.cm().expect("librdmacm"), ctx, pd);
+    let config = ServerConfig {
+        dial: DialPolicy::any(),
+        ..ServerConfig::default()
+    };
+    let side = ServerSide::with_config(platform.cm().expect("librdmacm"), ctx, pd, config);
     let deadline = || Instant::now() + Duration::from_secs(10);
 
     let mut other = token;
@@ -589,27 +593,11 @@ fn a_connection_attempt_without_the_proof_is_refused() {
     let attempts: [(&str, Vec<u8>); 4] = [
         ("no private data", Vec::new()),
         ("a request of another protocol", vec![0x5a; 56]),
-        (
-            "another rkey",
-            ConnectData {
-                token: other,
-                nonce: 1,
-            }
-            .encode()
-            .to_vec(),
-        ),
-        (
-            "another length",
-            ConnectData {
-                token: longer,
-                nonce: 2,
-            }
-            .encode()
-            .to_vec(),
-        ),
+        ("another rkey", encode_connect(&other).to_vec()),
+        ("another length", encode_connect(&longer).to_vec()),
     ];
     for (what, data) in attempts {
-        let refused = side.connect_with(&token, &data, 7, deadline());
+        let refused = side.connect_with(&token, &data, deadline());
         assert!(
             refused.is_err(),
             "a connect request with {what} was accepted"
@@ -621,6 +609,9 @@ fn a_connection_attempt_without_the_proof_is_refused() {
     // The waiting transfer survived the attempts: with the proof, it runs.
     side.serve(&token, Op::Get, &local, deadline())
         .expect("the transfer with the proof");
+    // A proof is good once: the same token again is refused.
+    let replayed = side.connect_with(&token, &encode_connect(&token), deadline());
+    assert!(replayed.is_err(), "a replayed connect request was accepted");
     // SAFETY: the registered buffer and the token of this test.
     unsafe {
         let r = hipObjBufSync(buf.as_mut_ptr().cast(), buf.len(), 0, HIPOBJ_SYNC_TO_DEVICE);

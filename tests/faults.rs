@@ -39,10 +39,18 @@ fn calls(log: &[&'static str]) -> Vec<(&'static str, u64)> {
         .collect()
 }
 
-/// Functions the listener thread calls on its own schedule: failing their
-/// kth call is not tied to the operation under test.
+/// Functions the connection driver calls on its own schedule, whenever it
+/// wakes: failing their kth call is not tied to an operation the driver
+/// takes no part in (init, registration). A transfer's sweep includes them.
 fn asynchronous(function: &str) -> bool {
-    function == "rdma_get_cm_event"
+    matches!(
+        function,
+        "rdma_get_cm_event"
+            | "ibv_poll_cq"
+            | "ibv_req_notify_cq"
+            | "ibv_get_cq_event"
+            | "ibv_get_async_event"
+    )
 }
 
 const DOCUMENTED: [Code; 7] = [
@@ -55,8 +63,10 @@ const DOCUMENTED: [Code; 7] = [
     Code::DmabufNotSupported,
 ];
 
-/// Calls whose failure init may survive.
-const TOLERATED: [&str; 2] = ["topology_pci_path", "topology_numa_node"];
+/// Calls whose failure init may survive: topology lookups are hints, and a
+/// device whose windows cannot be allocated is served with per-transfer
+/// registrations.
+const TOLERATED: [&str; 3] = ["topology_pci_path", "topology_numa_node", "ibv_alloc_mw"];
 
 #[test]
 fn init_survives_the_failure_of_each_call() {
@@ -192,12 +202,10 @@ fn a_transfer_survives_the_failure_of_each_call() {
             .unwrap();
         let reused = calls(&faults.log());
         let functions: Vec<&str> = reused.iter().map(|(f, _)| *f).collect();
-        for needed in [
-            "ibv_post_recv",
-            "ibv_post_send",
-            "ibv_poll_cq",
-            "ibv_modify_qp",
-        ] {
+        // A reused connection needs no modify: its window grants the access
+        // (the proof, the bind and the grant, the final message, the
+        // invalidation).
+        for needed in ["ibv_post_recv", "ibv_post_send", "ibv_poll_cq"] {
             assert!(
                 functions.contains(&needed),
                 "{direction:?}: the sweep covers {needed}: {functions:?}"
@@ -205,7 +213,7 @@ fn a_transfer_survives_the_failure_of_each_call() {
         }
         eprintln!("{direction:?}: sweeping {} calls", reused.len());
         let pool_size = usize::try_from(options().max_transfers).unwrap();
-        for (function, k) in reused.into_iter().filter(|(f, _)| !asynchronous(f)) {
+        for (function, k) in reused {
             faults.reset();
             faults.fail_nth(function, k);
             if let Err(e) = inst.transfer(direction, slice, &mut world.server.session(op)) {
@@ -283,7 +291,7 @@ fn a_first_transfer_with_its_handshake_survives_the_failure_of_each_call() {
         );
     }
     eprintln!("first transfer: sweeping {} calls", plan.len());
-    for (function, k) in plan.into_iter().filter(|(f, _)| !asynchronous(f)) {
+    for (function, k) in plan {
         let (world, current) = setup();
         let inst = current.instance().unwrap();
         inst.register(BufferRange::new(base, 4096).unwrap(), true)

@@ -200,8 +200,13 @@ fn token_hex(transport: Transport) -> String {
         rkey: 0x1234,
         addr: 0x7f00_0000_0000,
         length: 4096,
-        port: 1,
+        port: if transport == Transport::RcCm { 0 } else { 1 },
         lid: 4791,
+        secret: if transport == Transport::RcCm {
+            0x005e_c2e7
+        } else {
+            0
+        },
     };
     String::from_utf8(token.to_hex().to_vec()).expect("hex is ASCII")
 }

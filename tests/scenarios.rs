@@ -283,7 +283,7 @@ fn application_driven_get_and_put() {
 }
 
 #[test]
-fn an_unused_token_holds_its_buffer_until_it_expires() {
+fn an_unused_token_ends_at_its_deadline_without_any_further_call() {
     let world = World::new();
     let current = Current::new();
     let opts = Options {
@@ -298,12 +298,42 @@ fn an_unused_token_holds_its_buffer_until_it_expires() {
     let base = buf.as_ptr() as usize;
     inst.register(BufferRange::new(base, 4096).unwrap(), true)
         .unwrap();
-    inst.mint_token(Slice::new(base, 4096, 0).unwrap(), TokenOp::Get)
+    let token = inst
+        .mint_token(Slice::new(base, 4096, 0).unwrap(), TokenOp::Get)
         .unwrap();
-    assert_eq!(inst.deregister(base).unwrap_err().code(), Code::Busy);
-    std::thread::sleep(Duration::from_millis(80));
+    assert_eq!(inst.pool().free_count(), 3, "the token holds a connection");
+    // No call into the library: the deadline alone ends the token.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while inst.pool().free_count() < 4 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(inst.pool().free_count(), 4, "the driver ended the token");
+    // Its server comes too late: refused, nothing written.
+    world.server.set_object(&pattern(4096, 1));
+    let reply = world.server.handle(&token.to_hex(), Op::Get);
+    assert_eq!(reply, b"500", "the server could not use the expired token");
+    assert!(buf.iter().all(|b| *b == 0));
+    inst.deregister(base).unwrap();
+}
+
+#[test]
+fn deregistering_a_buffer_ends_its_tokens_first() {
+    let up = Up::new(World::new());
+    let inst = up.instance();
+    let buf = host_buffer(4096);
+    let base = buf.as_ptr() as usize;
+    inst.register(BufferRange::new(base, 4096).unwrap(), true)
+        .unwrap();
+    let token = inst
+        .mint_token(Slice::new(base, 4096, 0).unwrap(), TokenOp::Get)
+        .unwrap();
+    // The original revokes a buffer's access when it is deregistered; so
+    // does this library, tokens included.
     inst.deregister(base).unwrap();
     assert_eq!(inst.pool().free_count(), 4);
+    up.world.server.set_object(&pattern(4096, 2));
+    assert_eq!(up.world.server.handle(&token.to_hex(), Op::Get), b"500");
+    assert!(buf.iter().all(|b| *b == 0), "nothing reached the buffer");
 }
 
 fn misbehaving(behaviour: Behaviour, expected: Code) {
@@ -932,23 +962,39 @@ fn the_token_rkey_is_a_window_over_exactly_the_transfer() {
 }
 
 #[test]
-fn without_memory_windows_the_token_carries_the_mr_rkey() {
+fn without_memory_windows_each_transfer_registers_exactly_its_range() {
     let mut spec = hipobj::testing::world::WorldSpec::default();
     spec.client.supports_mw = false;
     let up = Up::new(World::with(spec));
     let inst = up.instance();
-    let buf = host_buffer(4096);
+    let buf = host_buffer(8192);
     let base = buf.as_ptr() as usize;
-    inst.register(BufferRange::new(base, 4096).unwrap(), true)
+    inst.register(BufferRange::new(base, 8192).unwrap(), true)
         .unwrap();
     up.world.server.set_object(&pattern(4096, 8));
     get(&inst, &up, base, 4096, 0).unwrap();
-    assert_eq!(&buf[..], &pattern(4096, 8)[..]);
+    assert_eq!(&buf[..4096], &pattern(4096, 8)[..]);
+    // The first transfer made the server's connection (and its buffer).
+    let mrs = up.world.platform.counters.live("mr");
+    up.world.server.set_object(&pattern(4096, 9));
+    get(&inst, &up, base, 4096, 0).unwrap();
+    assert_eq!(&buf[..4096], &pattern(4096, 9)[..]);
+    assert_eq!(
+        up.world.platform.counters.live("mr"),
+        mrs,
+        "the transfer's own registration went with it"
+    );
+    // A server that reaches past its range is refused by the NIC: the
+    // registration covers the range and no more.
+    up.world.server.set_behaviour(Behaviour::Overreach);
+    assert_eq!(get(&inst, &up, base, 4096, 0).unwrap_err().code(), Code::S3);
+    assert!(buf[4096..].iter().all(|b| *b == 0));
+    up.world.server.set_behaviour(Behaviour::Normal);
     let a = inst
         .mint_token(Slice::new(base, 4096, 0).unwrap(), TokenOp::Get)
         .unwrap();
     let b = inst
         .mint_token(Slice::new(base, 4096, 0).unwrap(), TokenOp::Get)
         .unwrap();
-    assert_eq!(a.rkey, b.rkey, "the MR's rkey");
+    assert_ne!(a.rkey, b.rkey, "a registration each, not the buffer's");
 }

@@ -210,6 +210,7 @@ mod tests {
             kind: BufKind::Staged { device: 0 },
             mr,
             staging: Some(staging),
+            dmabuf: None,
         });
         (
             Setup {

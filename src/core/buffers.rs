@@ -8,13 +8,14 @@
 //! the map's lock, the check cannot miss one.
 
 use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
 
 use super::args::MAX_BUFFERS;
 use super::error::{Error, Result};
-use crate::platform::{HostBuffer, Mr};
+use crate::platform::{Access, HostBuffer, Mr, Pd};
 
 /// How a buffer was registered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +54,21 @@ pub struct BufEntry {
     pub mr: Arc<dyn Mr>,
     /// The staging buffer, when staged.
     pub staging: Option<Arc<dyn HostBuffer>>,
+    /// The dma-buf of a GPU buffer registered through one, kept where
+    /// transfers register their own ranges (a device without windows).
+    pub dmabuf: Option<DmabufSource>,
+}
+
+/// Where a dma-buf registration came from: enough to register a part of it
+/// again.
+#[derive(Debug)]
+pub struct DmabufSource {
+    /// The exported dma-buf.
+    pub fd: OwnedFd,
+    /// Where the buffer starts inside it.
+    pub offset: u64,
+    /// The address the NIC knows the buffer's first byte by.
+    pub iova: u64,
 }
 
 impl std::fmt::Debug for BufEntry {
@@ -75,6 +91,29 @@ impl BufEntry {
     /// The staging buffer's address, when staged.
     pub fn staging_addr(&self) -> Option<usize> {
         self.staging.as_ref().map(|s| s.addr())
+    }
+
+    /// Registers exactly `len` bytes at `offset` of the buffer (of its
+    /// staging buffer when staged) in `pd`, addressed by the NIC as
+    /// [`BufEntry::nic_addr`] says: a transfer's own registration on a
+    /// device without memory windows.
+    pub fn register_range(
+        &self,
+        pd: &dyn Pd,
+        offset: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<Arc<dyn Mr>> {
+        let len = usize::try_from(len).map_err(|_| Error::InvalidValue("size"))?;
+        if let Some(src) = &self.dmabuf {
+            return pd.reg_dmabuf_mr(&src.fd, src.offset + offset, len, src.iova + offset, access);
+        }
+        let addr = self.staging_addr().unwrap_or(self.base);
+        let addr = usize::try_from(offset)
+            .ok()
+            .and_then(|o| addr.checked_add(o))
+            .ok_or(Error::InvalidValue("offset"))?;
+        pd.reg_mr(addr, len, access)
     }
 }
 
@@ -194,6 +233,7 @@ mod tests {
             kind: BufKind::Host,
             mr,
             staging: None,
+            dmabuf: None,
         }
     }
 

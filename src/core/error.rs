@@ -39,7 +39,7 @@ pub enum Code {
 pub const HIP_ERROR_NO_DEVICE: i32 = 100;
 
 /// Everything that can go wrong, grouped by what the caller can do about it.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
     // ---- The caller passed something wrong: fix the call.
     /// An argument or configuration value breaks the contract of the call.

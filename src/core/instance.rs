@@ -13,15 +13,19 @@ use parking_lot::{Mutex, RwLock};
 
 use std::net::SocketAddr;
 
+use std::time::Instant;
+
 use super::abandoned::AbandonedCopies;
 use super::buffers::BufferMap;
+use super::conn::Mode;
+use super::driver::{self, Commands, Driver, Settings};
 use super::error::{Error, Result, HIP_ERROR_NO_DEVICE};
-use super::listener::Listener;
+use super::mailbox::Mailbox;
 use super::nic::{self, GpuPlace, NicChoice};
 use super::options::Options;
-use super::pool::{self, ConnectionPool, Link};
-use super::transfer::Detached;
-use crate::platform::{Context, Gid, Gpu, Pd, Platform, PortState};
+use super::pool::Pool;
+use super::transfer::Direction;
+use crate::platform::{Cm, Context, Gid, Gpu, Pd, Platform, PortState};
 
 /// What `hipObjInit` was given, copied out of the caller's `hipObjConfig_t`.
 /// The access and secret keys are never stored.
@@ -72,13 +76,42 @@ pub struct GpuChoice {
     pub device: i32,
 }
 
+/// An application-driven token the instance has handed out: what
+/// `hipObjBufSync` waits for and `hipObjPutRdmaToken` ends. The driver owns
+/// its job; this is only where its outcome arrives.
+pub(crate) struct TokenRecord {
+    /// The buffer's registered address.
+    pub(crate) base: usize,
+    /// Its direction.
+    pub(crate) direction: Direction,
+    /// Its slot and lease epoch (to end it).
+    pub(crate) index: usize,
+    pub(crate) epoch: u64,
+    /// Its secret (to find it from the token).
+    pub(crate) secret: u32,
+    /// Where its outcome arrives.
+    pub(crate) mailbox: Arc<Mailbox>,
+    /// When the driver ends it at the latest.
+    pub(crate) deadline: Instant,
+}
+
+impl TokenRecord {
+    /// Whether nothing will ask for it any more: a PUT that ended, or any
+    /// token ended and a whole token timeout past its deadline.
+    pub(crate) fn stale(&self, now: Instant, token_timeout: std::time::Duration) -> bool {
+        self.mailbox.peek().is_some()
+            && (self.direction == Direction::Put || self.deadline + token_timeout <= now)
+    }
+}
+
 /// One initialized library: everything `hipObjInit` built. Built whole by
 /// [`Current::init_with`] or not at all.
 ///
-/// Field order is teardown order: the listener thread stops first; then
-/// application-driven tokens give their leases back; abandoned copies leak
-/// what may still be written; buffers deregister; the pool's QPs and CQs go;
-/// then the protection domain and the device; the platform outlives them all.
+/// Field order is teardown order: the connection driver stops first (it
+/// ends every job, revoking its access, and disconnects every connection;
+/// its thread drops the QPs, windows and CQ); abandoned copies leak what
+/// may still be written; buffers deregister; then the protection domain
+/// and the device; the platform outlives them all.
 pub struct Instance {
     /// Settings read at init.
     pub options: Options,
@@ -88,15 +121,20 @@ pub struct Instance {
     pub nic: NicChoice,
     /// The GID the device reports at the chosen index.
     pub gid: Gid,
-    listener: Listener,
-    pub(crate) detached: Mutex<Vec<Detached>>,
+    /// The port servers connect to (the listener's).
+    pub listener_port: u16,
+    /// How access is granted on this device.
+    pub mode: Mode,
+    driver: Driver,
+    pub(crate) tokens: Mutex<Vec<TokenRecord>>,
     pub(crate) abandoned: AbandonedCopies,
     pub(crate) buffers: BufferMap,
-    pub(crate) pool: Arc<ConnectionPool>,
+    pub(crate) pool: Arc<Pool>,
     pub(crate) pd: Arc<dyn Pd>,
     pub(crate) ctx: Arc<dyn Context>,
     /// The GPU; `None` on a GPU-less host (with a NIC hint).
     pub gpu: Option<GpuChoice>,
+    _cm: Arc<dyn Cm>,
     _platform: Arc<dyn Platform>,
 }
 
@@ -114,7 +152,16 @@ impl Instance {
     /// Builds an instance in the order of the ABI spec: libibverbs, the GPU,
     /// the NIC, the device and what hangs off it. Everything is built in
     /// locals; a failure drops what was built, in reverse.
-    fn build(platform: Arc<dyn Platform>, config: Config, options: Options) -> Result<Instance> {
+    fn build(
+        platform: Arc<dyn Platform>,
+        mut config: Config,
+        options: Options,
+    ) -> Result<Instance> {
+        if config.nic_hint.is_empty() {
+            if let Some(hint) = &options.nic_hint {
+                config.nic_hint = Config::parse_nic_hint(hint);
+            }
+        }
         let verbs = platform.verbs()?;
         let gpu = resolve_gpu(&*platform, &config)?;
         let present = verbs.device_names()?;
@@ -162,40 +209,60 @@ impl Instance {
         let gid = ctx.query_gid(nic.port, nic.gid_index)?;
         let pd = ctx.alloc_pd()?;
         let cm = platform.cm()?;
-        let cm_listener = cm.listen(SocketAddr::new(nic::ip_of(&gid), 0))?;
-        let pool = Arc::new(ConnectionPool::new(
-            &*ctx,
-            &pd,
-            cm,
-            nic.port,
-            options.max_transfers,
-        )?);
-        let listener = Listener::start(pool.clone(), cm_listener, options.idle_timeout)?;
+        let listener = cm.listen(SocketAddr::new(nic::ip_of(&gid), 0))?;
+        let commands = Arc::new(Commands::new()?);
+        let count = usize::try_from(options.max_transfers)
+            .map_err(|_| Error::InvalidValue("HIPOBJ_MAX_TRANSFERS"))?;
+        let pool = Arc::new(Pool::new(count, commands.clone()));
+        let settings = Settings {
+            port: nic.port,
+            completion_timeout: options.completion_timeout,
+            idle_timeout: options.idle_timeout,
+        };
+        let parts = driver::build(&*ctx, &pd, count, &pool, settings)?;
+        let mode = parts.mode();
+        let listener_port = listener.port();
+        let driver = Driver::start(
+            parts,
+            listener,
+            ctx.clone(),
+            pool.clone(),
+            commands,
+            settings,
+        )?;
         Ok(Instance {
             options,
             config,
             nic,
             gid,
-            listener,
-            detached: Mutex::new(Vec::new()),
+            listener_port,
+            mode,
+            driver,
+            tokens: Mutex::new(Vec::new()),
             abandoned: AbandonedCopies::new(),
             buffers: BufferMap::new(),
             pool,
             pd,
             ctx,
             gpu,
+            _cm: cm,
             _platform: platform,
         })
     }
 
     /// The port servers connect to.
     pub fn listener_port(&self) -> u16 {
-        self.listener.port()
+        self.listener_port
     }
 
-    /// The connection pool.
-    pub fn pool(&self) -> &Arc<ConnectionPool> {
+    /// The free list of connections.
+    pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
+    }
+
+    /// The driver's command queue.
+    pub(crate) fn commands(&self) -> &Arc<Commands> {
+        self.driver.commands()
     }
 
     /// Registered buffers.
@@ -217,20 +284,10 @@ impl Instance {
 
 impl Drop for Instance {
     fn drop(&mut self) {
+        // Then the driver (the first field) stops: application-driven
+        // tokens end, established connections are disconnected so that
+        // their servers see the end at once.
         self.pool.close();
-        // Application-driven tokens still out end now; their servers can no
-        // longer reach a QP that is reset below.
-        for detached in std::mem::take(&mut *self.detached.lock()) {
-            detached.lease.fail();
-        }
-        // Established connections are disconnected so that their servers
-        // see the end at once.
-        for conn in self.pool.slots() {
-            let link = std::mem::replace(&mut conn.state.lock().link, Link::Unconnected);
-            if let Link::Connected(peer) = link {
-                pool::disconnect(peer);
-            }
-        }
     }
 }
 

@@ -7,9 +7,11 @@
 pub mod abandoned;
 pub mod args;
 pub mod buffers;
+pub mod conn;
+pub mod driver;
 pub mod error;
 pub mod instance;
-pub mod listener;
+pub mod mailbox;
 pub mod nic;
 pub mod options;
 pub mod pool;

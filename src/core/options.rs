@@ -28,6 +28,9 @@ pub struct Options {
     /// `HIPOBJ_IDLE_TIMEOUT_MS`: how long an established connection may stay
     /// unused before it is closed.
     pub idle_timeout: Duration,
+    /// `HIPOBJ_NIC_HINT`: the NIC hint used when `hipObjConfig_t.nicHint`
+    /// is NULL (the original's later versions read it themselves).
+    pub nic_hint: Option<String>,
 }
 
 impl Default for Options {
@@ -41,6 +44,7 @@ impl Default for Options {
             completion_timeout: Duration::from_millis(5_000),
             token_timeout: Duration::from_millis(30_000),
             idle_timeout: Duration::from_millis(60_000),
+            nic_hint: None,
         }
     }
 }
@@ -77,6 +81,9 @@ impl Options {
             ),
             token_timeout: millis(value("HIPOBJ_TOKEN_TIMEOUT_MS"), defaults.token_timeout),
             idle_timeout: millis(value("HIPOBJ_IDLE_TIMEOUT_MS"), defaults.idle_timeout),
+            nic_hint: lookup("HIPOBJ_NIC_HINT")
+                .and_then(|v| v.into_string().ok())
+                .filter(|v| !v.trim().is_empty()),
         }
     }
 }

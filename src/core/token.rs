@@ -1,6 +1,9 @@
 //! The `x-amz-rdma-token` codec: 44 bytes serialized field by field in
 //! little-endian order, carried as 88 hex digits (lowercase out, either case
-//! in). The layout is part of the wire protocol and never changes.
+//! in). The layout of transports `0x00` and `0x01` is the ABI's and never
+//! changes; transport `0x02` is ours, and carries a 40-bit length and a
+//! 32-bit secret where the others carry a 64-bit length and the IB port
+//! (`docs/protocol.md`).
 
 use std::fmt;
 
@@ -18,6 +21,14 @@ const ADDR_AT: usize = 25;
 const LENGTH_AT: usize = 33;
 const PORT_AT: usize = 41;
 const LID_AT: usize = 42;
+// Transport 0x02: a 40-bit length at LENGTH_AT, then the secret, which
+// covers the IB port's byte (a server that connects through RDMA CM never
+// needs the client's port number).
+const SECRET_AT: usize = 38;
+
+/// Largest length a `0x02` token carries (40 bits; registrations are at
+/// most 4 GiB).
+pub const RC_CM_MAX_LENGTH: u64 = (1 << 40) - 1;
 
 /// How the server reaches the client's queue pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -86,10 +97,17 @@ pub struct Token {
     pub addr: u64,
     /// Bytes in the range.
     pub length: u64,
-    /// The NIC's port number.
+    /// The NIC's port number; not carried by `0x02` tokens (always 0 there).
     pub port: u8,
-    /// The port's LID; 0 on RoCE.
+    /// The port's LID; 0 on RoCE. A `0x02` token carries the client
+    /// listener's port here.
     pub lid: u16,
+    /// `0x02` only (0 for the other transports): 32 bits from the operating
+    /// system's CSPRNG, fresh for every token. A server proves it holds the
+    /// token by presenting it whole, and the grant and final messages of
+    /// the transfer carry values derived from it
+    /// ([`crate::core::protocol`]).
+    pub secret: u32,
 }
 
 impl fmt::Debug for Token {
@@ -103,37 +121,87 @@ impl fmt::Debug for Token {
             .field("length", &self.length)
             .field("port", &self.port)
             .field("lid", &self.lid)
+            // The secret is a credential: never printed.
+            .field("secret", &format_args!("<{} bits>", 32))
             .finish()
     }
 }
 
 impl Token {
-    /// Serializes the token field by field.
+    /// Serializes the token field by field. A `0x02` token's length must
+    /// be at most [`RC_CM_MAX_LENGTH`] and its port 0 (what
+    /// [`Token::is_encodable`] checks); beyond that, only the low 40 bits
+    /// of the length are written.
     pub fn to_bytes(&self) -> [u8; TOKEN_BYTES] {
+        debug_assert!(self.is_encodable(), "{self:?} has no 44-byte form");
         let mut out = [0u8; TOKEN_BYTES];
         out[TRANSPORT_AT] = self.transport.to_byte();
         out[QP_NUM_AT..GID_AT].copy_from_slice(&self.qp_num.to_le_bytes());
         out[GID_AT..RKEY_AT].copy_from_slice(&self.gid);
         out[RKEY_AT..ADDR_AT].copy_from_slice(&self.rkey.to_le_bytes());
         out[ADDR_AT..LENGTH_AT].copy_from_slice(&self.addr.to_le_bytes());
-        out[LENGTH_AT..PORT_AT].copy_from_slice(&self.length.to_le_bytes());
-        out[PORT_AT] = self.port;
+        let length = self.length.to_le_bytes();
+        match self.transport {
+            Transport::RcCm => {
+                out[LENGTH_AT..SECRET_AT].copy_from_slice(&length[..SECRET_AT - LENGTH_AT]);
+                out[SECRET_AT..LID_AT].copy_from_slice(&self.secret.to_le_bytes());
+            }
+            Transport::Dc | Transport::Rc => {
+                out[LENGTH_AT..PORT_AT].copy_from_slice(&length);
+                out[PORT_AT] = self.port;
+            }
+        }
         out[LID_AT..TOKEN_BYTES].copy_from_slice(&self.lid.to_le_bytes());
         out
     }
 
+    /// Whether [`Token::to_bytes`] writes this token as it is: a `0x02`
+    /// token has a 40-bit length and no port, the others no secret.
+    pub fn is_encodable(&self) -> bool {
+        match self.transport {
+            Transport::RcCm => self.length <= RC_CM_MAX_LENGTH && self.port == 0,
+            Transport::Dc | Transport::Rc => self.secret == 0,
+        }
+    }
+
     /// Deserializes 44 bytes; only the transport byte can be invalid.
     pub fn from_bytes(bytes: &[u8; TOKEN_BYTES]) -> Result<Token, TokenError> {
+        let transport = Transport::try_from(bytes[TRANSPORT_AT])?;
+        let (length, port, secret) = match transport {
+            Transport::RcCm => {
+                let mut length = [0u8; 8];
+                length[..SECRET_AT - LENGTH_AT].copy_from_slice(&bytes[LENGTH_AT..SECRET_AT]);
+                let secret = u32::from_le_bytes(field(bytes, SECRET_AT));
+                (u64::from_le_bytes(length), 0, secret)
+            }
+            Transport::Dc | Transport::Rc => (
+                u64::from_le_bytes(field(bytes, LENGTH_AT)),
+                bytes[PORT_AT],
+                0,
+            ),
+        };
         Ok(Token {
-            transport: Transport::try_from(bytes[TRANSPORT_AT])?,
+            transport,
             qp_num: u32::from_le_bytes(field(bytes, QP_NUM_AT)),
             gid: field(bytes, GID_AT),
             rkey: u32::from_le_bytes(field(bytes, RKEY_AT)),
             addr: u64::from_le_bytes(field(bytes, ADDR_AT)),
-            length: u64::from_le_bytes(field(bytes, LENGTH_AT)),
-            port: bytes[PORT_AT],
+            length,
+            port,
             lid: u16::from_le_bytes(field(bytes, LID_AT)),
+            secret,
         })
+    }
+
+    /// Constant-time equality of the serialized tokens: how a proof is
+    /// compared, so that its timing says nothing about how much of a guess
+    /// was right.
+    pub fn same_as(&self, other: &Token) -> bool {
+        let (a, b) = (self.to_bytes(), other.to_bytes());
+        a.iter()
+            .zip(b.iter())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
     }
 
     /// The 88 lowercase hex digits of the token.
@@ -185,6 +253,17 @@ mod tests {
             length: 4096,
             port: 1,
             lid: 0xbeef,
+            secret: 0,
+        }
+    }
+
+    fn rc_cm() -> Token {
+        Token {
+            transport: Transport::RcCm,
+            port: 0,
+            length: 0x12_3456_789a,
+            secret: 0xfeed_f00d,
+            ..sample()
         }
     }
 
@@ -202,6 +281,44 @@ mod tests {
         assert_eq!(&b[33..41], &[0x00, 0x10, 0, 0, 0, 0, 0, 0]);
         assert_eq!(b[41], 1);
         assert_eq!(&b[42..44], &[0xef, 0xbe]);
+    }
+
+    #[test]
+    fn an_rc_cm_token_carries_a_40_bit_length_and_the_secret_over_the_port() {
+        let t = rc_cm();
+        let b = t.to_bytes();
+        assert_eq!(b[0], 0x02);
+        assert_eq!(&b[33..38], &[0x9a, 0x78, 0x56, 0x34, 0x12]);
+        assert_eq!(&b[38..42], &[0x0d, 0xf0, 0xed, 0xfe]);
+        assert_eq!(&b[42..44], &[0xef, 0xbe]);
+        assert_eq!(Token::from_bytes(&b), Ok(t));
+        assert!(t.is_encodable());
+        assert!(!Token { port: 1, ..t }.is_encodable());
+        assert!(!Token {
+            length: RC_CM_MAX_LENGTH + 1,
+            ..t
+        }
+        .is_encodable());
+        assert!(!Token {
+            secret: 1,
+            ..sample()
+        }
+        .is_encodable());
+    }
+
+    #[test]
+    fn tokens_compare_whole_and_the_debug_form_hides_the_secret() {
+        let t = rc_cm();
+        assert!(t.same_as(&t));
+        for i in 0..TOKEN_BYTES {
+            let mut b = t.to_bytes();
+            b[i] ^= 0x01;
+            if let Ok(other) = Token::from_bytes(&b) {
+                assert!(!t.same_as(&other), "byte {i} changed");
+            }
+        }
+        let shown = format!("{t:?}");
+        assert!(!shown.contains("feedf00d") && !shown.contains(&0xfeed_f00du32.to_string()));
     }
 
     #[test]

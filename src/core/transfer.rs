@@ -1,34 +1,37 @@
 //! What an instance does for the buffer and transfer calls: registration,
-//! staging copies, and the transfer sequence of `docs/protocol.md`.
+//! staging copies, and the transfer sequence of `docs/protocol.md` as the
+//! calling thread sees it.
 //!
-//! A transfer leases a connection, posts the receive the server's final
-//! message will consume, records the lease as waiting with the token it
-//! mints, and calls `sendRequest`. The server connects to the listener with
-//! that token (or reuses the connection it has to this QP), moves the data
-//! with RDMA WRITEs or READs, then sends a zero-length SEND with immediate
-//! whose immediate is this transfer's secret, and only then replies. After
-//! `recvReply`, the transfer succeeds on that completion alone.
+//! A transfer leases a slot, mints a token (a fresh secret from the
+//! operating system's CSPRNG, a random window key), hands the transfer to
+//! the connection driver and calls `sendRequest`. The server proves it
+//! holds the token (in its connect request, or in a SEND on the connection
+//! it has), the driver grants exactly the transfer's range and direction,
+//! the server moves the data and sends its final message, and the driver
+//! revokes the access and leaves the outcome in the transfer's mailbox,
+//! which the thread reads after `recvReply`. The thread touches no QP.
 //!
 //! No lock is held across a callback, a verbs call or a HIP call.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::args::{BufferRange, Slice, SyncDirection, TokenOp};
-use super::buffers::{BufEntry, BufKind};
+use super::buffers::{BufEntry, BufKind, DmabufSource};
+use super::conn::{Armed, Grant, Mode};
+use super::driver::Command;
 use super::error::{Error, Result};
-use super::instance::Instance;
-use super::pool::{self, BindPlan, Connection, Lease, Link, Waiting};
-use super::protocol::final_imm;
+use super::instance::{Instance, TokenRecord};
+use super::mailbox::{late, Mailbox};
+use super::pool::{remember_peer, SlotInfo};
 use super::reply::{parse_reply, REPLY_BUFFER_LEN};
 use super::token::{Token, Transport, TOKEN_HEX_LEN};
-use crate::platform::{Access, PointerKind, QpAttr, RecvWr, WcOpcode, WcStatus};
+use crate::platform::{Access, PointerKind};
 
-/// Every MR allows what any transfer may need: the server writes it for a
-/// GET and reads it for a PUT.
-const MR_ACCESS: Access = Access::LOCAL_WRITE
-    .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_READ);
+/// How much longer than its own deadline a thread waits for the driver's
+/// answer before it gives up on the driver (which never happens unless the
+/// driver is wedged).
+const DRIVER_GRACE: Duration = Duration::from_secs(5);
 
 /// Which way the bytes go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,7 +44,7 @@ pub enum Direction {
 
 impl Direction {
     /// The remote access a transfer grants its server.
-    fn access(self) -> Access {
+    pub fn access(self) -> Access {
         match self {
             Direction::Get => Access::REMOTE_WRITE,
             Direction::Put => Access::REMOTE_READ,
@@ -68,22 +71,6 @@ pub trait S3Client {
         -> std::result::Result<usize, i32>;
 }
 
-/// A transfer armed on a lease: what its completion must match.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Ticket {
-    token: Token,
-    recv_wr_id: u64,
-}
-
-/// An application-driven transfer in flight: its token is out, and its
-/// lease ends when the final message arrives, or at its deadline.
-pub(crate) struct Detached {
-    pub(crate) lease: Lease,
-    ticket: Ticket,
-    entry: Arc<BufEntry>,
-    deadline: Instant,
-}
-
 impl Instance {
     // ------------------------------------------------------------ buffers
 
@@ -99,13 +86,15 @@ impl Instance {
         self.buffers.insert(entry)
     }
 
-    /// The access of every MR: [`MR_ACCESS`], and `MW_BIND` where the device
-    /// has memory windows.
+    /// The access of every registration: local write, and `MW_BIND` where
+    /// windows grant access. Never remote access: a registration's rkey
+    /// would reach the whole buffer through any QP of its protection
+    /// domain. Without windows, each transfer registers exactly its range
+    /// ([`BufEntry::register_range`]).
     fn mr_access(&self) -> Access {
-        if self.ctx.supports_mw() {
-            MR_ACCESS | Access::MW_BIND
-        } else {
-            MR_ACCESS
+        match self.mode {
+            Mode::Windows => Access::LOCAL_WRITE | Access::MW_BIND,
+            Mode::Regions => Access::LOCAL_WRITE,
         }
     }
 
@@ -117,6 +106,7 @@ impl Instance {
             kind,
             mr,
             staging: None,
+            dmabuf: None,
         })
     }
 
@@ -148,7 +138,7 @@ impl Instance {
         }
         if self.options.dmabuf && self.ctx.supports_dmabuf() {
             match self.register_dmabuf(range) {
-                Ok(mr) => {
+                Ok((mr, source)) => {
                     return Ok(BufEntry {
                         base: range.addr,
                         len: range.len,
@@ -158,7 +148,10 @@ impl Instance {
                         },
                         mr,
                         staging: None,
-                    })
+                        // Kept for the per-transfer registrations of a
+                        // device without windows.
+                        dmabuf: (self.mode == Mode::Regions).then_some(source),
+                    });
                 }
                 Err(e) if self.options.rdma_debug => {
                     eprintln!("hipobj: dma-buf registration of {:#x}: {e}", range.addr)
@@ -198,10 +191,14 @@ impl Instance {
             kind: BufKind::Staged { device },
             mr,
             staging: Some(staging),
+            dmabuf: None,
         })
     }
 
-    fn register_dmabuf(&self, range: BufferRange) -> Result<Arc<dyn crate::platform::Mr>> {
+    fn register_dmabuf(
+        &self,
+        range: BufferRange,
+    ) -> Result<(Arc<dyn crate::platform::Mr>, DmabufSource)> {
         let gpu = self.gpu.as_ref().ok_or(Error::NotSupported("no GPU"))?;
         let (fd, offset) = match gpu.gpu.export_dmabuf(range.addr, range.len) {
             None => return Err(Error::DmabufNotSupported),
@@ -214,14 +211,36 @@ impl Instance {
             Some(Ok(export)) => export,
         };
         let iova = u64::try_from(range.addr).map_err(|_| Error::InvalidValue("address"))?;
-        // The fd is closed when `fd` drops: the MR holds its own reference.
-        self.pd
-            .reg_dmabuf_mr(&fd, offset, range.len, iova, self.mr_access())
+        let mr = self
+            .pd
+            .reg_dmabuf_mr(&fd, offset, range.len, iova, self.mr_access())?;
+        // The MR holds its own reference to the dma-buf; the fd is kept
+        // only where transfers register their own ranges.
+        Ok((mr, DmabufSource { fd, offset, iova }))
     }
 
-    /// `hipObjBufDeregister` after the NULL check.
+    /// `hipObjBufDeregister` after the NULL check. Ends the buffer's
+    /// application-driven tokens first (their access is revoked, whatever
+    /// their transfer was doing), as the original's deregistration does.
     pub fn deregister(&self, base: usize) -> Result<()> {
-        self.reap_detached();
+        let done = Arc::new(Mailbox::new());
+        if self
+            .commands()
+            .send(
+                Command::EndTokens {
+                    base,
+                    done: done.clone(),
+                },
+                true,
+            )
+            .is_ok()
+        {
+            let deadline = Instant::now() + self.options.completion_timeout + DRIVER_GRACE;
+            if done.wait(Some(deadline)).is_none() {
+                return Err(late("ending the buffer's tokens"));
+            }
+        }
+        self.tokens.lock().retain(|t| t.base != base);
         self.abandoned.prune_all();
         self.buffers.remove(base)
     }
@@ -310,29 +329,59 @@ impl Instance {
         slice: Slice,
         s3: &mut dyn S3Client,
     ) -> Result<()> {
-        self.reap_detached();
         let entry = self.lookup(&slice)?;
         if direction == Direction::Put {
             self.stage(&entry, SyncDirection::ToHost, slice.offset, slice.len)?;
         }
-        let lease = self.pool.acquire_with(|| self.reap_detached())?;
-        let outcome = self
-            .arm(&lease, &entry, slice.offset, slice.len, direction)
-            .and_then(|ticket| self.converse(ticket, s3).map(|()| ticket))
-            .and_then(|ticket| {
-                self.await_final(
-                    &lease,
-                    ticket,
-                    Instant::now() + self.options.completion_timeout,
-                )
-            });
-        match outcome {
-            Ok(()) => self.finish(lease),
-            Err(e) => {
-                lease.fail();
-                return Err(e);
+        let mut lease = self.pool.acquire()?;
+        let (token, grant) =
+            self.prepare(lease.info(), &entry, slice.offset, slice.len, direction)?;
+        let mailbox = Arc::new(Mailbox::new());
+        let info = lease.info().clone();
+        // The driver reads this before the first event of the slot, which
+        // only the server can cause: no need to wake it.
+        lease.arm(
+            Command::Arm {
+                index: info.index,
+                epoch: info.epoch,
+                armed: Box::new(Armed {
+                    token,
+                    direction,
+                    grant,
+                    entry: entry.clone(),
+                    mailbox: mailbox.clone(),
+                    deadline: None,
+                    detached: false,
+                }),
+            },
+            false,
+        )?;
+        let talk = self.converse(&token, s3);
+        // The server sends its reply only after its final message, so the
+        // outcome is usually in by now.
+        let outcome = match mailbox.peek() {
+            Some(outcome) => Some(outcome),
+            None => {
+                let deadline = Instant::now() + self.options.completion_timeout + DRIVER_GRACE;
+                lease
+                    .replied(talk.is_ok())
+                    .ok()
+                    .and_then(|()| mailbox.wait(Some(deadline)))
+                    .or_else(|| mailbox.peek())
             }
-        }
+        };
+        let outcome = match outcome {
+            Some(outcome) => {
+                lease.settle();
+                outcome
+            }
+            // Dropping the unsettled lease aborts the transfer.
+            None => Err(self.pool.death().unwrap_or_else(|| late("the transfer"))),
+        };
+        drop(lease);
+        talk?;
+        outcome?;
+        remember_peer(mailbox.peer());
         match direction {
             Direction::Get if entry.staging.is_some() => {
                 self.stage(&entry, SyncDirection::ToDevice, slice.offset, slice.len)
@@ -342,101 +391,58 @@ impl Instance {
         }
     }
 
-    /// Prepares a leased connection for one transfer: a connection whose
-    /// server went away is reset first; the receive for the final message is
-    /// posted; an established QP is given the access this transfer needs;
-    /// the lease is recorded as waiting with the token it returns.
-    fn arm(
+    /// Mints the token of a transfer of `len` bytes at `offset` of `entry`
+    /// on the leased slot, and what its proof will grant: a window (a
+    /// random key on the slot's window) over exactly the range, or, without
+    /// windows, a registration of exactly the range in the slot's PD.
+    fn prepare(
         &self,
-        lease: &Lease,
-        entry: &BufEntry,
+        slot: &SlotInfo,
+        entry: &Arc<BufEntry>,
         offset: u64,
         len: u64,
         direction: Direction,
-    ) -> Result<Ticket> {
-        let conn = lease.conn();
-        // A connection whose server went away (the listener saw it go, or
-        // moved the QP to ERR to wake a transfer) is reset before use, with
-        // or without a peer left to disconnect.
-        let (stale, peer, connected, recv_wr_id, window) = {
-            let mut state = conn.wait_settled();
-            let stale = state.peer_gone
-                || matches!(&state.link, Link::Connected(p) if p.cm.is_disconnected());
-            let peer = if stale {
-                state.peer_gone = false;
-                match std::mem::replace(&mut state.link, Link::Unconnected) {
-                    Link::Connected(peer) => Some(peer),
-                    _ => None,
-                }
-            } else {
-                None
-            };
-            let connected = matches!(state.link, Link::Connected(_));
-            let id = state.next_wr_id;
-            state.next_wr_id += 1;
-            let window = Connection::next_window(&mut state);
-            (stale, peer, connected, id, window)
-        };
-        if let Some(peer) = peer {
-            pool::disconnect(peer);
-        }
-        if stale {
-            conn.reset(self.pool.port)?;
-        }
-        conn.qp.post_recv(RecvWr {
-            wr_id: recv_wr_id,
-            sge: None,
-        })?;
-        let access = direction.access();
+    ) -> Result<(Token, Grant)> {
+        let secret = random_u32()?;
         let addr = entry.nic_addr(offset);
-        // Where the device has memory windows, the token's rkey is a window
-        // bound to exactly this transfer's range with only its access; it is
-        // invalidated when the transfer ends.
-        let bind = window.map(|(mw, rkey)| BindPlan {
-            mw,
-            rkey,
-            mr: entry.mr.clone(),
-            addr,
-            len,
-            access,
-        });
-        let rkey = bind.as_ref().map_or_else(|| entry.mr.rkey(), |b| b.rkey);
-        if connected {
-            conn.qp.modify(&QpAttr {
-                access: Some(access),
-                ..QpAttr::default()
-            })?;
-            // On a fresh connection the listener binds, between RTS and the
-            // accept; the plan stays in `Waiting` either way, so that a
-            // server connecting anew gets the window bound again.
-            if let Some(plan) = &bind {
-                plan.bind(conn, Instant::now() + self.options.completion_timeout)?;
+        let (rkey, grant) = match slot.window_rkey {
+            Some(current) => (
+                fresh_window_key(current)?,
+                Grant::Window {
+                    mr: entry.mr.clone(),
+                    addr,
+                    len,
+                },
+            ),
+            None => {
+                let mr = entry.register_range(
+                    &*slot.pd,
+                    offset,
+                    len,
+                    Access::LOCAL_WRITE | direction.access(),
+                )?;
+                (mr.rkey(), Grant::Region { mr })
             }
-        }
+        };
         let token = Token {
             transport: Transport::RcCm,
-            qp_num: conn.qp.qp_num(),
+            qp_num: slot.qp_num,
             gid: self.gid,
             rkey,
             addr,
             length: len,
-            port: self.nic.port,
-            lid: self.listener_port(),
+            port: 0,
+            lid: self.listener_port,
+            secret,
         };
-        conn.state.lock().waiting = Some(Waiting {
-            token,
-            recv_wr_id,
-            access,
-            bind,
-        });
-        Ok(Ticket { token, recv_wr_id })
+        Ok((token, grant))
     }
 
     /// The S3 conversation: the token out, the reply back.
-    fn converse(&self, ticket: Ticket, s3: &mut dyn S3Client) -> Result<()> {
-        let mut token = [0u8; TOKEN_HEX_LEN + 1];
-        token[..TOKEN_HEX_LEN].copy_from_slice(&ticket.token.to_hex());
-        s3.send_request(&token)
+    fn converse(&self, token: &Token, s3: &mut dyn S3Client) -> Result<()> {
+        let mut text = [0u8; TOKEN_HEX_LEN + 1];
+        text[..TOKEN_HEX_LEN].copy_from_slice(&token.to_hex());
+        s3.send_request(&text)
             .map_err(|rc| Error::S3(format!("sendRequest returned {rc}")))?;
         let mut reply = [0u8; REPLY_BUFFER_LEN];
         let len = s3
@@ -457,189 +463,156 @@ impl Instance {
         Ok(())
     }
 
-    /// Waits for the server's final message on the lease's CQ: success only
-    /// on a SEND with immediate that consumed this transfer's receive and
-    /// carries this transfer's secret.
-    fn await_final(&self, lease: &Lease, ticket: Ticket, deadline: Instant) -> Result<()> {
-        let conn = lease.conn();
-        loop {
-            for c in conn.cq.poll(pool::CQ_DEPTH as usize)? {
-                if c.wr_id != ticket.recv_wr_id {
-                    continue; // a completion of an earlier transfer's receive
-                }
-                if c.status != WcStatus::Success {
-                    return Err(Error::Rdma(format!(
-                        "the final message failed: {:?} (vendor error {:#x})",
-                        c.status, c.vendor_err
-                    )));
-                }
-                if c.opcode != WcOpcode::Recv {
-                    return Err(Error::Rdma(format!(
-                        "the final message was a {:?}, not a SEND with immediate",
-                        c.opcode
-                    )));
-                }
-                // The server may finish before the listener thread records
-                // the connection it accepted: wait for that first.
-                let expected = match &conn.wait_settled().link {
-                    Link::Connected(p) => final_imm(p.nonce, p.seq),
-                    _ => {
-                        return Err(Error::Rdma(
-                            "a final message arrived from no connected server".into(),
-                        ))
-                    }
-                };
-                if c.imm != Some(expected) {
-                    return Err(Error::Rdma(
-                        "the final message carried the wrong secret".into(),
-                    ));
-                }
-                return Ok(());
-            }
-            if matches!(conn.state.lock().link, Link::Unconnected) {
-                return Err(Error::Rdma(
-                    "the server replied without connecting to this client".into(),
-                ));
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::Rdma(format!(
-                    "no final message from the server within {} ms",
-                    self.options.completion_timeout.as_millis()
-                )));
-            }
-            conn.cq.wait(deadline)?;
-        }
-    }
-
-    /// Ends a successful transfer's lease: the connection stays established
-    /// for the next transfer to the same server, with no remote access.
-    fn finish(&self, lease: Lease) {
-        let conn = lease.conn().clone();
-        let connected = {
-            let mut state = conn.wait_settled();
-            if state.peer_gone {
-                // The server left right after this transfer: start afresh.
-                drop(state);
-                lease.fail();
-                return;
-            }
-            state.waiting = None;
-            match &mut state.link {
-                Link::Connected(peer) => {
-                    peer.seq = peer.seq.wrapping_add(1);
-                    peer.last_used = Instant::now();
-                    pool::remember_peer(peer.gid);
-                    true
-                }
-                _ => false,
-            }
-        };
-        if connected {
-            let revoked = conn
-                .invalidate_window(Instant::now() + self.options.completion_timeout)
-                .and_then(|()| {
-                    conn.qp.modify(&QpAttr {
-                        access: Some(Access::empty()),
-                        ..QpAttr::default()
-                    })
-                });
-            if let Err(e) = revoked {
-                eprintln!(
-                    "hipobj: revoking remote access on QP {}: {e}",
-                    conn.qp.qp_num()
-                );
-                lease.fail();
-            }
-        }
-    }
-
     // ------------------------------------------------------------ application-driven
 
-    /// `hipObjGetRdmaToken` after the argument checks: leases a connection
-    /// for a transfer the application drives, and returns its token. The
-    /// lease ends when the server's final message arrives (noticed by the
-    /// next call into the library) or after `HIPOBJ_TOKEN_TIMEOUT_MS`.
+    /// `hipObjGetRdmaToken` after the argument checks: leases a slot for a
+    /// transfer the application drives, and returns its token. The driver
+    /// ends it by itself: at the server's final message (access revoked at
+    /// once) or at `HIPOBJ_TOKEN_TIMEOUT_MS`; deregistering the buffer and
+    /// releasing an unused token end it too.
     pub fn mint_token(&self, slice: Slice, op: TokenOp) -> Result<Token> {
-        self.reap_detached();
         let entry = self.lookup(&slice)?;
-        let mut lease = self.pool.acquire_with(|| self.reap_detached())?;
+        let mut lease = self.pool.acquire()?;
         lease.detach();
-        let ticket = match self.arm(&lease, &entry, 0, slice.len, op.into()) {
-            Ok(ticket) => ticket,
-            Err(e) => {
-                lease.fail();
-                return Err(e);
-            }
-        };
+        let direction = Direction::from(op);
+        let (token, grant) = self.prepare(lease.info(), &entry, 0, slice.len, direction)?;
+        let mailbox = Arc::new(Mailbox::new());
         let deadline = Instant::now() + self.options.token_timeout;
-        self.detached.lock().push(Detached {
-            lease,
-            ticket,
-            entry,
+        let info = lease.info().clone();
+        lease.arm(
+            Command::Arm {
+                index: info.index,
+                epoch: info.epoch,
+                armed: Box::new(Armed {
+                    token,
+                    direction,
+                    grant,
+                    entry: entry.clone(),
+                    mailbox: mailbox.clone(),
+                    deadline: Some(deadline),
+                    detached: true,
+                }),
+            },
+            true,
+        )?;
+        // The job is the driver's alone now.
+        lease.settle();
+        let mut tokens = self.tokens.lock();
+        let now = Instant::now();
+        tokens.retain(|t| !t.stale(now, self.options.token_timeout));
+        tokens.push(TokenRecord {
+            base: entry.base,
+            direction,
+            index: info.index,
+            epoch: info.epoch,
+            secret: token.secret,
+            mailbox,
             deadline,
         });
-        Ok(ticket.token)
+        Ok(token)
     }
 
-    /// `hipObjBufSync` after the argument checks.
+    /// `hipObjBufSync` after the argument checks. Before a copy to the
+    /// device, the buffer's application-driven GETs must have ended: each
+    /// is awaited (up to `HIPOBJ_COMPLETION_TIMEOUT_MS`), and one that
+    /// failed, or does not end in time (it is ended now), fails the sync.
     pub fn buf_sync(&self, slice: Slice, direction: SyncDirection) -> Result<()> {
         let entry = self.lookup(&slice)?;
         if direction == SyncDirection::ToDevice {
-            // The data of application-driven GETs into this buffer must have
-            // landed: their final messages are awaited first.
-            let mine: Vec<Detached> = {
-                let mut all = self.detached.lock();
-                let (mine, rest) = std::mem::take(&mut *all)
+            let mine: Vec<TokenRecord> = {
+                let mut tokens = self.tokens.lock();
+                let (mine, rest) = std::mem::take(&mut *tokens)
                     .into_iter()
-                    .partition(|d| d.entry.base == entry.base);
-                *all = rest;
+                    .partition(|t| t.base == entry.base && t.direction == Direction::Get);
+                *tokens = rest;
                 mine
             };
-            for d in mine {
-                let deadline = Instant::now() + self.options.completion_timeout;
-                match self.await_final(&d.lease, d.ticket, deadline) {
-                    Ok(()) => self.finish(d.lease),
-                    Err(e) => {
-                        d.lease.fail();
-                        return Err(e);
-                    }
+            let deadline = Instant::now() + self.options.completion_timeout;
+            let mut first_error = None;
+            for t in mine {
+                let outcome = t.mailbox.wait(Some(deadline)).unwrap_or_else(|| {
+                    let _ = self.commands().send(
+                        Command::Abort {
+                            index: t.index,
+                            epoch: t.epoch,
+                        },
+                        true,
+                    );
+                    Err(Error::Rdma(format!(
+                        "an application-driven GET into this buffer did not end within {} ms",
+                        self.options.completion_timeout.as_millis()
+                    )))
+                });
+                if let Err(e) = outcome {
+                    first_error.get_or_insert(e);
                 }
+            }
+            if let Some(e) = first_error {
+                return Err(e);
             }
         }
         self.stage(&entry, direction, slice.offset, slice.len)
     }
 
-    /// Ends the leases of application-driven transfers that completed or
-    /// expired. Returns the earliest deadline of those still out.
-    pub(crate) fn reap_detached(&self) -> Option<Instant> {
-        let all = std::mem::take(&mut *self.detached.lock());
-        if all.is_empty() {
-            return None;
+    /// `hipObjPutRdmaToken` of a token of this instance: ends its lease if
+    /// no server has proved it (the server declined, the application gave
+    /// up), so that its connection and buffer are free at once.
+    pub fn release_token(&self, token: &Token) {
+        if token.transport != Transport::RcCm
+            || token.gid != self.gid
+            || token.lid != self.listener_port
+        {
+            return;
         }
-        let now = Instant::now();
-        let mut kept = Vec::new();
-        for d in all {
-            // While the listener connects the QP (and binds its window), the
-            // CQ is the listener's to read.
-            if matches!(d.lease.conn().state.lock().link, Link::Connecting) {
-                kept.push(d);
-                continue;
-            }
-            // A deadline of now polls once without waiting.
-            match self.await_final(&d.lease, d.ticket, now) {
-                Ok(()) => self.finish(d.lease),
-                Err(_) if d.deadline > now && !self.final_failed(&d) => kept.push(d),
-                Err(_) => d.lease.fail(),
-            }
+        let done = Arc::new(Mailbox::new());
+        let sent = self.commands().send(
+            Command::EndToken {
+                qp_num: token.qp_num,
+                secret: token.secret,
+                done: done.clone(),
+            },
+            true,
+        );
+        if sent.is_ok() {
+            let _ = done.wait(Some(Instant::now() + DRIVER_GRACE));
         }
-        let next = kept.iter().map(|d| d.deadline).min();
-        self.detached.lock().extend(kept);
-        next
+        self.tokens
+            .lock()
+            .retain(|t| !(t.secret == token.secret && t.mailbox.peek().is_some()));
     }
+}
 
-    /// Whether an application-driven transfer has failed for good (as
-    /// opposed to not having finished yet): its server went away.
-    fn final_failed(&self, d: &Detached) -> bool {
-        d.lease.conn().state.lock().peer_gone
+/// 32 bits from the operating system's CSPRNG.
+pub fn random_u32() -> Result<u32> {
+    getrandom::u32().map_err(|e| Error::Internal(format!("getrandom failed: {e}")))
+}
+
+/// A window rkey for the next bind: the window's index (the high 24 bits
+/// of `current`) with a key byte from the CSPRNG that differs from the
+/// current one (older rxe refuses a bind with the same key).
+pub fn fresh_window_key(current: u32) -> Result<u32> {
+    let mut key = [0u8; 1];
+    getrandom::fill(&mut key).map_err(|e| Error::Internal(format!("getrandom failed: {e}")))?;
+    let old = current.to_le_bytes()[0];
+    let key = if key[0] == old { key[0] ^ 0x5a } else { key[0] };
+    Ok(current & !0xff | u32::from(key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fresh_window_key_keeps_the_index_and_changes_the_key() {
+        let mut keys = std::collections::HashSet::new();
+        for _ in 0..2000 {
+            let current = 0x0012_3400 | u32::from(random_u32().unwrap().to_le_bytes()[0]);
+            let next = fresh_window_key(current).unwrap();
+            assert_eq!(next & !0xff, 0x0012_3400);
+            assert_ne!(next & 0xff, current & 0xff);
+            keys.insert(next & 0xff);
+        }
+        // Random, not +1: (nearly) every key byte shows up.
+        assert!(keys.len() > 200, "{} distinct keys", keys.len());
     }
 }

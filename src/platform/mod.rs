@@ -19,9 +19,10 @@ pub mod system;
 pub mod topology;
 pub mod types;
 pub mod verbs;
+mod waker;
 
 use std::any::Any;
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,7 @@ use crate::core::Result;
 
 pub use system::system;
 pub use types::*;
+pub use waker::{wait_readable, Waker};
 
 /// The outside world, as one injectable bundle. Each getter loads what it
 /// needs on first use and reports, as an error, a library that is missing.
@@ -71,8 +73,19 @@ pub trait Context: Send + Sync {
     fn create_cq(&self, depth: u32) -> Result<Arc<dyn Cq>>;
     /// Whether `ibv_reg_dmabuf_mr` is available.
     fn supports_dmabuf(&self) -> bool;
-    /// Whether type-2 memory windows can be allocated on this device.
+    /// Whether type-2 memory windows can be allocated on this device
+    /// (`IBV_DEVICE_MEM_WINDOW_TYPE_2A` or `_2B`, and `max_mw` > 0).
     fn supports_mw(&self) -> bool;
+    /// The device's limits (`ibv_query_device`), by which the library
+    /// sizes its queues.
+    fn limits(&self) -> DeviceLimits;
+    /// The device's asynchronous event descriptor (`ibv_context.async_fd`,
+    /// non-blocking): readable when [`Context::next_async_event`] may have
+    /// an event.
+    fn async_fd(&self) -> BorrowedFd<'_>;
+    /// `ibv_get_async_event`, then `ibv_ack_async_event`, without waiting:
+    /// `None` when no event is pending.
+    fn next_async_event(&self) -> Result<Option<AsyncEvent>>;
     /// For downcasting by the implementation that created this object.
     fn as_any(&self) -> &dyn Any;
 }
@@ -175,7 +188,21 @@ pub trait Cq: Send + Sync {
     /// `ibv_req_notify_cq`, then the channel's fd with `poll(2)`, then
     /// `ibv_get_cq_event` and its ack. Returns `false` at the deadline. A
     /// `true` is a hint: poll to see what arrived. Never sleeps a fixed time.
+    /// For a CQ with one reader only: [`Cq::arm`], [`Cq::channel_fd`] and
+    /// [`Cq::take_events`] are the parts of it for a reader that waits for
+    /// several things at once.
     fn wait(&self, deadline: Instant) -> Result<bool>;
+    /// `ibv_req_notify_cq`: the next completion added makes the channel
+    /// readable. A completion that arrived before the call makes nothing
+    /// readable, so a reader polls once more after arming.
+    fn arm(&self) -> Result<()>;
+    /// The completion channel's descriptor (non-blocking): readable when an
+    /// event is waiting for [`Cq::take_events`].
+    fn channel_fd(&self) -> BorrowedFd<'_>;
+    /// Reads and acknowledges every event waiting on the channel, without
+    /// blocking; returns how many there were. The CQ must be armed again
+    /// for the next one.
+    fn take_events(&self) -> Result<usize>;
     /// For downcasting by the implementation that created this object.
     fn as_any(&self) -> &dyn Any;
 }
@@ -264,6 +291,10 @@ pub trait CmListener: Send + Sync {
     /// Makes a `next_event` in progress (or the next one) return `None`
     /// at once; used to stop the listener thread.
     fn wake(&self);
+    /// The event channel's descriptor (non-blocking): readable when an
+    /// event may be waiting. `next_event` with a deadline already past
+    /// reads what is there without waiting.
+    fn event_fd(&self) -> BorrowedFd<'_>;
 }
 
 /// An event on a listener's channel (already acknowledged: anything needed

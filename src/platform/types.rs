@@ -259,6 +259,113 @@ pub struct PortAttr {
     pub link_layer: LinkLayer,
     /// Entries in the GID table.
     pub gid_table_len: u16,
+    /// The largest message the port carries (`max_msg_sz`): a WRITE, READ
+    /// or SEND longer than this fails, so longer transfers are split.
+    pub max_msg_sz: u32,
+}
+
+/// What `ibv_query_device` says a device can hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceLimits {
+    /// `max_qp`.
+    pub max_qp: u32,
+    /// `max_cq`.
+    pub max_cq: u32,
+    /// `max_cqe`: entries of one CQ.
+    pub max_cqe: u32,
+    /// `max_mr`.
+    pub max_mr: u32,
+    /// `max_mw`.
+    pub max_mw: u32,
+    /// `max_qp_wr`: work requests of one queue.
+    pub max_qp_wr: u32,
+}
+
+/// `enum ibv_event_type`, as far as it matters here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AsyncKind {
+    /// `IBV_EVENT_CQ_ERR` (0): a CQ overran or failed.
+    CqErr,
+    /// `IBV_EVENT_QP_FATAL` (1): the QP went to ERR on a local error.
+    QpFatal,
+    /// `IBV_EVENT_QP_REQ_ERR` (2): the QP went to ERR on an invalid request
+    /// it received.
+    QpReqErr,
+    /// `IBV_EVENT_QP_ACCESS_ERR` (3): the QP went to ERR on a request that
+    /// broke its access rules (a bad rkey, range or access flag).
+    QpAccessErr,
+    /// `IBV_EVENT_COMM_EST` (4).
+    CommEst,
+    /// `IBV_EVENT_DEVICE_FATAL` (8): the device is gone.
+    DeviceFatal,
+    /// `IBV_EVENT_PORT_ACTIVE` (9).
+    PortActive,
+    /// `IBV_EVENT_PORT_ERR` (10): the port went down.
+    PortErr,
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED` (16).
+    QpLastWqeReached,
+    /// Any other event, by value.
+    Other(u32),
+}
+
+impl AsyncKind {
+    /// The `enum ibv_event_type` value.
+    pub fn to_ibv(self) -> u32 {
+        match self {
+            AsyncKind::CqErr => 0,
+            AsyncKind::QpFatal => 1,
+            AsyncKind::QpReqErr => 2,
+            AsyncKind::QpAccessErr => 3,
+            AsyncKind::CommEst => 4,
+            AsyncKind::DeviceFatal => 8,
+            AsyncKind::PortActive => 9,
+            AsyncKind::PortErr => 10,
+            AsyncKind::QpLastWqeReached => 16,
+            AsyncKind::Other(v) => v,
+        }
+    }
+
+    /// From an `enum ibv_event_type` value.
+    pub fn from_ibv(value: u32) -> AsyncKind {
+        [
+            AsyncKind::CqErr,
+            AsyncKind::QpFatal,
+            AsyncKind::QpReqErr,
+            AsyncKind::QpAccessErr,
+            AsyncKind::CommEst,
+            AsyncKind::DeviceFatal,
+            AsyncKind::PortActive,
+            AsyncKind::PortErr,
+            AsyncKind::QpLastWqeReached,
+        ]
+        .into_iter()
+        .find(|k| k.to_ibv() == value)
+        .unwrap_or(AsyncKind::Other(value))
+    }
+
+    /// Whether the event's element is a QP (`ibv_async_event.element.qp`).
+    pub fn names_a_qp(value: u32) -> bool {
+        // IBV_EVENT_QP_FATAL..=IBV_EVENT_PATH_MIG_ERR, and
+        // IBV_EVENT_QP_LAST_WQE_REACHED.
+        matches!(value, 1..=7 | 16)
+    }
+
+    /// Whether it says that a QP is in ERR.
+    pub fn qp_failed(self) -> bool {
+        matches!(
+            self,
+            AsyncKind::QpFatal | AsyncKind::QpReqErr | AsyncKind::QpAccessErr
+        )
+    }
+}
+
+/// One asynchronous event of a device (`struct ibv_async_event`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AsyncEvent {
+    /// What happened.
+    pub kind: AsyncKind,
+    /// The QP it names, for QP events.
+    pub qp_num: Option<u32>,
 }
 
 /// One scatter/gather entry.

@@ -43,6 +43,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -52,7 +53,7 @@ use super::fabric::{roce_av, DeviceInfo, Fabric, QpKey, MAX_RD_ATOMIC, PSN_MASK}
 use crate::core::{Error, Result};
 use crate::platform::{
     AcceptParams, Access, Cm, CmConnection, CmEvent, CmListener, CmRequest, ConnectOutcome,
-    ConnectRequest, Gid, Mtu, Qp, QpAttr, QpState, CM_REQ_PRIVATE_DATA_MAX,
+    ConnectRequest, Gid, Mtu, Qp, QpAttr, QpState, Waker, CM_REQ_PRIVATE_DATA_MAX,
 };
 
 /// Length of a CONNECT_REQUEST's private data as the passive side sees it
@@ -128,6 +129,8 @@ struct ListenerRec {
     port: u16,
     queue: VecDeque<Queued>,
     woken: bool,
+    /// The event channel: readable while the queue is not empty.
+    channel: Arc<Waker>,
 }
 
 /// An event waiting in a listener's channel.
@@ -195,6 +198,7 @@ impl HubState {
     fn queue(&mut self, listener: u64, event: Queued) {
         if let Some(l) = self.listeners.get_mut(&listener) {
             l.queue.push_back(event);
+            l.channel.wake();
         }
     }
 
@@ -316,6 +320,7 @@ impl Cm for FakeCm {
             };
             port
         };
+        let channel = Arc::new(Waker::new()?);
         let id = st.new_id();
         st.listeners.insert(
             id,
@@ -324,6 +329,7 @@ impl Cm for FakeCm {
                 port,
                 queue: VecDeque::new(),
                 woken: false,
+                channel: channel.clone(),
             },
         );
         drop(st);
@@ -332,6 +338,7 @@ impl Cm for FakeCm {
             fabric: Arc::clone(&self.fabric),
             id,
             port,
+            channel,
         }))
     }
 
@@ -484,6 +491,7 @@ struct FakeListener {
     fabric: Arc<Fabric>,
     id: u64,
     port: u16,
+    channel: Arc<Waker>,
 }
 
 impl CmListener for FakeListener {
@@ -503,7 +511,11 @@ impl CmListener for FakeListener {
                 listener.woken = false;
                 return Ok(None);
             }
-            if let Some(event) = listener.queue.pop_front() {
+            let event = listener.queue.pop_front();
+            if listener.queue.is_empty() {
+                listener.channel.take();
+            }
+            if let Some(event) = event {
                 return Ok(Some(match event {
                     Queued::Established(conn) => CmEvent::Established { conn },
                     Queued::Disconnected(conn) => CmEvent::Disconnected { conn },
@@ -538,6 +550,10 @@ impl CmListener for FakeListener {
             l.woken = true;
         }
         hub.changed.notify_all();
+    }
+
+    fn event_fd(&self) -> BorrowedFd<'_> {
+        self.channel.as_fd()
     }
 }
 

@@ -7,12 +7,18 @@
 //! whose pitfalls P1-P16 are reproduced here), and is stricter where
 //! hardware is lenient only by accident:
 //!
-//! - a packet reaches a QP only if that QP is in RTR or RTS and connected
-//!   back to the sender (its AV's GID is the sender's GID and its
-//!   `dest_qp_num` the sender's QP). Anything else is dropped without a
-//!   word, and the sender retries: `retry_cnt` 7 forever (the work request
-//!   stays outstanding and is retransmitted whenever any QP changes, as rxe
-//!   does), 0 to 6 fails at once with `RETRY_EXC_ERR`;
+//! - a packet reaches a QP if that QP is in RTR or RTS, whoever sent it:
+//!   RoCE v2 authenticates no source, and a responder looks only at the
+//!   destination QP number and the PSN (ReDMArk, USENIX Security 2021), so
+//!   neither does the fake — a QP that is not connected to the sender, or
+//!   connected to someone else, accepts its packets when their PSN is the
+//!   one it expects. (The fake hands the requester its ACK or READ data,
+//!   which real RoCE sends to the responder's own peer: kinder to an
+//!   attacker than the wire, never kinder to the victim.) A packet to a QP
+//!   below RTR, or to nowhere, is dropped without a word, and the sender
+//!   retries: `retry_cnt` 7 forever (the work request stays outstanding and
+//!   is retransmitted whenever any QP changes, as rxe does), 0 to 6 fails
+//!   at once with `RETRY_EXC_ERR`;
 //! - PSNs are 24-bit, a message takes one PSN per path-MTU packet: a
 //!   request behind the responder's expected PSN is a duplicate, ACKed but
 //!   not executed (the WRITE "succeeds" and nothing lands, P1); one ahead is
@@ -44,13 +50,27 @@
 //!   bits when it refuses; RESET discards posted work without completions,
 //!   ERR flushes it with `WR_FLUSH_ERR`, and work posted in ERR is flushed
 //!   at once;
+//! - a message longer than the requester's or the responder's port
+//!   `max_msg_sz` fails (`LOC_LEN_ERR` at the requester; the responder
+//!   NAKs it as an invalid request);
+//! - a QP that a remote request moves to ERR (an access or invalid-request
+//!   violation) raises an asynchronous event (`QP_ACCESS_ERR`,
+//!   `QP_REQ_ERR`) on its context, as hardware does, unless the device
+//!   spec says it does not (rxe raises none);
+//! - each device has limits (QPs, CQs, CQ entries, MRs, MWs): a creation
+//!   beyond them fails with ENOMEM, as on hardware;
+//! - completions can be held back ([`Fabric::hold_completions`]) and
+//!   released later, after a drain, a timeout or a reset, as a real device
+//!   may write them;
 //! - a CQ that overflows reports an overrun on every later poll;
 //! - with [`DeviceMemory`] set, plain registration of device memory fails
 //!   (no peer-memory) and dma-buf registration needs the fake GPU's fd.
 //!
 //! All delivery happens synchronously inside `post_send`, `post_recv` and
 //! `modify`, under one lock, in a fixed order: the fabric is deterministic
-//! and never sleeps. `Cq::wait` blocks on a condition variable.
+//! and never sleeps. `Cq::wait` blocks on a condition variable; each CQ's
+//! completion channel and each context's asynchronous events are real
+//! descriptors (eventfds), readable as libibverbs' are.
 //!
 //! Fault injection: every verb first calls [`Faults::check`] with its
 //! libibverbs name and fails with `"<name> failed (injected)"` when told:
@@ -77,14 +97,16 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
+use std::os::fd::{AsFd, BorrowedFd};
+
 use super::cm::{FakeCm, Hub};
 use super::memory::{self, Span};
 use super::{Counters, DeviceMemory, Faults};
 use crate::core::{Error, Result};
 use crate::platform::{
-    mask, Access, AddressVector, Cm, Completion, Context, Cq, Gid, LinkLayer, Mr, Mtu, Mw, Pd,
-    PortAttr, PortState, Qp, QpAttr, QpCaps, QpState, RecvWr, SendOp, SendWr, Sge, Verbs, WcOpcode,
-    WcStatus,
+    mask, Access, AddressVector, AsyncEvent, AsyncKind, Cm, Completion, Context, Cq, DeviceLimits,
+    Gid, LinkLayer, Mr, Mtu, Mw, Pd, PortAttr, PortState, Qp, QpAttr, QpCaps, QpState, RecvWr,
+    SendOp, SendWr, Sge, Verbs, Waker, WcOpcode, WcStatus,
 };
 
 /// PSNs and QP numbers are 24-bit.
@@ -142,6 +164,13 @@ pub struct DeviceSpec {
     /// Whether the port is ACTIVE; traffic to or from a port that is not
     /// is dropped.
     pub port_active: bool,
+    /// The port's `max_msg_sz`.
+    pub max_msg_sz: u32,
+    /// Whether a QP that a remote request moves to ERR raises an
+    /// asynchronous event (hardware does; rxe does not).
+    pub async_events: bool,
+    /// The device's limits.
+    pub limits: DeviceLimits,
 }
 
 impl DeviceSpec {
@@ -156,6 +185,16 @@ impl DeviceSpec {
             supports_dmabuf: false,
             supports_mw: true,
             port_active: true,
+            max_msg_sz: 1 << 31,
+            async_events: true,
+            limits: DeviceLimits {
+                max_qp: 16_384,
+                max_cq: 16_384,
+                max_cqe: MAX_CQE,
+                max_mr: 65_536,
+                max_mw: 65_536,
+                max_qp_wr: MAX_QP_WR,
+            },
         }
     }
 }
@@ -279,6 +318,40 @@ impl Fabric {
         &self.counters
     }
 
+    /// Holds every completion back from now on (`true`), or queues them as
+    /// they come again (`false`, without releasing those held): a device
+    /// may write a completion late, after a drain, a reset or a timeout.
+    pub fn hold_completions(&self, hold: bool) {
+        self.state.lock().hold = hold;
+    }
+
+    /// Queues every completion held back, in order, and notifies.
+    pub fn release_completions(&self) -> usize {
+        let mut st = self.state.lock();
+        let held = std::mem::take(&mut st.held);
+        let n = held.len();
+        for (cq, c) in held {
+            st.queue(cq, c);
+        }
+        drop(st);
+        self.completions.notify_all();
+        n
+    }
+
+    /// Completions held back.
+    pub fn held_completions(&self) -> usize {
+        self.state.lock().held.len()
+    }
+
+    /// The PSN the responder QP `qp_num` of device `name` expects next:
+    /// what an attacker on the fabric must match (by sniffing or by
+    /// guessing its 24 bits) to have its packets accepted.
+    pub fn expected_psn(&self, name: &str, qp_num: u32) -> Option<u32> {
+        let st = self.state.lock();
+        let device = st.devices.iter().position(|d| d.spec.name == name)?;
+        st.qps.get(&(device, qp_num)).map(|q| q.expected_psn)
+    }
+
     /// Entry `index` of port 1's GID table of the device `name`.
     pub fn gid(&self, name: &str, index: u16) -> Option<Gid> {
         let st = self.state.lock();
@@ -376,12 +449,23 @@ pub(crate) struct DeviceInfo {
 struct State {
     devices: Vec<Device>,
     next_id: u64,
+    contexts: HashMap<u64, CtxRec>,
     pds: HashMap<u64, PdRec>,
     cqs: HashMap<u64, CqRec>,
     mrs: BTreeMap<u64, MrRec>,
     mws: BTreeMap<u64, MwRec>,
     /// Ordered, so that delivery order is deterministic.
     qps: BTreeMap<QpKey, QpRec>,
+    /// Completions are held back (not queued) while set.
+    hold: bool,
+    /// Completions held back, in order, with their CQ.
+    held: Vec<(u64, Completion)>,
+}
+
+/// An open context: where asynchronous events of its QPs go.
+struct CtxRec {
+    events: VecDeque<AsyncEvent>,
+    waker: Arc<Waker>,
 }
 
 struct Device {
@@ -394,10 +478,18 @@ struct Device {
 struct PdRec {
     /// Live MRs, MWs and QPs.
     children: usize,
+    /// The context it was allocated on.
+    ctx: u64,
 }
 
 struct CqRec {
+    device: usize,
     depth: usize,
+    /// Armed (`ibv_req_notify_cq`): the next completion makes the channel
+    /// readable.
+    armed: bool,
+    /// The completion channel.
+    channel: Arc<Waker>,
     entries: VecDeque<Completion>,
     /// A completion found the queue full and was lost (sticky).
     overrun: bool,
@@ -807,15 +899,59 @@ impl State {
         Some(index << 8)
     }
 
-    /// Queues a completion on `cq`, or marks it overrun when it is full.
+    /// Queues a completion on `cq` (or holds it back), or marks the CQ
+    /// overrun when it is full.
     fn push(&mut self, cq: u64, c: Completion) {
+        if self.hold {
+            self.held.push((cq, c));
+        } else {
+            self.queue(cq, c);
+        }
+    }
+
+    fn queue(&mut self, cq: u64, c: Completion) {
         if let Some(cq) = self.cqs.get_mut(&cq) {
             if cq.entries.len() >= cq.depth {
                 cq.overrun = true;
             } else {
                 cq.entries.push_back(c);
             }
+            if std::mem::take(&mut cq.armed) {
+                cq.channel.wake();
+            }
         }
+    }
+
+    /// Moves the responder `key` to ERR for a remote request that broke
+    /// its rules, with the asynchronous event hardware raises.
+    fn remote_error(&mut self, key: QpKey, kind: AsyncKind) {
+        self.enter_error(key);
+        let raises = self.devices.get(key.0).is_some_and(|d| d.spec.async_events);
+        let ctx = self
+            .qps
+            .get(&key)
+            .and_then(|q| self.pds.get(&q.pd))
+            .map(|p| p.ctx);
+        if let Some(c) = ctx
+            .filter(|_| raises)
+            .and_then(|c| self.contexts.get_mut(&c))
+        {
+            c.events.push_back(AsyncEvent {
+                kind,
+                qp_num: Some(key.1),
+            });
+            c.waker.wake();
+        }
+    }
+
+    /// Live objects of `device`: (QPs, CQs, MRs, MWs).
+    fn live_on(&self, device: usize) -> (usize, usize, usize, usize) {
+        (
+            self.qps.keys().filter(|k| k.0 == device).count(),
+            self.cqs.values().filter(|c| c.device == device).count(),
+            self.mrs.values().filter(|m| m.device == device).count(),
+            self.mws.values().filter(|m| m.device == device).count(),
+        )
     }
 
     /// Moves `key` to ERR: every outstanding send and posted receive
@@ -891,13 +1027,14 @@ impl State {
     }
 
     /// The responder a request from `a` reaches, if any: the QP named by
-    /// `a`'s AV and `dest_qp_num`, in RTR or RTS, connected back to `a`
-    /// (so that its ACKs reach `a`), over ports that are up.
+    /// `a`'s AV and `dest_qp_num`, in RTR or RTS, over ports that are up.
+    /// Who sent it does not matter (RoCE checks no source); the PSN is
+    /// checked on delivery.
     fn route(&self, a: QpKey) -> Option<QpKey> {
         let qp = self.qps.get(&a)?;
         let src = self.devices.get(a.0)?;
         src.spec.port_active.then_some(())?;
-        let sgid = *src.gids.get(usize::from(qp.attrs.sgid_index))?;
+        src.gids.get(usize::from(qp.attrs.sgid_index))?;
         let dgid = qp.attrs.av_dgid?;
         let device = self
             .devices
@@ -905,8 +1042,7 @@ impl State {
             .position(|d| d.spec.port_active && d.gids.contains(&dgid))?;
         let b = (device, qp.attrs.dest_qp_num);
         let responder = self.qps.get(&b)?;
-        matches!(responder.state, QpState::Rtr | QpState::Rts).then_some(())?;
-        (responder.attrs.av_dgid == Some(sgid) && responder.attrs.dest_qp_num == a.1).then_some(b)
+        matches!(responder.state, QpState::Rtr | QpState::Rts).then_some(b)
     }
 
     /// Runs every send queue until nothing moves.
@@ -981,6 +1117,13 @@ impl State {
             _ => {}
         }
         let len = wr.sge.map_or(0, |s| s.len);
+        if self
+            .devices
+            .get(a.0)
+            .is_some_and(|d| len > d.spec.max_msg_sz)
+        {
+            return Some(Outcome::Fail(WcStatus::LocLenErr));
+        }
         let local = match wr.sge {
             Some(sge) if sge.len > 0 => match self.local_place(a, sge, wr.kind.is_read()) {
                 Some(place) => Some(place),
@@ -1055,9 +1198,17 @@ impl State {
         let remote = wr.kind.remote();
         if let Some((_, _, need)) = remote {
             if !b_attrs.access.contains(need) {
-                self.enter_error(b);
+                self.remote_error(b, AsyncKind::QpReqErr);
                 return Outcome::Fail(WcStatus::RemInvReqErr);
             }
+        }
+        if self
+            .devices
+            .get(b.0)
+            .is_some_and(|d| len > d.spec.max_msg_sz)
+        {
+            self.remote_error(b, AsyncKind::QpReqErr);
+            return Outcome::Fail(WcStatus::RemInvReqErr);
         }
         // Resources (check_resource): a receive, or READ credit.
         if wr.kind.consumes_receive() && first_recv.is_none() {
@@ -1068,13 +1219,13 @@ impl State {
             };
         }
         if wr.kind.is_read() && b_attrs.max_dest_rd_atomic == 0 {
-            self.enter_error(b);
+            self.remote_error(b, AsyncKind::QpReqErr);
             return Outcome::Fail(WcStatus::RemInvReqErr);
         }
         // Length (check_length): first and middle packets must be exactly
         // the responder's path MTU.
         if npkts > 1 && b_attrs.path_mtu != attrs.path_mtu {
-            self.enter_error(b);
+            self.remote_error(b, AsyncKind::QpReqErr);
             return Outcome::Fail(WcStatus::RemInvReqErr);
         }
         // rkey, unless zero-length (C9-88).
@@ -1083,7 +1234,7 @@ impl State {
                 match self.remote_place(b, rkey, addr, len, need) {
                     Some(place) => Some(place),
                     None => {
-                        self.enter_error(b);
+                        self.remote_error(b, AsyncKind::QpAccessErr);
                         return Outcome::Fail(WcStatus::RemAccessErr);
                     }
                 }
@@ -1124,7 +1275,7 @@ impl State {
             Kind::Bind { .. } | Kind::LocalInv { .. } => true,
         };
         if !copied {
-            self.enter_error(b);
+            self.remote_error(b, AsyncKind::QpAccessErr);
             return Outcome::Fail(WcStatus::RemAccessErr);
         }
         if let Some(recv) = first_recv.filter(|_| wr.kind.consumes_receive()) {
@@ -1350,12 +1501,27 @@ impl Verbs for FakeVerbs {
         };
         let spec = st.devices[index].spec.clone();
         drop(st);
+        let async_waker = Arc::new(Waker::new()?);
+        let id = {
+            let mut st = self.fabric.state.lock();
+            let id = st.new_id();
+            st.contexts.insert(
+                id,
+                CtxRec {
+                    events: VecDeque::new(),
+                    waker: async_waker.clone(),
+                },
+            );
+            id
+        };
         self.fabric.counters.created("context");
         Ok(Arc::new_cyclic(|me| FakeContext {
             me: me.clone(),
             fabric: Arc::clone(&self.fabric),
             device: index,
+            id,
             spec,
+            async_waker,
         }))
     }
 }
@@ -1365,7 +1531,9 @@ struct FakeContext {
     me: Weak<FakeContext>,
     fabric: Arc<Fabric>,
     device: usize,
+    id: u64,
     spec: DeviceSpec,
+    async_waker: Arc<Waker>,
 }
 
 impl Context for FakeContext {
@@ -1395,6 +1563,7 @@ impl Context for FakeContext {
             lid: 0,
             link_layer: LinkLayer::Ethernet,
             gid_table_len: GID_TABLE_LEN,
+            max_msg_sz: self.spec.max_msg_sz,
         })
     }
 
@@ -1420,7 +1589,13 @@ impl Context for FakeContext {
         let id = {
             let mut st = self.fabric.state.lock();
             let id = st.new_id();
-            st.pds.insert(id, PdRec { children: 0 });
+            st.pds.insert(
+                id,
+                PdRec {
+                    children: 0,
+                    ctx: self.id,
+                },
+            );
             id
         };
         self.fabric.counters.created("pd");
@@ -1434,20 +1609,31 @@ impl Context for FakeContext {
 
     fn create_cq(&self, depth: u32) -> Result<Arc<dyn Cq>> {
         self.fabric.check("ibv_create_cq")?;
-        if depth == 0 || depth > MAX_CQE {
+        let max_cqe = self.spec.limits.max_cqe;
+        if depth == 0 || depth > max_cqe {
             return Err(Error::Rdma(format!(
-                "ibv_create_cq({}, {depth} entries) failed: Invalid argument (1 to {MAX_CQE})",
+                "ibv_create_cq({}, {depth} entries) failed: Invalid argument (1 to {max_cqe})",
                 self.spec.name
             )));
         }
         let ctx = self.me.upgrade().ok_or_else(gone)?;
+        let channel = Arc::new(Waker::new()?);
         let id = {
             let mut st = self.fabric.state.lock();
+            if st.live_on(self.device).1 >= to_usize(self.spec.limits.max_cq) {
+                return Err(Error::Rdma(format!(
+                    "ibv_create_cq({}) failed: Cannot allocate memory (max_cq {} reached)",
+                    self.spec.name, self.spec.limits.max_cq
+                )));
+            }
             let id = st.new_id();
             st.cqs.insert(
                 id,
                 CqRec {
+                    device: self.device,
                     depth: to_usize(depth),
+                    armed: false,
+                    channel: channel.clone(),
                     entries: VecDeque::new(),
                     overrun: false,
                     users: 0,
@@ -1460,6 +1646,7 @@ impl Context for FakeContext {
             fabric: Arc::clone(&self.fabric),
             ctx,
             id,
+            channel,
         }))
     }
 
@@ -1471,6 +1658,28 @@ impl Context for FakeContext {
         self.spec.supports_mw
     }
 
+    fn limits(&self) -> DeviceLimits {
+        self.spec.limits
+    }
+
+    fn async_fd(&self) -> BorrowedFd<'_> {
+        self.async_waker.as_fd()
+    }
+
+    /// Checks "ibv_get_async_event".
+    fn next_async_event(&self) -> Result<Option<AsyncEvent>> {
+        self.fabric.check("ibv_get_async_event")?;
+        let mut st = self.fabric.state.lock();
+        let Some(c) = st.contexts.get_mut(&self.id) else {
+            return Ok(None);
+        };
+        let event = c.events.pop_front();
+        if c.events.is_empty() {
+            c.waker.take();
+        }
+        Ok(event)
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -1478,6 +1687,7 @@ impl Context for FakeContext {
 
 impl Drop for FakeContext {
     fn drop(&mut self) {
+        self.fabric.state.lock().contexts.remove(&self.id);
         self.fabric.counters.destroyed("context");
     }
 }
@@ -1508,6 +1718,13 @@ impl FakePd {
     fn register(&self, span: Span, iova: u64, len: usize, access: Access) -> Result<Arc<dyn Mr>> {
         let pd = self.me.upgrade().ok_or_else(gone)?;
         let mut st = self.fabric.state.lock();
+        let max_mr = self.ctx.spec.limits.max_mr;
+        if st.live_on(self.device()).2 >= to_usize(max_mr) {
+            return Err(Error::Rdma(format!(
+                "ibv_reg_mr({}) failed: Cannot allocate memory (max_mr {max_mr} reached)",
+                self.device_name()
+            )));
+        }
         let Some(index) = st.new_key_index(self.device()) else {
             return Err(Error::Rdma("ibv_reg_mr failed: out of keys".to_owned()));
         };
@@ -1567,6 +1784,12 @@ impl FakePd {
             )));
         }
         let mut st = self.fabric.state.lock();
+        let max_qp = self.ctx.spec.limits.max_qp;
+        if st.live_on(self.device()).0 >= to_usize(max_qp) {
+            return Err(Error::Rdma(format!(
+                "ibv_create_qp({name}) failed: Cannot allocate memory (max_qp {max_qp} reached)"
+            )));
+        }
         let Some(device) = st.devices.get_mut(self.device()) else {
             return Err(gone());
         };
@@ -1681,6 +1904,13 @@ impl Pd for FakePd {
         }
         let pd = self.me.upgrade().ok_or_else(gone)?;
         let mut st = self.fabric.state.lock();
+        let max_mw = self.ctx.spec.limits.max_mw;
+        if st.live_on(self.device()).3 >= to_usize(max_mw) {
+            return Err(Error::Rdma(format!(
+                "ibv_alloc_mw({}) failed: Cannot allocate memory (max_mw {max_mw} reached)",
+                self.device_name()
+            )));
+        }
         let Some(rkey) = st.new_key_index(self.device()) else {
             return Err(Error::Rdma("ibv_alloc_mw failed: out of keys".to_owned()));
         };
@@ -1749,6 +1979,7 @@ struct FakeCq {
     fabric: Arc<Fabric>,
     ctx: Arc<FakeContext>,
     id: u64,
+    channel: Arc<Waker>,
 }
 
 impl Cq for FakeCq {
@@ -1793,6 +2024,25 @@ impl Cq for FakeCq {
         drop(st);
         self.fabric.check("ibv_get_cq_event")?;
         Ok(true)
+    }
+
+    /// Checks "ibv_req_notify_cq".
+    fn arm(&self) -> Result<()> {
+        self.fabric.check("ibv_req_notify_cq")?;
+        if let Some(cq) = self.fabric.state.lock().cqs.get_mut(&self.id) {
+            cq.armed = true;
+        }
+        Ok(())
+    }
+
+    fn channel_fd(&self) -> BorrowedFd<'_> {
+        self.channel.as_fd()
+    }
+
+    /// Checks "ibv_get_cq_event".
+    fn take_events(&self) -> Result<usize> {
+        self.fabric.check("ibv_get_cq_event")?;
+        Ok(usize::from(self.channel.take()))
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -2667,16 +2917,39 @@ mod tests {
     }
 
     #[test]
-    fn packets_from_a_peer_the_qp_is_not_connected_to_are_dropped() {
+    fn any_sender_with_the_qp_number_and_the_expected_psn_reaches_a_responder() {
+        // RoCE authenticates no source: B, connected to C, takes A's
+        // packets as soon as their PSN is the one B expects.
         let (f, a, b) = pair();
         let c = End::new(&f, "a");
-        // B is connected to C; A aims at B anyway.
-        b.qp.modify(&rtr(&c, 0, Mtu::Mtu1024, 4)).expect("B RTR");
-        aim_a(&a, &b, Link::default());
+        b.qp.modify(&rtr(&c, 0x12_3456, Mtu::Mtu1024, 4))
+            .expect("B RTR");
+        // A's own PSN is half a PSN space "behind" B's: taken for a
+        // duplicate, ACKed and not executed (P1).
+        let link = Link::default();
+        aim_a(&a, &b, link);
         a.qp.post_send(&[write(&a, 0, 16, b.addr(0), b.mr.rkey())])
             .expect("post");
-        assert_eq!(statuses(&a.poll()), [WcStatus::RetryExcErr]);
-        assert!(b.buf[..16].iter().all(|&x| x == 0));
+        assert_eq!(statuses(&a.poll()), [WcStatus::Success]);
+        assert!(
+            b.buf[..16].iter().all(|&x| x == 0),
+            "a wrong PSN lands nothing"
+        );
+        // D knows B's PSN (sniffed, or 24 bits guessed): its WRITE lands,
+        // though B was never connected to it.
+        let d = End::new(&f, "a");
+        let expected = f.expected_psn("b", b.qp.qp_num()).expect("B's PSN");
+        assert_eq!(expected, 0x12_3456);
+        d.qp.modify(&rtr(&b, 0, Mtu::Mtu1024, 4)).expect("D RTR");
+        d.qp.modify(&rts(expected, link, 4)).expect("D RTS");
+        let mut d_buf = d.buf;
+        pattern(&mut d_buf[..16], 9);
+        let d = End { buf: d_buf, ..d };
+        d.qp.post_send(&[write(&d, 0, 16, b.addr(0), b.mr.rkey())])
+            .expect("post");
+        assert_eq!(statuses(&d.poll()), [WcStatus::Success]);
+        assert_eq!(&b.buf[..16], &d.buf[..16], "the injected WRITE landed");
+        assert_eq!(b.state(), QpState::Rtr);
     }
 
     #[test]

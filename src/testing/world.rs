@@ -15,16 +15,16 @@ use super::gpu::{FakeGpu, FakeGpuDevice};
 use super::topology::{roce_nic, FakeTopology};
 use super::{Counters, Faults};
 use crate::core::error::HIP_ERROR_NO_DEVICE;
-use crate::core::protocol::{final_imm, ConnectData};
+use crate::core::protocol::{encode_connect, final_imm};
 use crate::core::reply::REPLY_BUFFER_LEN;
 use crate::core::token::{Token, TOKEN_HEX_LEN};
 use crate::core::transfer::S3Client;
 use crate::core::{Error, Result};
 use crate::platform::{
     Access, Cm, Gpu, Mr, Mtu, Platform, QpAttr, QpCaps, QpState, SendOp, SendWr, Sge, Topology,
-    Verbs,
+    Verbs, WcStatus,
 };
-use crate::server::{LocalBuf, Op, ServerSide};
+use crate::server::{ClientQp, DialPolicy, LocalBuf, Op, ServerConfig, ServerSide};
 
 /// The client's device and address.
 pub const CLIENT_NIC: &str = "client0";
@@ -229,6 +229,9 @@ pub enum Behaviour {
     /// Connects properly, then writes (or reads) 64 bytes past the range
     /// its token grants, with the token's rkey, and replies 200.
     Overreach,
+    /// Does the transfer, then replies 500 (the request failed after the
+    /// data moved).
+    FailAfterData,
 }
 
 /// The S3 server of the tests: one object store (its registered memory),
@@ -255,12 +258,22 @@ impl TestServer {
         let ctx = verbs.open(device).expect("server device opens");
         let pd = ctx.alloc_pd().expect("server PD");
         let mut store = vec![0u8; bytes].into_boxed_slice();
-        let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+        // Local only: a server's own memory needs no remote access.
         let mr = pd
-            .reg_mr(store.as_mut_ptr().expose_provenance(), bytes, access)
+            .reg_mr(
+                store.as_mut_ptr().expose_provenance(),
+                bytes,
+                Access::LOCAL_WRITE,
+            )
             .expect("server MR");
+        let config = ServerConfig {
+            // The test server plays every S3 request itself; there is no
+            // request source to check against.
+            dial: DialPolicy::any(),
+            ..ServerConfig::default()
+        };
         TestServer {
-            side: ServerSide::new(fabric.cm(&[device]), ctx, pd),
+            side: ServerSide::with_config(fabric.cm(&[device]), ctx, pd, config),
             fabric: fabric.clone(),
             store: Mutex::new(store),
             mr,
@@ -303,14 +316,24 @@ impl TestServer {
             addr: self.mr.addr(),
         };
         let behaviour = *self.behaviour.lock();
+        let data = |session: &mut crate::server::Session<'_>, len: u64| match op {
+            Op::Get => session.write(&local, 0, 0, len),
+            Op::Put => session.read(&local, 0, 0, len),
+        };
+        let failed = |f: crate::server::TransferFailure| f.error;
         let outcome: Result<Vec<u8>> = match behaviour {
             Behaviour::Normal => self
                 .side
                 .serve(&token, op, &local, deadline)
                 .map(|()| b"200".to_vec()),
+            Behaviour::FailAfterData => self
+                .side
+                .serve(&token, op, &local, deadline)
+                .map(|()| b"500".to_vec()),
             Behaviour::PeerTokenReply => self.side.serve(&token, op, &local, deadline).map(|()| {
                 let mut peer = token;
                 peer.transport = crate::core::token::Transport::Rc;
+                peer.secret = 0;
                 let mut reply = b"200:".to_vec();
                 reply.extend_from_slice(&peer.to_hex());
                 reply
@@ -320,49 +343,59 @@ impl TestServer {
             Behaviour::WrongProof => {
                 let mut other = token;
                 other.rkey ^= 1;
-                let data = ConnectData {
-                    token: other,
-                    nonce: 7,
-                }
-                .encode();
-                let _ = self.side.connect_with(&token, &data, 7, deadline);
+                let _ = self
+                    .side
+                    .connect_with(&token, &encode_connect(&other), deadline);
                 Ok(b"200".to_vec())
             }
-            Behaviour::NoFinalMessage => self.side.connection(&token, deadline).and_then(|conn| {
-                let conn = conn.lock();
-                self.side
-                    .move_data(&conn, &token, op, &local, deadline)
-                    .map(|()| b"200".to_vec())
-            }),
-            Behaviour::WrongSecret => self.side.connection(&token, deadline).and_then(|conn| {
-                let conn = conn.lock();
-                self.side.move_data(&conn, &token, op, &local, deadline)?;
-                let wrong = final_imm(conn.nonce, conn.seq) ^ 0x5a5a;
-                self.side
-                    .send_final(&conn, wrong, deadline)
-                    .map(|()| b"200".to_vec())
-            }),
-            Behaviour::Disappear => self.side.connection(&token, deadline).map(|conn| {
-                let _ = conn.lock().cm.disconnect();
-                b"200".to_vec()
-            }),
+            Behaviour::NoFinalMessage => self
+                .side
+                .begin(&token, None, deadline)
+                .and_then(|mut session| {
+                    data(&mut session, token.length)?;
+                    session.abandon();
+                    Ok(())
+                })
+                .map(|()| b"200".to_vec())
+                .map_err(failed),
+            Behaviour::WrongSecret => self
+                .side
+                .begin(&token, None, deadline)
+                .and_then(|mut session| {
+                    data(&mut session, token.length)?;
+                    session.finish_with(final_imm(token.secret) ^ 0x5a5a)
+                })
+                .map(|()| b"200".to_vec())
+                .map_err(failed),
+            Behaviour::Disappear => self
+                .side
+                .begin(&token, None, deadline)
+                .map(|mut session| {
+                    let _ = session.conn().cm.disconnect();
+                    session.abandon();
+                    b"200".to_vec()
+                })
+                .map_err(failed),
             Behaviour::OriginalOrder => self
                 .original_order(&token, &local)
                 .map(|()| b"200".to_vec()),
-            Behaviour::Overreach => self.side.connection(&token, deadline).and_then(|conn| {
-                let conn = conn.lock();
-                let mut wide = token;
-                wide.length += 64;
-                self.side.move_data(&conn, &wide, op, &local, deadline)?;
-                let imm = final_imm(conn.nonce, conn.seq);
-                self.side
-                    .send_final(&conn, imm, deadline)
-                    .map(|()| b"200".to_vec())
-            }),
+            Behaviour::Overreach => self
+                .side
+                .begin(&token, None, deadline)
+                .and_then(|mut session| {
+                    let len = token.length + 64;
+                    session.data_unchecked(op, token.addr, token.rkey, &local, 0, len)?;
+                    session.finish()
+                })
+                .map(|()| b"200".to_vec())
+                .map_err(failed),
         };
         match outcome {
             Ok(reply) => {
-                if matches!(behaviour, Behaviour::Normal | Behaviour::PeerTokenReply) {
+                if matches!(
+                    behaviour,
+                    Behaviour::Normal | Behaviour::PeerTokenReply | Behaviour::FailAfterData
+                ) {
                     self.served.fetch_add(1, Ordering::SeqCst);
                 }
                 reply
@@ -437,6 +470,43 @@ impl TestServer {
         let _ = cq.wait(Instant::now() + self.step_timeout);
         let _ = cq.poll(8);
         Ok(())
+    }
+
+    /// A hostile server's move: one WRITE (`Op::Get`'s direction) or READ
+    /// of `len` bytes at `remote_addr` with `rkey`, posted on this
+    /// server's established connection to `client`, from or into the
+    /// object store; returns how it completed (`None`: no connection).
+    /// A refused access breaks the connection (the QP goes to ERR).
+    pub fn probe(
+        &self,
+        client: &ClientQp,
+        op: Op,
+        remote_addr: u64,
+        rkey: u32,
+        len: u32,
+    ) -> Option<WcStatus> {
+        let conn = self.side.connection(client)?;
+        let conn = conn.lock();
+        let op = match op {
+            Op::Get => SendOp::Write { remote_addr, rkey },
+            Op::Put => SendOp::Read { remote_addr, rkey },
+        };
+        let wr = SendWr {
+            wr_id: 0x7072_6f62,
+            op,
+            sge: Some(Sge {
+                addr: self.mr.addr(),
+                len,
+                lkey: self.mr.lkey(),
+            }),
+            signaled: true,
+        };
+        conn.qp.post_send(&[wr]).ok()?;
+        let deadline = Instant::now() + self.step_timeout;
+        crate::platform::wait_for_completion(&*conn.cq, 0x7072_6f62, deadline)
+            .ok()
+            .flatten()
+            .map(|c| c.status)
     }
 
     /// An S3 client session for one request of direction `op`.

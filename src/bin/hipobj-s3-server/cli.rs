@@ -8,7 +8,9 @@ use std::time::Duration;
 pub const USAGE: &str = "\
 usage: hipobj-s3-server --root DIR --listen ADDR:PORT --access-key AK --secret-key SK
                         [--region REGION] [--bucket NAME]... [--device NAME] [--no-rdma]
-                        [--rdma-timeout-ms N] [--delay-final-ms N]
+                        [--rdma-timeout-ms N] [--delay-final-ms N] [--rdma-allow CIDR]...
+                        [--rdma-max-bytes N] [--rdma-memory-bytes N]
+                        [--rdma-max-connections N] [--rdma-max-connections-per-client N]
 
   --root DIR            where buckets and objects are stored (created if missing)
   --listen ADDR:PORT    HTTP address; port 0 picks a free port
@@ -20,6 +22,17 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT --access-key AK --secret-k
   --no-rdma             decline every x-amz-rdma-token (501), as a server without RDMA
   --rdma-timeout-ms N   deadline of each RDMA transfer (default 10000)
   --delay-final-ms N    test knob: pause between the data and the final message (default 0)
+  --rdma-allow CIDR     a network whose clients the server may connect to, besides the address
+                        each request comes from (the fabric's subnet behind a load balancer);
+                        repeatable
+  --rdma-max-bytes N    the largest RDMA transfer served (default 5368709120, S3's largest PUT);
+                        a longer token is declined (501)
+  --rdma-memory-bytes N registered memory the transfers in progress may hold at once (default
+                        1073741824); a transfer that does not fit waits, then gets 503
+  --rdma-max-connections N
+                        RDMA connections held at once, to all clients (default 4096)
+  --rdma-max-connections-per-client N
+                        RDMA connections held to one client address (default 1024)
 ";
 
 /// The server's settings.
@@ -45,6 +58,16 @@ pub struct Options {
     pub rdma_timeout: Duration,
     /// `--delay-final-ms`.
     pub delay_final: Duration,
+    /// `--rdma-allow`, each.
+    pub rdma_allow: Vec<ipnet::IpNet>,
+    /// `--rdma-max-bytes`.
+    pub rdma_max_bytes: u64,
+    /// `--rdma-memory-bytes`.
+    pub rdma_memory_bytes: u64,
+    /// `--rdma-max-connections`.
+    pub rdma_max_connections: usize,
+    /// `--rdma-max-connections-per-client`.
+    pub rdma_max_connections_per_client: usize,
 }
 
 /// Parses the arguments (without the program name): the settings, or
@@ -61,6 +84,11 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
     let mut no_rdma = false;
     let mut rdma_timeout = Duration::from_millis(10_000);
     let mut delay_final = Duration::ZERO;
+    let mut rdma_allow = Vec::new();
+    let mut rdma_max_bytes: u64 = 5 << 30;
+    let mut rdma_memory_bytes: u64 = 1 << 30;
+    let mut rdma_max_connections = 4096;
+    let mut rdma_max_connections_per_client = 1024;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -91,6 +119,19 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
             "--no-rdma" if inline.is_none() => no_rdma = true,
             "--rdma-timeout-ms" => rdma_timeout = millis(name, &value()?, 1)?,
             "--delay-final-ms" => delay_final = millis(name, &value()?, 0)?,
+            "--rdma-allow" => {
+                let v = value()?;
+                rdma_allow.push(
+                    v.parse::<ipnet::IpNet>()
+                        .map_err(|e| format!("--rdma-allow {v}: {e} (expected ADDR/PREFIX)"))?,
+                );
+            }
+            "--rdma-max-bytes" => rdma_max_bytes = count(name, &value()?)?,
+            "--rdma-memory-bytes" => rdma_memory_bytes = count(name, &value()?)?,
+            "--rdma-max-connections" => rdma_max_connections = count(name, &value()?)?,
+            "--rdma-max-connections-per-client" => {
+                rdma_max_connections_per_client = count(name, &value()?)?
+            }
             _ => return Err(format!("unknown argument {arg}")),
         }
     }
@@ -111,7 +152,24 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
         no_rdma,
         rdma_timeout,
         delay_final,
+        rdma_allow,
+        rdma_max_bytes,
+        rdma_memory_bytes,
+        rdma_max_connections,
+        rdma_max_connections_per_client,
     }))
+}
+
+/// A whole number of at least 1, in plain decimal digits.
+fn count<T: TryFrom<u64>>(name: &str, text: &str) -> Result<T, String> {
+    let bad = || format!("{name} {text}: expected a whole number of at least 1");
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    match text.parse::<u64>() {
+        Ok(n) if n >= 1 => T::try_from(n).map_err(|_| bad()),
+        _ => Err(bad()),
+    }
 }
 
 /// A duration in milliseconds of at least `min`, in plain decimal digits.
@@ -170,6 +228,13 @@ mod tests {
         assert!(o.buckets.is_empty() && o.device.is_none() && !o.no_rdma);
         assert_eq!(o.rdma_timeout, Duration::from_secs(10));
         assert_eq!(o.delay_final, Duration::ZERO);
+        assert!(o.rdma_allow.is_empty());
+        assert_eq!(o.rdma_max_bytes, 5 << 30);
+        assert_eq!(o.rdma_memory_bytes, 1 << 30);
+        assert_eq!(
+            (o.rdma_max_connections, o.rdma_max_connections_per_client),
+            (4096, 1024)
+        );
     }
 
     #[test]
@@ -186,6 +251,15 @@ mod tests {
             "--rdma-timeout-ms",
             "250",
             "--delay-final-ms=3000",
+            "--rdma-allow",
+            "192.0.2.0/24",
+            "--rdma-allow=2001:db8::/32",
+            "--rdma-max-bytes",
+            "1048576",
+            "--rdma-memory-bytes=4194304",
+            "--rdma-max-connections",
+            "8",
+            "--rdma-max-connections-per-client=2",
         ]);
         let o = parse(&args(&list)).unwrap().expect("not --help");
         assert_eq!(o.buckets, ["one", "two"]);
@@ -194,6 +268,12 @@ mod tests {
         assert!(o.no_rdma);
         assert_eq!(o.rdma_timeout, Duration::from_millis(250));
         assert_eq!(o.delay_final, Duration::from_secs(3));
+        assert_eq!(o.rdma_allow.len(), 2);
+        assert_eq!((o.rdma_max_bytes, o.rdma_memory_bytes), (1 << 20, 4 << 20));
+        assert_eq!(
+            (o.rdma_max_connections, o.rdma_max_connections_per_client),
+            (8, 2)
+        );
     }
 
     #[test]
@@ -208,6 +288,10 @@ mod tests {
             ["--rdma-timeout-ms", "+5"],
             ["--bucket", "../up"],
             ["--bucket", "UPPER"],
+            ["--rdma-allow", "192.0.2.1"],
+            ["--rdma-max-bytes", "0"],
+            ["--rdma-memory-bytes", "1e9"],
+            ["--rdma-max-connections", "-1"],
         ] {
             let mut list = required();
             list.extend(bad);

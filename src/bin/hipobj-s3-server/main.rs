@@ -55,6 +55,31 @@ fn main() -> ExitCode {
     }
 }
 
+/// The S3 service, with each request's TCP peer put into its extensions:
+/// the dial policy compares it with the address a token names.
+#[derive(Clone)]
+struct WithPeer {
+    inner: s3s::service::S3Service,
+    peer: SocketAddr,
+}
+
+impl hyper::service::Service<http::Request<hyper::body::Incoming>> for WithPeer {
+    type Response = <s3s::service::S3Service as hyper::service::Service<
+        http::Request<hyper::body::Incoming>,
+    >>::Response;
+    type Error = <s3s::service::S3Service as hyper::service::Service<
+        http::Request<hyper::body::Incoming>,
+    >>::Error;
+    type Future = <s3s::service::S3Service as hyper::service::Service<
+        http::Request<hyper::body::Incoming>,
+    >>::Future;
+
+    fn call(&self, mut req: http::Request<hyper::body::Incoming>) -> Self::Future {
+        req.extensions_mut().insert(s3::Peer(self.peer));
+        hyper::service::Service::call(&self.inner, req)
+    }
+}
+
 /// Prepares the root, RDMA and the runtime, then serves until a signal.
 fn run(options: Options) -> Result<(), String> {
     make_buckets(&options.root, &options.buckets)?;
@@ -65,6 +90,13 @@ fn run(options: Options) -> Result<(), String> {
             options.device.as_deref(),
             options.rdma_timeout,
             options.delay_final,
+            rdma::Limits {
+                allow: options.rdma_allow.clone(),
+                max_bytes: options.rdma_max_bytes,
+                memory_bytes: options.rdma_memory_bytes,
+                max_connections: options.rdma_max_connections,
+                max_connections_per_client: options.rdma_max_connections_per_client,
+            },
         )
         .map(Arc::new)
     };
@@ -139,9 +171,9 @@ async fn serve(options: &Options, rdma: Option<Arc<Rdma>>, status: String) -> Re
     let http = ConnBuilder::new(TokioExecutor::new());
     let graceful = GracefulShutdown::new();
     loop {
-        let socket = tokio::select! {
+        let (socket, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((socket, _)) => socket,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     eprintln!("hipobj-s3-server: accept: {e}");
                     continue;
@@ -150,7 +182,11 @@ async fn serve(options: &Options, rdma: Option<Arc<Rdma>>, status: String) -> Re
             _ = term.recv() => break,
             _ = int.recv() => break,
         };
-        let conn = http.serve_connection(TokioIo::new(socket), service.clone());
+        let service = WithPeer {
+            inner: service.clone(),
+            peer,
+        };
+        let conn = http.serve_connection(TokioIo::new(socket), service);
         let conn = graceful.watch(conn.into_owned());
         tokio::spawn(async move {
             let _ = conn.await;

@@ -1,15 +1,17 @@
 //! The server's RDMA: one device, its server side of the protocol, and a
-//! pool of registered buffers that payloads pass through. Every call here
-//! blocks (verbs, the CM, completions): the S3 layer runs them with
-//! `spawn_blocking`.
+//! pool of registered buffers that payloads pass through, within a memory
+//! budget set by configuration (never by what a token asks for). Every
+//! call here blocks (verbs, the CM, completions): the S3 layer runs them
+//! with `spawn_blocking`.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hipobj::core::token::Token;
 use hipobj::platform::{Access, Context, Mr, PortState};
-use hipobj::server::{LocalBuf, Op, ServerSide};
-use parking_lot::Mutex;
+use hipobj::server::{DialPolicy, LocalBuf, Op, ServerConfig, ServerSide};
+use parking_lot::{Condvar, Mutex};
 
 /// Registered bytes the pool keeps for reuse; buffers beyond are freed.
 const POOL_BYTES: usize = 256 << 20;
@@ -18,12 +20,44 @@ const MIN_BUF: usize = 4096;
 /// Ports looked at when choosing a device.
 const MAX_PORTS: u8 = 8;
 
+/// What the server's RDMA may do, from the command line.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Networks it may connect to besides a request's own source.
+    pub allow: Vec<ipnet::IpNet>,
+    /// The longest transfer served.
+    pub max_bytes: u64,
+    /// Registered memory that transfers in progress may hold at once.
+    pub memory_bytes: u64,
+    /// Connections in all.
+    pub max_connections: usize,
+    /// Connections to one client address.
+    pub max_connections_per_client: usize,
+}
+
 /// The server's RDMA device and its server side.
 pub struct Rdma {
     side: ServerSide,
     device: String,
     timeout: Duration,
+    max_bytes: u64,
     pool: Mutex<Pool>,
+    /// Bytes of the buffers taken (in use by transfers), at most
+    /// `memory_bytes`.
+    in_use: Mutex<u64>,
+    returned: Condvar,
+    memory_bytes: u64,
+}
+
+/// Why a buffer could not be had.
+pub enum TakeError {
+    /// Longer than `--rdma-max-bytes` (declined: the client may send it by
+    /// HTTP).
+    TooLarge(String),
+    /// The memory budget stayed full until the deadline (503).
+    Busy(String),
+    /// Registration failed (500).
+    Failed(String),
 }
 
 /// Registered buffers not in use.
@@ -60,12 +94,34 @@ impl RegBuf {
     }
 }
 
-/// A transfer's description for the log.
+/// A transfer's description for the log, and where its request came from.
 pub struct Label<'a> {
     /// `GET` or `PUT`.
     pub op: &'a str,
     /// `bucket/key` (and the part, for an upload part).
     pub object: &'a str,
+    /// The HTTP request's source address.
+    pub source: Option<IpAddr>,
+}
+
+/// How a transfer failed, for the S3 answer.
+pub enum Failure {
+    /// The server will not serve this token (501: the client falls back).
+    Declined(String),
+    /// No room now (503).
+    Busy(String),
+    /// It failed (500).
+    Failed(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Declined(why) => write!(f, "declined: {why}"),
+            Failure::Busy(why) => write!(f, "busy: {why}"),
+            Failure::Failed(why) => write!(f, "{why}"),
+        }
+    }
 }
 
 impl Rdma {
@@ -75,6 +131,7 @@ impl Rdma {
         device: Option<&str>,
         timeout: Duration,
         delay_final: Duration,
+        limits: Limits,
     ) -> Result<Rdma, String> {
         let platform = hipobj::platform::system();
         let verbs = platform.verbs().map_err(|e| e.to_string())?;
@@ -108,14 +165,36 @@ impl Rdma {
         };
         let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
         let device = ctx.name().to_owned();
-        let mut side = ServerSide::new(cm, ctx, pd);
-        side.delay_before_final = delay_final;
+        let config = ServerConfig {
+            dial: DialPolicy {
+                request_source: true,
+                allow: limits.allow,
+            },
+            max_connections: limits.max_connections,
+            max_connections_per_client: limits.max_connections_per_client,
+            delay_before_final: delay_final,
+            ..ServerConfig::default()
+        };
+        let side = ServerSide::with_config(cm, ctx, pd, config);
         Ok(Rdma {
             side,
             device,
             timeout,
+            max_bytes: limits.max_bytes,
             pool: Mutex::new(Pool::default()),
+            in_use: Mutex::new(0),
+            returned: Condvar::new(),
+            memory_bytes: limits.memory_bytes,
         })
+    }
+
+    /// Whether the client a token names may be connected to for a
+    /// request from `source`.
+    pub fn may_dial(&self, token: &Token, source: Option<IpAddr>) -> bool {
+        self.side
+            .config
+            .dial
+            .permits(hipobj::core::nic::ip_of(&token.gid), source)
     }
 
     /// The device's name.
@@ -124,8 +203,49 @@ impl Rdma {
     }
 
     /// A registered buffer of at least `len` bytes (reused when one is
-    /// free).
-    pub fn take(&self, len: usize) -> Result<RegBuf, String> {
+    /// free), within `--rdma-max-bytes` and, waiting up to the transfer
+    /// deadline for room, the memory budget.
+    pub fn take(&self, len: usize) -> Result<RegBuf, TakeError> {
+        let wanted = u64::try_from(len).unwrap_or(u64::MAX);
+        if wanted > self.max_bytes {
+            return Err(TakeError::TooLarge(format!(
+                "{len} bytes is more than --rdma-max-bytes {}",
+                self.max_bytes
+            )));
+        }
+        let size = buffer_size(len);
+        let charge = u64::try_from(size).unwrap_or(u64::MAX);
+        if charge > self.memory_bytes {
+            return Err(TakeError::TooLarge(format!(
+                "{len} bytes is more than --rdma-memory-bytes {}",
+                self.memory_bytes
+            )));
+        }
+        {
+            let deadline = Instant::now() + self.timeout;
+            let mut in_use = self.in_use.lock();
+            while *in_use + charge > self.memory_bytes {
+                if self.returned.wait_until(&mut in_use, deadline).timed_out() {
+                    return Err(TakeError::Busy(format!(
+                        "the transfers in progress hold the whole memory budget                          (--rdma-memory-bytes {})",
+                        self.memory_bytes
+                    )));
+                }
+            }
+            *in_use += charge;
+        }
+        self.take_charged(len, size)
+            .inspect_err(|_| self.release(charge))
+    }
+
+    fn release(&self, bytes: u64) {
+        let mut in_use = self.in_use.lock();
+        *in_use = in_use.saturating_sub(bytes);
+        drop(in_use);
+        self.returned.notify_all();
+    }
+
+    fn take_charged(&self, len: usize, size: usize) -> Result<RegBuf, TakeError> {
         {
             let mut pool = self.pool.lock();
             let best = pool
@@ -138,27 +258,34 @@ impl Rdma {
             if let Some(i) = best {
                 let buf = pool.free.swap_remove(i);
                 pool.bytes -= buf.mem.len();
+                // Charged for what it is, which may be more than asked.
+                let extra = buf.mem.len().saturating_sub(size);
+                *self.in_use.lock() += u64::try_from(extra).unwrap_or(0);
                 return Ok(buf);
             }
         }
-        let size = buffer_size(len);
         let mut mem = vec![0u8; size].into_boxed_slice();
         let addr = mem.as_mut_ptr().expose_provenance();
         let mr = self
             .side
             .pd()
             .reg_mr(addr, size, Access::LOCAL_WRITE)
-            .map_err(|e| format!("registering {size} bytes: {e}"))?;
+            .map_err(|e| TakeError::Failed(format!("registering {size} bytes: {e}")))?;
         Ok(RegBuf { mr, mem })
     }
 
-    /// Returns a buffer to the pool (or frees it, past the pool's size).
+    /// Returns a buffer to the pool (or frees it, past the pool's size),
+    /// and its bytes to the budget.
     pub fn give_back(&self, buf: RegBuf) {
-        let mut pool = self.pool.lock();
-        if pool.bytes + buf.mem.len() <= POOL_BYTES {
-            pool.bytes += buf.mem.len();
-            pool.free.push(buf);
+        let bytes = u64::try_from(buf.mem.len()).unwrap_or(u64::MAX);
+        {
+            let mut pool = self.pool.lock();
+            if pool.bytes + buf.mem.len() <= POOL_BYTES {
+                pool.bytes += buf.mem.len();
+                pool.free.push(buf);
+            }
         }
+        self.release(bytes);
     }
 
     /// Serves a GET: WRITEs the first `len` bytes of `buf` to the start of
@@ -170,7 +297,7 @@ impl Rdma {
         buf: RegBuf,
         len: u64,
         label: &Label<'_>,
-    ) -> (Result<(), String>, Option<RegBuf>) {
+    ) -> (Result<(), Failure>, Option<RegBuf>) {
         self.run(token, Op::Get, buf, len, label)
     }
 
@@ -181,7 +308,7 @@ impl Rdma {
         token: &Token,
         buf: RegBuf,
         label: &Label<'_>,
-    ) -> (Result<(), String>, Option<RegBuf>) {
+    ) -> (Result<(), Failure>, Option<RegBuf>) {
         self.run(token, Op::Put, buf, token.length, label)
     }
 
@@ -192,11 +319,16 @@ impl Rdma {
         buf: RegBuf,
         len: u64,
         label: &Label<'_>,
-    ) -> (Result<(), String>, Option<RegBuf>) {
+    ) -> (Result<(), Failure>, Option<RegBuf>) {
         let start = Instant::now();
-        let outcome = self
-            .side
-            .transfer(token, op, &buf.local(), len, start + self.timeout);
+        let outcome = self.side.transfer(
+            token,
+            op,
+            &buf.local(),
+            len,
+            label.source,
+            start + self.timeout,
+        );
         let peer = hipobj::core::nic::ip_of(&token.gid);
         let took = start.elapsed().as_secs_f64() * 1e3;
         let what = format!(
@@ -222,7 +354,14 @@ impl Rdma {
                     std::mem::forget(buf);
                     None
                 };
-                (Err(failure.error.to_string()), kept)
+                let failure = match failure.error {
+                    // The dial policy: the token names an address this
+                    // server may not connect to.
+                    hipobj::core::Error::NotSupported(why) => Failure::Declined(why.to_owned()),
+                    hipobj::core::Error::Busy(why) => Failure::Busy(why.to_owned()),
+                    e => Failure::Failed(e.to_string()),
+                };
+                (Err(failure), kept)
             }
         }
     }

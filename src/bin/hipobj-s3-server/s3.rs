@@ -15,10 +15,21 @@
 //!   `x-amz-rdma-reply` set to its status.
 //! - An unusable token: GET is answered the ordinary way plus
 //!   `x-amz-rdma-reply: 501`; PUT and UploadPart store nothing and answer
-//!   501 NotImplemented with `x-amz-rdma-reply: 501`.
+//!   501 NotImplemented with `x-amz-rdma-reply: 501`. Unusable: it does not
+//!   decode, its transport is not `0x02`, RDMA is off, it names an address
+//!   the server may not connect to (`--rdma-allow`, else only the
+//!   request's own source), or it is longer than `--rdma-max-bytes`.
+//! - No room in the memory budget until the deadline: 503 SlowDown with
+//!   `x-amz-rdma-reply: 503`.
+//!
+//! A token may carry the suffix `:<addr>:<size>` that the original's
+//! clients append (decimal or `0x` hex): its size must be the token's
+//! length; its address is ignored (the token's own is the one the NIC
+//! knows).
 //!
 //! Every request must be signed (SigV4) for the configured region.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -29,7 +40,12 @@ use s3s::dto::*;
 use s3s::{s3_error, S3Error, S3Request, S3Response, S3Result, S3};
 use s3s_fs::FileSystem;
 
-use crate::rdma::{Label, Rdma};
+use crate::rdma::{Failure, Label, Rdma, TakeError};
+
+/// The TCP peer of an HTTP request, put into its extensions by the
+/// connection's service (`main.rs`).
+#[derive(Clone, Copy, Debug)]
+pub struct Peer(pub SocketAddr);
 
 /// The request header carrying the client's token.
 const TOKEN: &str = "x-amz-rdma-token";
@@ -51,8 +67,45 @@ enum Ask {
     Plain,
     /// A token this server cannot serve, and why.
     Decline(String),
-    /// A token to serve.
-    Rdma(Token, Arc<Rdma>),
+    /// A token to serve, for a request from `source`.
+    Rdma(Token, Arc<Rdma>, Option<IpAddr>),
+}
+
+/// Parses an `x-amz-rdma-token` value: 88 hex digits, optionally followed
+/// by `:<addr>:<size>` (the original's clients), whose size must be the
+/// token's length.
+pub fn parse_token(value: &[u8]) -> Result<Token, String> {
+    let mut parts = value.split(|&b| b == b':');
+    let hex = parts.next().unwrap_or_default();
+    let token = Token::parse_hex(hex).map_err(|e| format!("malformed token ({e:?})"))?;
+    match (parts.next(), parts.next(), parts.next()) {
+        (None, _, _) => Ok(token),
+        (Some(addr), Some(size), None) => {
+            number(addr).ok_or("malformed token suffix (address)")?;
+            let size = number(size).ok_or("malformed token suffix (size)")?;
+            if size != token.length {
+                return Err(format!(
+                    "the suffix's size {size} is not the token's length {}",
+                    token.length
+                ));
+            }
+            Ok(token)
+        }
+        _ => Err("malformed token suffix (expected :<addr>:<size>)".into()),
+    }
+}
+
+/// A decimal or `0x`-hex number of a token suffix.
+fn number(text: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(text).ok()?;
+    match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+        Some(hex) if !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            u64::from_str_radix(hex, 16).ok()
+        }
+        Some(_) => None,
+        None if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => text.parse().ok(),
+        None => None,
+    }
 }
 
 impl RdmaS3 {
@@ -74,18 +127,24 @@ impl RdmaS3 {
     }
 
     /// What the request's `x-amz-rdma-token` asks for. A decline is logged.
-    fn ask(&self, headers: &HeaderMap, what: &str) -> Ask {
-        let Some(value) = headers.get(TOKEN) else {
+    fn ask<T>(&self, req: &S3Request<T>, what: &str) -> Ask {
+        let Some(value) = req.headers.get(TOKEN) else {
             return Ask::Plain;
         };
-        let why = match Token::parse_hex(value.as_bytes()) {
-            Err(e) => format!("malformed token ({e:?})"),
+        let source = req.extensions.get::<Peer>().map(|p| p.0.ip());
+        let why = match parse_token(value.as_bytes()) {
+            Err(e) => e,
             Ok(token) if token.transport != Transport::RcCm => format!(
                 "transport {:#04x}: this server connects through RDMA CM (0x02) only",
                 token.transport.to_byte()
             ),
             Ok(token) => match &self.rdma {
-                Some(rdma) => return Ask::Rdma(token, rdma.clone()),
+                Some(rdma) if !rdma.may_dial(&token, source) => format!(
+                    "the token names {}, which this server may not connect to for a request                      from {} (see --rdma-allow)",
+                    hipobj::core::nic::ip_of(&token.gid),
+                    source.map_or("an unknown address".to_owned(), |s| s.to_string())
+                ),
+                Some(rdma) => return Ask::Rdma(token, rdma.clone(), source),
                 None => "RDMA is off".to_owned(),
             },
         };
@@ -99,6 +158,7 @@ impl RdmaS3 {
         req: S3Request<GetObjectInput>,
         token: Token,
         rdma: Arc<Rdma>,
+        source: Option<IpAddr>,
         what: String,
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let mut resp = self.fs.get_object(req).await.map_err(echo_status)?;
@@ -110,13 +170,22 @@ impl RdmaS3 {
         let len = length.min(token.length);
         let want = usize::try_from(len)
             .map_err(|_| failed(format!("{len} bytes do not fit this machine's memory")))?;
-        let mut buf = blocking({
+        let taken = blocking({
             let rdma = rdma.clone();
             move || rdma.take(want)
         })
         .await
-        .and_then(|r| r)
         .map_err(failed)?;
+        let mut buf = match taken {
+            Ok(buf) => buf,
+            Err(TakeError::TooLarge(why)) => {
+                // Declined: the object goes in the body, as without a token.
+                eprintln!("hipobj-s3-server: GET {what}: declined {TOKEN}: {why}");
+                resp.headers.insert(REPLY, HeaderValue::from(501u16));
+                return Ok(resp);
+            }
+            Err(e) => return Err(take_failed(e)),
+        };
         let filled = match resp.output.body.take() {
             Some(mut body) => fill(&mut body, &mut buf.bytes_mut()[..want]).await,
             None => Ok(0),
@@ -138,6 +207,7 @@ impl RdmaS3 {
                 let label = Label {
                     op: "GET",
                     object: &what,
+                    source,
                 };
                 rdma.write_to_client(&token, buf, len, &label)
             }
@@ -147,7 +217,7 @@ impl RdmaS3 {
         if let Some(buf) = kept {
             rdma.give_back(buf);
         }
-        outcome.map_err(|e| failed(format!("RDMA transfer failed: {e}")))?;
+        outcome.map_err(transfer_failed)?;
         resp.output.content_length = Some(0);
         // s3s answers 206 exactly when there is a Content-Range.
         let status: u16 = if resp.output.content_range.is_some() {
@@ -167,6 +237,7 @@ impl RdmaS3 {
         body: Option<StreamingBlob>,
         token: Token,
         rdma: Arc<Rdma>,
+        source: Option<IpAddr>,
         what: String,
     ) -> S3Result<Vec<u8>> {
         if let Some(mut body) = body {
@@ -195,10 +266,11 @@ impl RdmaS3 {
             ))
         })?;
         blocking(move || {
-            let buf = rdma.take(len)?;
+            let buf = rdma.take(len).map_err(take_failed)?;
             let label = Label {
                 op: "PUT",
                 object: &what,
+                source,
             };
             let (outcome, kept) = rdma.read_from_client(&token, buf, &label);
             // A successful transfer always gives its buffer back.
@@ -206,12 +278,11 @@ impl RdmaS3 {
             if let Some(buf) = kept {
                 rdma.give_back(buf);
             }
-            outcome.map_err(|e| format!("RDMA transfer failed: {e}"))?;
-            data.ok_or_else(|| "the transfer kept its buffer".to_owned())
+            outcome.map_err(transfer_failed)?;
+            data.ok_or_else(|| failed("the transfer kept its buffer".to_owned()))
         })
         .await
-        .and_then(|r| r)
-        .map_err(failed)
+        .map_err(failed)?
     }
 }
 
@@ -265,6 +336,26 @@ fn failed(why: String) -> S3Error {
     with_reply(s3_error!(InternalError, "{why}"), 500)
 }
 
+/// No buffer for the transfer: declined (501), no room (503), or failed
+/// (500).
+fn take_failed(e: TakeError) -> S3Error {
+    match e {
+        TakeError::TooLarge(why) => declined(&why),
+        TakeError::Busy(why) => with_reply(s3_error!(SlowDown, "{why}"), 503),
+        TakeError::Failed(why) => failed(why),
+    }
+}
+
+/// A failed transfer: 500, or 503 when the server has no connection to
+/// spare, or 501 when it may not connect.
+fn transfer_failed(f: Failure) -> S3Error {
+    match f {
+        Failure::Declined(why) => declined(&why),
+        Failure::Busy(why) => with_reply(s3_error!(SlowDown, "{why}"), 503),
+        Failure::Failed(why) => failed(format!("RDMA transfer failed: {why}")),
+    }
+}
+
 /// A declined token: 501 NotImplemented, `x-amz-rdma-reply: 501`.
 fn declined(why: &str) -> S3Error {
     with_reply(s3_error!(NotImplemented, "{TOKEN} declined: {why}"), 501)
@@ -287,7 +378,7 @@ macro_rules! rdma_s3 {
             ) -> S3Result<S3Response<GetObjectOutput>> {
                 self.check_region(&req)?;
                 let what = object(&req.input.bucket, &req.input.key);
-                match self.ask(&req.headers, &format!("GET {what}")) {
+                match self.ask(&req, &format!("GET {what}")) {
                     Ask::Plain => self.fs.get_object(req).await,
                     Ask::Decline(_) => match self.fs.get_object(req).await {
                         Ok(mut resp) => {
@@ -296,7 +387,9 @@ macro_rules! rdma_s3 {
                         }
                         Err(e) => Err(with_reply(e, 501)),
                     },
-                    Ask::Rdma(token, rdma) => self.get_by_rdma(req, token, rdma, what).await,
+                    Ask::Rdma(token, rdma, source) => {
+                        self.get_by_rdma(req, token, rdma, source, what).await
+                    }
                 }
             }
 
@@ -306,13 +399,13 @@ macro_rules! rdma_s3 {
             ) -> S3Result<S3Response<PutObjectOutput>> {
                 self.check_region(&req)?;
                 let what = object(&req.input.bucket, &req.input.key);
-                let (token, rdma) = match self.ask(&req.headers, &format!("PUT {what}")) {
+                let (token, rdma, source) = match self.ask(&req, &format!("PUT {what}")) {
                     Ask::Plain => return self.fs.put_object(req).await,
                     Ask::Decline(why) => return Err(declined(&why)),
-                    Ask::Rdma(token, rdma) => (token, rdma),
+                    Ask::Rdma(token, rdma, source) => (token, rdma, source),
                 };
                 let body = req.input.body.take();
-                let data = self.read_by_rdma(body, token, rdma, what).await?;
+                let data = self.read_by_rdma(body, token, rdma, source, what).await?;
                 let len = data.len();
                 req.input.content_length = i64::try_from(len).ok();
                 req.input.body = Some(StreamingBlob::from(s3s::Body::from(data)));
@@ -332,13 +425,13 @@ macro_rules! rdma_s3 {
                     object(&req.input.bucket, &req.input.key),
                     req.input.part_number
                 );
-                let (token, rdma) = match self.ask(&req.headers, &format!("PUT {what}")) {
+                let (token, rdma, source) = match self.ask(&req, &format!("PUT {what}")) {
                     Ask::Plain => return self.fs.upload_part(req).await,
                     Ask::Decline(why) => return Err(declined(&why)),
-                    Ask::Rdma(token, rdma) => (token, rdma),
+                    Ask::Rdma(token, rdma, source) => (token, rdma, source),
                 };
                 let body = req.input.body.take();
-                let data = self.read_by_rdma(body, token, rdma, what).await?;
+                let data = self.read_by_rdma(body, token, rdma, source, what).await?;
                 let len = data.len();
                 req.input.content_length = i64::try_from(len).ok();
                 req.input.body = Some(StreamingBlob::from(s3s::Body::from(data)));

@@ -41,7 +41,7 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::io::Write;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -59,8 +59,8 @@ use super::verbs::cq::{poll_timeout_ms, set_nonblocking};
 use super::verbs::sys::ibv_qp_attr;
 use super::verbs::ProtectionDomain;
 use super::{
-    AcceptParams, Cm, CmConnection, CmEvent, CmListener, CmRequest, ConnectOutcome, ConnectRequest,
-    Qp, QpAttr, QpState, CM_REP_PRIVATE_DATA_MAX, CM_REQ_PRIVATE_DATA_MAX,
+    wait_readable, AcceptParams, Cm, CmConnection, CmEvent, CmListener, CmRequest, ConnectOutcome,
+    ConnectRequest, Qp, QpAttr, QpState, Waker, CM_REP_PRIVATE_DATA_MAX, CM_REQ_PRIVATE_DATA_MAX,
 };
 use crate::core::{Error, Result};
 
@@ -172,69 +172,15 @@ impl SockAddr {
 
 /// Waits with `poll(2)` until `fd` or `extra` is readable (or in error), or
 /// `deadline` passes. Returns whether each was ready.
-fn poll_in(fd: c_int, extra: Option<c_int>, deadline: Instant) -> Result<(bool, bool)> {
-    loop {
-        let mut fds = [fd, extra.unwrap_or(-1)].map(|fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        });
-        let timeout = poll_timeout_ms(Instant::now(), deadline);
-        // SAFETY: `fds` is a valid array of 2 pollfds (poll(2) ignores a
-        // negative fd); the caller keeps both descriptors open.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
-        if n < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(Error::Rdma(format!(
-                "poll on the RDMA CM channel failed: {err}"
-            )));
-        }
-        let ready =
-            |f: &libc::pollfd| f.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0;
-        return Ok((ready(&fds[0]), ready(&fds[1])));
-    }
-}
-
-/// An eventfd that [`CmListener::wake`] makes readable.
-struct Waker(OwnedFd);
-
-impl Waker {
-    fn new() -> Result<Waker> {
-        // SAFETY: eventfd takes no pointers; the result is checked below.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            let err = std::io::Error::last_os_error();
-            return Err(Error::Rdma(format!(
-                "eventfd for the listener failed: {err}"
-            )));
-        }
-        // SAFETY: `fd` was just created and is owned by nothing else.
-        Ok(Waker(unsafe { OwnedFd::from_raw_fd(fd) }))
-    }
-
-    fn fd(&self) -> c_int {
-        self.0.as_raw_fd()
-    }
-
-    /// Makes the descriptor readable until [`Waker::take`].
-    fn wake(&self) {
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: writes 8 bytes from `one` to the open eventfd. A full
-        // counter (EAGAIN) means a wake is pending already, which is enough.
-        let _ = unsafe { libc::write(self.fd(), one.as_ptr().cast(), one.len()) };
-    }
-
-    /// Whether a wake was pending; clears it.
-    fn take(&self) -> bool {
-        let mut count = [0u8; 8];
-        // SAFETY: reads at most 8 bytes into `count` from the open,
-        // non-blocking eventfd; reading resets its counter.
-        let n = unsafe { libc::read(self.fd(), count.as_mut_ptr().cast(), count.len()) };
-        n > 0
-    }
+fn poll_in(fd: c_int, extra: Option<&Waker>, deadline: Instant) -> Result<(bool, bool)> {
+    // SAFETY: the caller keeps `fd` (a channel's descriptor) open for the
+    // call.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    let ready = match extra {
+        Some(waker) => wait_readable(&[fd, waker.as_fd()], Some(deadline))?,
+        None => wait_readable(&[fd], Some(deadline))?,
+    };
+    Ok((ready[0], ready.get(1).copied().unwrap_or(false)))
 }
 
 // ---------------------------------------------------------------- channel
@@ -581,6 +527,12 @@ impl CmListener for Listener {
     fn wake(&self) {
         self.wake.wake();
     }
+
+    fn event_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the channel (and its descriptor) lives as long as the
+        // listening id, which lives as long as `self`.
+        unsafe { BorrowedFd::borrow_raw(self.id.channel.fd) }
+    }
 }
 
 /// Calls `next` (which must not block) until it returns `Some(Some(_))`,
@@ -594,7 +546,7 @@ fn wait_for_event<T>(
     mut next: impl FnMut() -> Result<Option<Option<T>>>,
 ) -> Result<Option<T>> {
     loop {
-        let (_, woken) = poll_in(fd, Some(waker.fd()), deadline)?;
+        let (_, woken) = poll_in(fd, Some(waker), deadline)?;
         if woken && waker.take() {
             return Ok(None);
         }
@@ -986,6 +938,7 @@ mod tests {
     use super::*;
     use crate::platform::{Cq, Pd};
     use std::any::Any;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
     /// A pipe whose read end never becomes readable while the test runs:
     /// a stand-in for an event channel with no events.
@@ -1135,6 +1088,15 @@ mod tests {
             unreachable!("connect never polls")
         }
         fn wait(&self, _: Instant) -> Result<bool> {
+            unreachable!("connect never waits for completions")
+        }
+        fn arm(&self) -> Result<()> {
+            unreachable!("connect never arms")
+        }
+        fn channel_fd(&self) -> BorrowedFd<'_> {
+            unreachable!("connect never waits for completions")
+        }
+        fn take_events(&self) -> Result<usize> {
             unreachable!("connect never waits for completions")
         }
         fn as_any(&self) -> &dyn Any {

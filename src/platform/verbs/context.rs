@@ -17,7 +17,7 @@
 
 use std::any::Any;
 use std::ffi::c_int;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr;
 use std::sync::{Arc, Weak};
 
@@ -27,12 +27,14 @@ use super::inline;
 use super::loader::VerbsTable;
 use super::qp::QueuePair;
 use super::sys::{
-    ibv_context, ibv_device_attr, ibv_gid, ibv_mr, ibv_mw, ibv_mw_type, ibv_pd, ibv_port_attr,
-    ibv_qp_cap, ibv_qp_init_attr, ibv_qp_type,
+    ibv_async_event, ibv_context, ibv_device_attr, ibv_device_cap_flags, ibv_gid, ibv_mr, ibv_mw,
+    ibv_mw_type, ibv_pd, ibv_port_attr, ibv_qp_cap, ibv_qp_init_attr, ibv_qp_type,
 };
 use super::{check_rc, destroy_failed, null_error};
 use crate::core::{Error, Result};
-use crate::platform::{Access, Context, Cq, Gid, Mr, Mw, Pd, PortAttr, Qp, QpCaps};
+use crate::platform::{
+    Access, AsyncEvent, AsyncKind, Context, Cq, DeviceLimits, Gid, Mr, Mw, Pd, PortAttr, Qp, QpCaps,
+};
 
 /// An open device (`struct ibv_context`), closed on drop.
 pub struct DeviceContext {
@@ -40,6 +42,7 @@ pub struct DeviceContext {
     name: String,
     vendor_id: u32,
     supports_mw: bool,
+    limits: DeviceLimits,
     me: Weak<DeviceContext>,
     table: Arc<VerbsTable>,
 }
@@ -51,8 +54,9 @@ unsafe impl Send for DeviceContext {}
 unsafe impl Sync for DeviceContext {}
 
 impl DeviceContext {
-    /// Takes ownership of `ctx`, after `ibv_query_device` for the vendor id
-    /// and memory-window support. A failed query closes `ctx`.
+    /// Takes ownership of `ctx`, after `ibv_query_device` for the vendor id,
+    /// the limits and memory-window support, and with its asynchronous
+    /// event descriptor made non-blocking. A failure closes `ctx`.
     ///
     /// # Safety
     ///
@@ -67,7 +71,18 @@ impl DeviceContext {
         // SAFETY: `ctx` is open (caller) and `attr` is a valid out-struct of
         // the type ibv_query_device fills.
         let rc = unsafe { (table.query_device)(ctx, &mut attr) };
-        if let Err(e) = check_rc(format_args!("ibv_query_device({name})"), rc) {
+        // SAFETY: `ctx` is open; `async_fd` is set at open and never changes.
+        let async_fd = unsafe { (*ctx).async_fd };
+        // ibv_get_async_event(3): the descriptor may be made non-blocking,
+        // and then a read with no event fails with EAGAIN.
+        let checked = check_rc(format_args!("ibv_query_device({name})"), rc).and_then(|()| {
+            super::cq::set_nonblocking(async_fd).map_err(|e| {
+                Error::Rdma(format!(
+                    "fcntl(O_NONBLOCK) on the async event descriptor of {name} failed: {e}"
+                ))
+            })
+        });
+        if let Err(e) = checked {
             // SAFETY: `ctx` is open and owned here (caller); it is not used
             // again.
             let rc = unsafe { (table.close_device)(ctx) };
@@ -78,11 +93,26 @@ impl DeviceContext {
         }
         // SAFETY: `ctx` is open (caller).
         let has_alloc_mw = unsafe { inline::has_alloc_mw(ctx) };
+        // verbs.h: a device that can bind type-2 windows says so in its
+        // capability flags; max_mw alone counts type-1 windows too, and the
+        // provider's alloc_mw entry may be libibverbs' stub.
+        let type_2 = ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2A
+            | ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+        let count = |v: c_int| u32::try_from(v).unwrap_or(0);
+        let limits = DeviceLimits {
+            max_qp: count(attr.max_qp),
+            max_cq: count(attr.max_cq),
+            max_cqe: count(attr.max_cqe),
+            max_mr: count(attr.max_mr),
+            max_mw: count(attr.max_mw),
+            max_qp_wr: count(attr.max_qp_wr),
+        };
         Ok(Arc::new_cyclic(|me| DeviceContext {
             ctx,
             name: name.to_owned(),
             vendor_id: attr.vendor_id,
-            supports_mw: attr.max_mw > 0 && has_alloc_mw,
+            supports_mw: attr.max_mw > 0 && has_alloc_mw && attr.device_cap_flags & type_2 != 0,
+            limits,
             me: me.clone(),
             table,
         }))
@@ -163,6 +193,51 @@ impl Context for DeviceContext {
 
     fn supports_mw(&self) -> bool {
         self.supports_mw
+    }
+
+    fn limits(&self) -> DeviceLimits {
+        self.limits
+    }
+
+    fn async_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: `async_fd` belongs to the open context, which outlives the
+        // borrow (it is closed only in `Drop`).
+        unsafe { BorrowedFd::borrow_raw((*self.ctx).async_fd) }
+    }
+
+    fn next_async_event(&self) -> Result<Option<AsyncEvent>> {
+        let mut event: ibv_async_event = zeroed();
+        // SAFETY: `self.ctx` is open and its descriptor non-blocking (set at
+        // open), so this returns at once; `event` is a valid out-struct.
+        let rc = unsafe { (self.table.get_async_event)(self.ctx, &mut event) };
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::WouldBlock {
+                return Ok(None);
+            }
+            return Err(Error::Rdma(format!(
+                "ibv_get_async_event({}) failed: {err}",
+                self.name
+            )));
+        }
+        let kind = event.event_type;
+        let qp_num = if AsyncKind::names_a_qp(kind) {
+            // SAFETY: for QP events the element is the QP, which stays valid
+            // until the event is acknowledged below (ibv_destroy_qp waits for
+            // its events' acks); `qp_num` is set at creation.
+            let qp = unsafe { event.element.qp };
+            // SAFETY: as above: a live QP of this context.
+            (!qp.is_null()).then(|| unsafe { (*qp).qp_num })
+        } else {
+            None
+        };
+        // SAFETY: `event` was filled by ibv_get_async_event and is
+        // acknowledged exactly once.
+        unsafe { (self.table.ack_async_event)(&mut event) };
+        Ok(Some(AsyncEvent {
+            kind: AsyncKind::from_ibv(kind),
+            qp_num,
+        }))
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -7,9 +7,9 @@ use std::ptr;
 use std::sync::Arc;
 
 use super::sys::{
-    ibv_ah_attr, ibv_device_attr, ibv_gid, ibv_global_route, ibv_mr, ibv_mw, ibv_port_attr,
-    ibv_port_state, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_recv_wr,
-    ibv_send_flags, ibv_send_wr, ibv_send_wr__bindgen_ty_2__bindgen_ty_1,
+    ibv_ah_attr, ibv_async_event, ibv_device_attr, ibv_gid, ibv_global_route, ibv_mr, ibv_mw,
+    ibv_port_attr, ibv_port_state, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state,
+    ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_send_wr__bindgen_ty_2__bindgen_ty_1,
     ibv_send_wr__bindgen_ty_4__bindgen_ty_1, ibv_sge, ibv_wc, ibv_wc_flags, ibv_wc_opcode,
     ibv_wr_opcode, IBV_LINK_LAYER_ETHERNET,
 };
@@ -52,6 +52,9 @@ unsafe impl Zeroed for ibv_recv_wr {}
 unsafe impl Zeroed for ibv_wc {}
 // SAFETY: see above.
 unsafe impl Zeroed for ibv_gid {}
+// SAFETY: see above (its element union holds pointers and an int; all-zero
+// is the NULL pointer).
+unsafe impl Zeroed for ibv_async_event {}
 
 /// The zero value of `T`.
 pub(super) fn zeroed<T: Zeroed>() -> T {
@@ -312,6 +315,7 @@ pub(super) fn port_attr(attr: &ibv_port_attr) -> Result<PortAttr, String> {
             LinkLayer::InfiniBand
         },
         gid_table_len: u16::try_from(attr.gid_tbl_len.max(0)).unwrap_or(u16::MAX),
+        max_msg_sz: attr.max_msg_sz,
     })
 }
 
@@ -618,6 +622,7 @@ mod tests {
         raw.active_mtu = ibv_mtu::IBV_MTU_1024;
         raw.link_layer = 2;
         raw.gid_tbl_len = 128;
+        raw.max_msg_sz = 1 << 31;
         assert_eq!(
             port_attr(&raw),
             Ok(PortAttr {
@@ -626,6 +631,7 @@ mod tests {
                 lid: 0,
                 link_layer: LinkLayer::Ethernet,
                 gid_table_len: 128,
+                max_msg_sz: 1 << 31,
             })
         );
         raw.state = ibv_port_state::IBV_PORT_DOWN;

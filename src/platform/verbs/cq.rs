@@ -4,6 +4,7 @@
 use std::any::Any;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
+use std::os::fd::BorrowedFd;
 use std::ptr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -227,6 +228,44 @@ impl Cq for CompletionQueue {
         // `event_cq` is `self.cq`, live; one event was read.
         unsafe { (self.ctx.table().ack_cq_events)(event_cq, 1) };
         Ok(true)
+    }
+
+    fn arm(&self) -> Result<()> {
+        // SAFETY: `cq` is live while `self` is.
+        let rc = unsafe { inline::req_notify_cq(self.cq, false) };
+        check_rc(format_args!("ibv_req_notify_cq({})", self.ctx.name()), rc)
+    }
+
+    fn channel_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the channel (and its descriptor) lives as long as `self`.
+        unsafe { BorrowedFd::borrow_raw(self.fd) }
+    }
+
+    fn take_events(&self) -> Result<usize> {
+        let mut taken = 0;
+        loop {
+            let mut event_cq: *mut ibv_cq = ptr::null_mut();
+            let mut event_context: *mut c_void = ptr::null_mut();
+            // SAFETY: `channel` is live and non-blocking; the out-pointers
+            // are valid.
+            let rc = unsafe {
+                (self.ctx.table().get_cq_event)(self.channel, &mut event_cq, &mut event_context)
+            };
+            if rc != 0 {
+                let err = std::io::Error::last_os_error();
+                if err.kind() == std::io::ErrorKind::WouldBlock {
+                    return Ok(taken);
+                }
+                return Err(Error::Rdma(format!(
+                    "ibv_get_cq_event({}) failed: {err}",
+                    self.ctx.name()
+                )));
+            }
+            // SAFETY: the channel carries events of this CQ only, so
+            // `event_cq` is `self.cq`, live; one event was read.
+            unsafe { (self.ctx.table().ack_cq_events)(event_cq, 1) };
+            taken += 1;
+        }
     }
 
     fn as_any(&self) -> &dyn Any {

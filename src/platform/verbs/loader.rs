@@ -22,8 +22,8 @@ use std::sync::Arc;
 
 use super::context::DeviceContext;
 use super::sys::{
-    _compat_ibv_port_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_device, ibv_device_attr,
-    ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_init_attr,
+    _compat_ibv_port_attr, ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq, ibv_device,
+    ibv_device_attr, ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_init_attr,
 };
 use crate::core::{Error, Result};
 use crate::platform::dl::{self, Loaded};
@@ -83,6 +83,9 @@ type GetCqEvent = unsafe extern "C" fn(
     cq_context: *mut *mut c_void,
 ) -> c_int;
 type AckCqEvents = unsafe extern "C" fn(cq: *mut ibv_cq, nevents: c_uint);
+type GetAsyncEvent =
+    unsafe extern "C" fn(context: *mut ibv_context, event: *mut ibv_async_event) -> c_int;
+type AckAsyncEvent = unsafe extern "C" fn(event: *mut ibv_async_event);
 type CreateQp =
     unsafe extern "C" fn(pd: *mut ibv_pd, init_attr: *mut ibv_qp_init_attr) -> *mut ibv_qp;
 type DestroyQp = unsafe extern "C" fn(qp: *mut ibv_qp) -> c_int;
@@ -121,6 +124,8 @@ pub(super) struct VerbsTable {
     pub(super) destroy_qp: DestroyQp,
     pub(super) modify_qp: ModifyQp,
     pub(super) query_qp: QueryQp,
+    pub(super) get_async_event: GetAsyncEvent,
+    pub(super) ack_async_event: AckAsyncEvent,
     /// rdma-core 34 and later (`IBVERBS_1.12`).
     pub(super) reg_dmabuf_mr: Option<RegDmabufMr>,
     // Keeps the library mapped; declared last so the pointers above never
@@ -170,6 +175,8 @@ impl VerbsTable {
                 destroy_qp: required(&loaded, b"ibv_destroy_qp\0")?,
                 modify_qp: required(&loaded, b"ibv_modify_qp\0")?,
                 query_qp: required(&loaded, b"ibv_query_qp\0")?,
+                get_async_event: required(&loaded, b"ibv_get_async_event\0")?,
+                ack_async_event: required(&loaded, b"ibv_ack_async_event\0")?,
                 reg_dmabuf_mr: dl::symbol(&loaded, b"ibv_reg_dmabuf_mr\0").ok(),
                 loaded,
             })
@@ -291,7 +298,7 @@ mod tests {
     use crate::platform::dl::stub::StubDir;
 
     /// Every required symbol, in the order the table resolves them.
-    const REQUIRED: [&str; 22] = [
+    const REQUIRED: [&str; 24] = [
         "ibv_get_device_list",
         "ibv_free_device_list",
         "ibv_get_device_name",
@@ -314,6 +321,8 @@ mod tests {
         "ibv_destroy_qp",
         "ibv_modify_qp",
         "ibv_query_qp",
+        "ibv_get_async_event",
+        "ibv_ack_async_event",
     ];
 
     #[test]

@@ -36,6 +36,7 @@
 //!   --allowlist-type 'ibv_recv_wr' \
 //!   --allowlist-type 'ibv_mw_bind_info' \
 //!   --allowlist-type 'ibv_wc' \
+//!   --allowlist-type 'ibv_async_event' \
 //!   --allowlist-type 'ibv_qp_state' \
 //!   --allowlist-type 'ibv_mtu' \
 //!   --allowlist-type 'ibv_port_state' \
@@ -48,9 +49,12 @@
 //!   --allowlist-type 'ibv_access_flags' \
 //!   --allowlist-type 'ibv_qp_attr_mask' \
 //!   --allowlist-type 'ibv_mw_type' \
+//!   --allowlist-type 'ibv_event_type' \
+//!   --allowlist-type 'ibv_device_cap_flags' \
 //!   --opaque-type 'ibv_srq' \
 //!   --opaque-type 'ibv_ah' \
 //!   --opaque-type 'ibv_mw_bind' \
+//!   --opaque-type 'ibv_wq' \
 //!   /usr/include/infiniband/verbs.h -- -I/usr/include
 //! ```
 //!
@@ -174,6 +178,35 @@ pub mod ibv_transport_type {
     pub const IBV_TRANSPORT_USNIC_UDP: Type = 3;
     pub const IBV_TRANSPORT_UNSPECIFIED: Type = 4;
 }
+pub mod ibv_device_cap_flags {
+    #[allow(unused_imports)]
+    use super::*;
+    pub type Type = ::std::ffi::c_uint;
+    pub const IBV_DEVICE_RESIZE_MAX_WR: Type = 1;
+    pub const IBV_DEVICE_BAD_PKEY_CNTR: Type = 2;
+    pub const IBV_DEVICE_BAD_QKEY_CNTR: Type = 4;
+    pub const IBV_DEVICE_RAW_MULTI: Type = 8;
+    pub const IBV_DEVICE_AUTO_PATH_MIG: Type = 16;
+    pub const IBV_DEVICE_CHANGE_PHY_PORT: Type = 32;
+    pub const IBV_DEVICE_UD_AV_PORT_ENFORCE: Type = 64;
+    pub const IBV_DEVICE_CURR_QP_STATE_MOD: Type = 128;
+    pub const IBV_DEVICE_SHUTDOWN_PORT: Type = 256;
+    pub const IBV_DEVICE_INIT_TYPE: Type = 512;
+    pub const IBV_DEVICE_PORT_ACTIVE_EVENT: Type = 1024;
+    pub const IBV_DEVICE_SYS_IMAGE_GUID: Type = 2048;
+    pub const IBV_DEVICE_RC_RNR_NAK_GEN: Type = 4096;
+    pub const IBV_DEVICE_SRQ_RESIZE: Type = 8192;
+    pub const IBV_DEVICE_N_NOTIFY_CQ: Type = 16384;
+    pub const IBV_DEVICE_MEM_WINDOW: Type = 131072;
+    pub const IBV_DEVICE_UD_IP_CSUM: Type = 262144;
+    pub const IBV_DEVICE_XRC: Type = 1048576;
+    pub const IBV_DEVICE_MEM_MGT_EXTENSIONS: Type = 2097152;
+    pub const IBV_DEVICE_MEM_WINDOW_TYPE_2A: Type = 8388608;
+    pub const IBV_DEVICE_MEM_WINDOW_TYPE_2B: Type = 16777216;
+    pub const IBV_DEVICE_RC_IP_CSUM: Type = 33554432;
+    pub const IBV_DEVICE_RAW_IP_CSUM: Type = 67108864;
+    pub const IBV_DEVICE_MANAGED_FLOW_STEERING: Type = 536870912;
+}
 pub mod ibv_atomic_cap {
     #[allow(unused_imports)]
     use super::*;
@@ -276,6 +309,46 @@ pub struct ibv_port_attr {
     pub link_layer: u8,
     pub flags: u8,
     pub port_cap_flags2: u16,
+}
+pub mod ibv_event_type {
+    #[allow(unused_imports)]
+    use super::*;
+    pub type Type = ::std::ffi::c_uint;
+    pub const IBV_EVENT_CQ_ERR: Type = 0;
+    pub const IBV_EVENT_QP_FATAL: Type = 1;
+    pub const IBV_EVENT_QP_REQ_ERR: Type = 2;
+    pub const IBV_EVENT_QP_ACCESS_ERR: Type = 3;
+    pub const IBV_EVENT_COMM_EST: Type = 4;
+    pub const IBV_EVENT_SQ_DRAINED: Type = 5;
+    pub const IBV_EVENT_PATH_MIG: Type = 6;
+    pub const IBV_EVENT_PATH_MIG_ERR: Type = 7;
+    pub const IBV_EVENT_DEVICE_FATAL: Type = 8;
+    pub const IBV_EVENT_PORT_ACTIVE: Type = 9;
+    pub const IBV_EVENT_PORT_ERR: Type = 10;
+    pub const IBV_EVENT_LID_CHANGE: Type = 11;
+    pub const IBV_EVENT_PKEY_CHANGE: Type = 12;
+    pub const IBV_EVENT_SM_CHANGE: Type = 13;
+    pub const IBV_EVENT_SRQ_ERR: Type = 14;
+    pub const IBV_EVENT_SRQ_LIMIT_REACHED: Type = 15;
+    pub const IBV_EVENT_QP_LAST_WQE_REACHED: Type = 16;
+    pub const IBV_EVENT_CLIENT_REREGISTER: Type = 17;
+    pub const IBV_EVENT_GID_CHANGE: Type = 18;
+    pub const IBV_EVENT_WQ_FATAL: Type = 19;
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_async_event {
+    pub element: ibv_async_event__bindgen_ty_1,
+    pub event_type: ibv_event_type::Type,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union ibv_async_event__bindgen_ty_1 {
+    pub cq: *mut ibv_cq,
+    pub qp: *mut ibv_qp,
+    pub srq: *mut ibv_srq,
+    pub wq: *mut ibv_wq,
+    pub port_num: ::std::ffi::c_int,
 }
 pub mod ibv_wc_status {
     #[allow(unused_imports)]
@@ -682,6 +755,12 @@ pub struct ibv_mw_bind {
 #[derive(Debug, Copy, Clone)]
 pub struct ibv_srq {
     pub _bindgen_opaque_blob: __BindgenOpaqueArray8<[u8; 128usize]>,
+}
+#[repr(C)]
+#[repr(align(8))]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_wq {
+    pub _bindgen_opaque_blob: __BindgenOpaqueArray8<[u8; 152usize]>,
 }
 #[repr(C)]
 #[derive(Copy, Clone)]

@@ -1,0 +1,1188 @@
+//! One pool connection's state and the transitions that change it: the
+//! only code that grants or revokes a server's access to client memory.
+//!
+//! A [`Conn`] is owned by the connection driver (`driver.rs`) and changed
+//! by no other thread; the driver calls the `on_*` transitions here as
+//! events arrive (commands from transfer threads, completions, RDMA CM
+//! events, asynchronous device events, timers). `docs/architecture.md`
+//! draws the states.
+//!
+//! Two state machines move together:
+//!
+//! - the `Link` to a server: idle (QP in INIT), accepting a connect
+//!   request (QP in RTS, window being bound), connected, retired;
+//! - the `Job`: free, leased by a thread, or armed for a transfer, which
+//!   is waiting for a proof, binding its window, granted, or revoking.
+//!
+//! Access exists only for an armed job past its proof. Every failure path
+//! revokes through [`Conn::reset`], which needs no completion: the QP goes
+//! to RESET and a window still bound is deallocated (which invalidates it)
+//! and replaced. Only a success revokes in place (an invalidation), which
+//! keeps the connection for the next transfer to the same server.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::buffers::BufEntry;
+use super::error::{Error, Result};
+use super::mailbox::Mailbox;
+use super::pool::{Pool, SlotInfo};
+use super::protocol::{self, decode_proof, encode_reject, PROOF_LEN};
+use super::token::Token;
+use super::transfer::Direction;
+use crate::platform::{
+    AcceptParams, Access, CmConnection, CmRequest, Completion, Gid, Mr, Mw, Pd, Qp, QpAttr,
+    QpState, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
+
+/// `min_rnr_timer` for our QPs: 1 (0.01 ms). The CM's 0 means 655 ms per
+/// receiver-not-ready NAK (lab CMTEST P9/P10).
+pub const MIN_RNR_TIMER: u8 = 1;
+/// `rnr_retry_count` in `rdma_accept`, which becomes the server QP's
+/// `rnr_retry`: 7 retries receiver-not-ready forever (IB spec), so a
+/// message that races a receive being posted again waits instead of
+/// failing.
+pub const ACCEPT_RNR_RETRY: u8 = 7;
+/// How long a window bind (between RTS and `rdma_accept`) or an
+/// invalidation may take before the connection is given up.
+pub const WINDOW_TIMEOUT: Duration = Duration::from_secs(1);
+/// Bytes of one receive buffer: room for an in-band proof.
+pub const RECV_BUF_LEN: usize = 64;
+/// Receives posted on every connection whose QP is not in ERR: one for an
+/// in-band proof and one for the final message, whichever comes first.
+pub const RECVS: usize = 2;
+
+/// What a work request is, in bits 40..48 of its id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum WrKind {
+    /// Receive buffer 0.
+    Recv0 = 1,
+    /// Receive buffer 1.
+    Recv1 = 2,
+    /// A window bind.
+    Bind = 3,
+    /// The grant SEND.
+    Grant = 4,
+    /// A window invalidation.
+    Invalidate = 5,
+}
+
+impl WrKind {
+    fn from_u8(v: u8) -> Option<WrKind> {
+        use WrKind::*;
+        [Recv0, Recv1, Bind, Grant, Invalidate]
+            .into_iter()
+            .find(|k| *k as u8 == v)
+    }
+}
+
+/// A work request id: the connection (bits 48..64), what it is (40..48)
+/// and the connection's sequence number (0..40). Unique among everything a
+/// connection has posted, so a completion is filed to exactly one
+/// operation, and one of a QP reset since is recognised as stale.
+pub fn wr_id(index: usize, kind: WrKind, seq: u64) -> u64 {
+    let index = u64::try_from(index).unwrap_or(u64::MAX) & 0xffff;
+    index << 48 | u64::from(kind as u8) << 40 | (seq & 0xff_ffff_ffff)
+}
+
+/// The connection and kind a work request id names.
+pub fn wr_parts(id: u64) -> Option<(usize, WrKind)> {
+    let index = usize::try_from(id >> 48).ok()?;
+    let kind = WrKind::from_u8(u8::try_from(id >> 40 & 0xff).ok()?)?;
+    Some((index, kind))
+}
+
+/// How access is granted on this instance's device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Type-2 memory windows: MRs carry no remote access; a window bound
+    /// over exactly a transfer's range grants it. QPs keep remote read and
+    /// write in their access flags, which grant nothing without a key.
+    Windows,
+    /// No windows: each transfer registers exactly its range in the
+    /// connection's own protection domain, and the QP's access flags grant
+    /// the direction by an RTS->RTS modify after the proof.
+    Regions,
+}
+
+impl Mode {
+    /// The QP access flags at INIT and RTR.
+    fn qp_access(self) -> Access {
+        match self {
+            Mode::Windows => Access::REMOTE_READ | Access::REMOTE_WRITE,
+            Mode::Regions => Access::empty(),
+        }
+    }
+}
+
+/// What a transfer grants once its server has proved its token.
+pub enum Grant {
+    /// A window over `[addr, addr + len)` of `mr` with `access`, keyed
+    /// with the token's rkey.
+    Window {
+        /// The region the range lies in (registered with `MW_BIND`).
+        mr: Arc<dyn Mr>,
+        /// First byte, as the NIC addresses it.
+        addr: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// A registration of exactly the range (its rkey is the token's),
+    /// reachable once the QP's access flags allow the direction.
+    Region {
+        /// The registration; deregistered when the job ends.
+        mr: Arc<dyn Mr>,
+    },
+}
+
+/// A transfer handed to the driver ([`Conn::on_arm`]).
+pub struct Armed {
+    /// The token it minted.
+    pub token: Token,
+    /// Which way the bytes go.
+    pub direction: Direction,
+    /// What a proof unlocks.
+    pub grant: Grant,
+    /// Keeps the buffer (and its MR) registered while a window may be
+    /// bound over it.
+    pub entry: Arc<BufEntry>,
+    /// Where the outcome goes, once access is revoked.
+    pub mailbox: Arc<Mailbox>,
+    /// When the job ends by itself: a token's deadline, or the completion
+    /// deadline once the reply is in.
+    pub deadline: Option<Instant>,
+    /// An application-driven token (no thread waits on it).
+    pub detached: bool,
+}
+
+/// Where an armed job is.
+enum Phase {
+    /// The token is out; no server has proved it holds it.
+    Waiting,
+    /// Proved; the window is being bound (then accepted or granted), which
+    /// must be done by `until`.
+    Binding { until: Instant },
+    /// The server may access the range.
+    Granted,
+    /// The final message came; the window is being invalidated, which must
+    /// be done by `until` (else the connection is reset).
+    Revoking { until: Instant },
+}
+
+/// The transfer a connection serves.
+enum Job {
+    /// In the pool's free list.
+    Free,
+    /// Taken by a thread, not armed yet.
+    Leased,
+    /// Armed.
+    Armed(Box<Armed>, Phase),
+}
+
+/// The connection's link to a server.
+enum Link {
+    /// QP in INIT, receives posted.
+    Idle,
+    /// A connect request proved the job's token; the QP is in RTS and the
+    /// window is being bound; `rdma_accept` follows the bind.
+    Accepting {
+        request: Box<dyn CmRequest>,
+        peer: Gid,
+    },
+    /// Established.
+    Connected {
+        cm: Arc<dyn CmConnection>,
+        peer: Gid,
+        /// When its last transfer ended (for the idle timeout).
+        used: Instant,
+    },
+    /// Could not be reset: never used again.
+    Retired,
+}
+
+/// A type-2 memory window and what it is doing.
+struct Window {
+    mw: Arc<dyn Mw>,
+    /// The rkey it carries: the allocation's, then its last bind's.
+    rkey: u32,
+    /// Bound (or being bound, or being invalidated): it must be invalidated
+    /// or replaced before the slot is free again.
+    bound: bool,
+}
+
+/// The epoch of an idle timer: it names the link, not a lease.
+pub const IDLE_EPOCH: u64 = u64::MAX;
+
+/// Deadlines the driver watches, earliest first: (when, slot, epoch). An
+/// entry whose slot moved on (another epoch, another phase) is stale and
+/// does nothing when it fires.
+#[derive(Default)]
+pub struct Timers(std::collections::BinaryHeap<std::cmp::Reverse<(Instant, usize, u64)>>);
+
+impl Timers {
+    /// Watches `at` for slot `index` at `epoch`.
+    pub fn push(&mut self, at: Instant, index: usize, epoch: u64) {
+        self.0.push(std::cmp::Reverse((at, index, epoch)));
+    }
+
+    /// The earliest deadline.
+    pub fn next(&self) -> Option<Instant> {
+        self.0.peek().map(|r| r.0 .0)
+    }
+
+    /// Takes the earliest entry if it is due at `now`.
+    pub fn pop_due(&mut self, now: Instant) -> Option<(usize, u64)> {
+        if self.next()? > now {
+            return None;
+        }
+        self.0.pop().map(|r| (r.0 .1, r.0 .2))
+    }
+}
+
+/// The driver's shared pieces that transitions use.
+pub struct Env<'a> {
+    /// Where free slots go.
+    pub pool: &'a Pool,
+    /// The port every QP uses.
+    pub port: u8,
+    /// How access is granted.
+    pub mode: Mode,
+    /// Receive memory.
+    pub recv_bufs: &'a RecvBuffers,
+    /// CM connection id -> slot.
+    pub by_cm: &'a mut HashMap<u64, usize>,
+    /// Deadlines to watch.
+    pub timers: &'a mut Timers,
+    /// How long a transfer waits for its final message after the reply.
+    pub completion_timeout: Duration,
+    /// How long an established connection may stay unused.
+    pub idle_timeout: Duration,
+}
+
+/// The receive buffers of every connection: `RECVS` of `RECV_BUF_LEN`
+/// bytes each, written by the NIC, read by the driver after the
+/// completion. Atomic bytes: the memory is shared with the device.
+pub struct RecvBuffers {
+    mem: Box<[AtomicU8]>,
+    /// The registration of each connection's buffers (one per protection
+    /// domain: shared in [`Mode::Windows`], the connection's own in
+    /// [`Mode::Regions`]).
+    mrs: Vec<Arc<dyn Mr>>,
+}
+
+impl RecvBuffers {
+    /// Allocates the buffers of `pds.len()` connections and registers each
+    /// connection's part in its PD (local write only). `shared` says that
+    /// every PD is the same one (then one registration serves all).
+    pub fn new(pds: &[Arc<dyn Pd>], shared: bool) -> Result<RecvBuffers> {
+        let per_conn = RECVS * RECV_BUF_LEN;
+        let mem: Box<[AtomicU8]> = (0..pds.len() * per_conn)
+            .map(|_| AtomicU8::new(0))
+            .collect();
+        let base = mem.as_ptr().expose_provenance();
+        let mrs = if shared {
+            match pds.first() {
+                Some(pd) => vec![pd.reg_mr(base, mem.len(), Access::LOCAL_WRITE)?],
+                None => Vec::new(),
+            }
+        } else {
+            pds.iter()
+                .enumerate()
+                .map(|(i, pd)| pd.reg_mr(base + i * per_conn, per_conn, Access::LOCAL_WRITE))
+                .collect::<Result<Vec<_>>>()?
+        };
+        Ok(RecvBuffers { mem, mrs })
+    }
+
+    fn offset(index: usize, buf: usize) -> usize {
+        (index * RECVS + buf) * RECV_BUF_LEN
+    }
+
+    fn mr(&self, index: usize) -> Option<&Arc<dyn Mr>> {
+        self.mrs.get(index).or_else(|| self.mrs.first())
+    }
+
+    /// The scatter entry of connection `index`'s buffer `buf`.
+    fn sge(&self, index: usize, buf: usize) -> Option<Sge> {
+        let mr = self.mr(index)?;
+        let base = self.mem.as_ptr().expose_provenance();
+        let addr = u64::try_from(base + Self::offset(index, buf)).ok()?;
+        Some(Sge {
+            addr,
+            len: u32::try_from(RECV_BUF_LEN).ok()?,
+            lkey: mr.lkey(),
+        })
+    }
+
+    /// The first `len` bytes received into connection `index`'s buffer.
+    fn read(&self, index: usize, buf: usize, len: usize) -> Vec<u8> {
+        let at = Self::offset(index, buf);
+        self.mem[at..at + len.min(RECV_BUF_LEN)]
+            .iter()
+            .map(|b| b.load(Ordering::Acquire))
+            .collect()
+    }
+}
+
+/// A pool connection.
+pub struct Conn {
+    /// Index in the pool.
+    pub index: usize,
+    /// The QP. Its CQ is the pool's.
+    pub qp: Arc<dyn Qp>,
+    /// The PD of the QP (and of windows, or of per-transfer regions).
+    pub pd: Arc<dyn Pd>,
+    window: Option<Window>,
+    link: Link,
+    job: Job,
+    /// Bumped whenever the slot goes back to the free list: commands of an
+    /// older lease are ignored.
+    pub epoch: u64,
+    /// Posted receives, by buffer.
+    recvs: [Option<u64>; RECVS],
+    /// Posted send work requests (bind, grant, invalidate) not completed.
+    sends: Vec<u64>,
+    next_seq: u64,
+}
+
+impl Conn {
+    /// A connection over `qp` (in RESET), with `mw` where the device has
+    /// windows: moves the QP to INIT with its receives posted.
+    pub fn new(
+        index: usize,
+        qp: Arc<dyn Qp>,
+        pd: Arc<dyn Pd>,
+        mw: Option<Arc<dyn Mw>>,
+        env: &Env<'_>,
+    ) -> Result<Conn> {
+        let mut conn = Conn {
+            index,
+            qp,
+            pd,
+            window: mw.map(|mw| Window {
+                rkey: mw.rkey(),
+                mw,
+                bound: false,
+            }),
+            link: Link::Idle,
+            job: Job::Free,
+            epoch: 0,
+            recvs: [None; RECVS],
+            sends: Vec::new(),
+            next_seq: 0,
+        };
+        conn.qp.modify(&init_attr(env.port, env.mode))?;
+        conn.post_recvs(env)?;
+        Ok(conn)
+    }
+
+    /// What a thread that leases this slot needs to know.
+    pub fn slot_info(&self) -> SlotInfo {
+        SlotInfo {
+            index: self.index,
+            epoch: self.epoch,
+            qp_num: self.qp.qp_num(),
+            window_rkey: self.window.as_ref().map(|w| w.rkey),
+            peer: match &self.link {
+                Link::Connected { peer, .. } => Some(*peer),
+                _ => None,
+            },
+            pd: self.pd.clone(),
+        }
+    }
+
+    /// Whether the connection can serve transfers.
+    pub fn is_retired(&self) -> bool {
+        matches!(self.link, Link::Retired)
+    }
+
+    /// The CM connection id of an established link.
+    pub fn cm_id(&self) -> Option<u64> {
+        match &self.link {
+            Link::Connected { cm, .. } => Some(cm.id()),
+            _ => None,
+        }
+    }
+
+    /// Whether an established link has been unused since `before`, with
+    /// no job on it.
+    pub fn idle_since_before(&self, before: Instant) -> bool {
+        matches!((&self.job, &self.link), (Job::Free, Link::Connected { used, .. }) if *used <= before)
+    }
+
+    /// Whether the job is application-driven, for a buffer at `base`.
+    pub fn has_token_on(&self, base: usize) -> bool {
+        matches!(&self.job, Job::Armed(a, _) if a.detached && a.entry.base == base)
+    }
+
+    /// Whether the job is the application-driven token with this secret,
+    /// and no server has proved it yet.
+    pub fn has_unstarted_token(&self, secret: u32) -> bool {
+        matches!(&self.job, Job::Armed(a, Phase::Waiting) if a.detached && a.token.secret == secret)
+    }
+
+    /// The armed job's deadline, if it is at `epoch`.
+    pub fn deadline(&self, epoch: u64) -> Option<Instant> {
+        match &self.job {
+            Job::Armed(a, _) if self.epoch == epoch => a.deadline,
+            _ => None,
+        }
+    }
+
+    fn next_wr(&mut self, kind: WrKind) -> u64 {
+        self.next_seq += 1;
+        wr_id(self.index, kind, self.next_seq)
+    }
+
+    /// Posts every receive buffer that is not posted.
+    fn post_recvs(&mut self, env: &Env<'_>) -> Result<()> {
+        for buf in 0..RECVS {
+            if self.recvs[buf].is_some() {
+                continue;
+            }
+            let kind = if buf == 0 {
+                WrKind::Recv0
+            } else {
+                WrKind::Recv1
+            };
+            let id = self.next_wr(kind);
+            let sge = env
+                .recv_bufs
+                .sge(self.index, buf)
+                .ok_or_else(|| Error::Internal("no receive buffer".into()))?;
+            self.qp.post_recv(RecvWr {
+                wr_id: id,
+                sge: Some(sge),
+            })?;
+            self.recvs[buf] = Some(id);
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ reset
+
+    /// Takes the connection back to Idle, revoking whatever it granted
+    /// without waiting for any completion: the CM connection (or request)
+    /// is ended, the QP goes to RESET (posted work vanishes), a window
+    /// still bound is deallocated, which invalidates it, and replaced, a
+    /// per-transfer region goes with its job, then INIT and fresh
+    /// receives. A QP that cannot be reset is retired.
+    pub fn reset(&mut self, env: &mut Env<'_>) {
+        match std::mem::replace(&mut self.link, Link::Idle) {
+            Link::Connected { cm, .. } => {
+                env.by_cm.remove(&cm.id());
+                if let Err(e) = cm.disconnect() {
+                    eprintln!("hipobj: rdma_disconnect: {e}");
+                }
+            }
+            Link::Accepting { request, .. } => {
+                if let Err(e) = request.reject(&encode_reject()) {
+                    eprintln!("hipobj: rdma_reject: {e}");
+                }
+            }
+            Link::Idle => {}
+            Link::Retired => {
+                self.link = Link::Retired;
+                return;
+            }
+        }
+        let outcome = self.reset_qp(env);
+        if let Err(e) = outcome {
+            eprintln!("hipobj: retiring connection {}: {e}", self.index);
+            // Nothing can reach the QP any more; a window that could not be
+            // replaced is gone with it.
+            self.link = Link::Retired;
+            env.pool.retire();
+        }
+    }
+
+    fn reset_qp(&mut self, env: &Env<'_>) -> Result<()> {
+        self.qp.modify(&QpAttr {
+            state: Some(QpState::Reset),
+            ..QpAttr::default()
+        })?;
+        self.recvs = [None; RECVS];
+        self.sends.clear();
+        if let Some(w) = &mut self.window {
+            if w.bound {
+                // A window bound through a QP that went through RESET cannot
+                // be invalidated through it any more, and rxe will not bind
+                // it again: deallocating it invalidates it.
+                let mw = self.pd.alloc_mw()?;
+                w.rkey = mw.rkey();
+                w.mw = mw;
+                w.bound = false;
+            }
+        }
+        self.qp.modify(&init_attr(env.port, env.mode))?;
+        self.post_recvs(env)
+    }
+
+    // ------------------------------------------------------------ jobs
+
+    /// A transfer is armed on the slot its thread leased: from now on a
+    /// server may prove its token.
+    ///
+    /// The driver sees a slot a thread took from the free list as
+    /// `Job::Free` until its Arm (or Release) arrives, with the epoch the
+    /// free list handed out.
+    pub fn on_arm(&mut self, epoch: u64, armed: Box<Armed>, env: &mut Env<'_>) {
+        if epoch != self.epoch || !matches!(self.job, Job::Free) {
+            armed.mailbox.fill(Err(Error::Internal(format!(
+                "connection {} was not leased at epoch {epoch}",
+                self.index
+            ))));
+            return;
+        }
+        if self.is_retired() {
+            armed.mailbox.fill(Err(Error::Rdma(
+                "the connection failed and was retired".into(),
+            )));
+            return;
+        }
+        let window_ok = match (&self.window, &armed.grant) {
+            (Some(w), Grant::Window { .. }) => armed.token.rkey & !0xff == w.rkey & !0xff,
+            (None, Grant::Region { .. }) => true,
+            _ => false,
+        };
+        let deadline = armed.deadline;
+        self.job = Job::Armed(armed, Phase::Waiting);
+        if !window_ok {
+            return self.finish(
+                Err(Error::Internal(
+                    "the token's rkey is not this connection's window".into(),
+                )),
+                env,
+            );
+        }
+        if let Some(at) = deadline {
+            env.timers.push(at, self.index, epoch);
+        }
+    }
+
+    /// The thread's S3 conversation ended: `ok` if the server answered
+    /// success. A success before any proof means the server never touched
+    /// the range by RDMA; a failure ends the job at once.
+    pub fn on_replied(&mut self, epoch: u64, ok: bool, now: Instant, env: &mut Env<'_>) {
+        if epoch != self.epoch {
+            return;
+        }
+        let Job::Armed(armed, phase) = &mut self.job else {
+            return;
+        };
+        if !ok {
+            return self.finish(Err(Error::S3("the S3 request failed".into())), env);
+        }
+        if matches!(phase, Phase::Waiting) {
+            return self.finish(
+                Err(Error::Rdma(
+                    "the server replied without proving it holds this transfer's token \
+                     (it never connected, or never sent its proof)"
+                        .into(),
+                )),
+                env,
+            );
+        }
+        let at = now + env.completion_timeout;
+        if armed.deadline.is_none_or(|d| d > at) {
+            armed.deadline = Some(at);
+            env.timers.push(at, self.index, epoch);
+        }
+    }
+
+    /// The lease was dropped (its thread failed or unwound) or the job is
+    /// ended from outside (deregistration, token release, shutdown).
+    pub fn on_abort(&mut self, epoch: u64, why: Error, env: &mut Env<'_>) {
+        if epoch != self.epoch {
+            return;
+        }
+        match self.job {
+            Job::Armed(..) => self.finish(Err(why), env),
+            // A lease dropped before its Arm.
+            Job::Free | Job::Leased => self.release(env),
+        }
+    }
+
+    /// A deadline of this slot passed.
+    pub fn on_deadline(&mut self, epoch: u64, now: Instant, env: &mut Env<'_>) {
+        if epoch != self.epoch {
+            return;
+        }
+        let Job::Armed(armed, phase) = &self.job else {
+            return;
+        };
+        if armed.deadline.is_some_and(|d| d <= now) {
+            let why = if matches!(phase, Phase::Waiting) {
+                "no server proved this transfer's token before its deadline"
+            } else {
+                "the transfer did not end (no valid final message) before its deadline"
+            };
+            return self.finish(Err(Error::Rdma(why.into())), env);
+        }
+        match phase {
+            Phase::Binding { until } if *until <= now => self.finish(
+                Err(Error::Rdma(format!(
+                    "binding the window of QP {} did not complete",
+                    self.qp.qp_num()
+                ))),
+                env,
+            ),
+            // The data is in; the window goes with a reset.
+            Phase::Revoking { until } if *until <= now => self.succeed_by_reset(env),
+            _ => {}
+        }
+    }
+
+    /// The idle timeout of an unused established link passed.
+    pub fn on_idle(&mut self, env: &mut Env<'_>) {
+        if matches!(self.job, Job::Free) && env.pool.take_free(self.index) {
+            self.reset(env);
+            self.release_free(env);
+        }
+    }
+
+    /// Ends the armed job with `outcome`, revoking first. A job that never
+    /// got a proof granted nothing and keeps its link; any other is reset.
+    fn finish(&mut self, outcome: Result<()>, env: &mut Env<'_>) {
+        let granted = matches!(&self.job, Job::Armed(_, phase) if !matches!(phase, Phase::Waiting));
+        if granted || matches!(self.link, Link::Accepting { .. }) {
+            self.reset(env);
+        }
+        let armed = std::mem::replace(&mut self.job, Job::Leased);
+        // The slot is free again before the outcome is told, so that a
+        // thread that has its outcome finds its connection back.
+        self.release(env);
+        if let Job::Armed(armed, _) = armed {
+            let Armed {
+                mailbox,
+                grant,
+                entry,
+                ..
+            } = *armed;
+            // Access is gone (or never was): the region (if any) and the
+            // buffer may go, and the outcome may be told.
+            drop(grant);
+            drop(entry);
+            mailbox.fill(outcome);
+        }
+    }
+
+    /// Returns a leased slot to the free list at a new epoch.
+    fn release(&mut self, env: &mut Env<'_>) {
+        self.job = Job::Free;
+        self.release_free(env);
+    }
+
+    fn release_free(&mut self, env: &mut Env<'_>) {
+        self.epoch += 1;
+        if self.is_retired() {
+            return;
+        }
+        if let Link::Connected { used, .. } = &mut self.link {
+            *used = Instant::now();
+            env.timers
+                .push(*used + env.idle_timeout, self.index, IDLE_EPOCH);
+        }
+        env.pool.put_back(self.slot_info());
+    }
+
+    // ------------------------------------------------------------ peers
+
+    /// A connect request whose private data named this slot's QP.
+    pub fn on_connect_request(
+        &mut self,
+        token: &Token,
+        request: Box<dyn CmRequest>,
+        env: &mut Env<'_>,
+    ) {
+        let proved = matches!(&self.job, Job::Armed(a, Phase::Waiting) if a.token.same_as(token));
+        if !proved || self.is_retired() {
+            // Not waiting, another token, or a second request with a token
+            // already proved: refused, and the job is not disturbed.
+            return refuse(request);
+        }
+        // Re-aiming an RC QP: away from its old server first (the old
+        // server's packets no longer reach it).
+        if !matches!(self.link, Link::Idle) {
+            self.reset(env);
+            if self.is_retired() {
+                refuse(request);
+                return self.finish(
+                    Err(Error::Rdma("the connection could not be reset".into())),
+                    env,
+                );
+            }
+        }
+        let peer = match self.connect_qp(&*request, env.mode) {
+            Ok(peer) => peer,
+            Err(e) => {
+                refuse(request);
+                eprintln!("hipobj: connecting QP {}: {e}", self.qp.qp_num());
+                return self.finish(Err(e), env);
+            }
+        };
+        let Job::Armed(armed, phase) = &mut self.job else {
+            return refuse(request);
+        };
+        match &armed.grant {
+            Grant::Window { mr, addr, len } => {
+                let (mr, addr, len) = (mr.clone(), *addr, *len);
+                let rkey = armed.token.rkey;
+                let access = armed.direction.access();
+                let until = Instant::now() + WINDOW_TIMEOUT;
+                *phase = Phase::Binding { until };
+                self.link = Link::Accepting { request, peer };
+                env.timers.push(until, self.index, self.epoch);
+                if let Err(e) = self.post_bind(mr, addr, len, rkey, access, None) {
+                    self.finish(Err(e), env);
+                }
+            }
+            Grant::Region { .. } => {
+                *phase = Phase::Granted;
+                self.accept(request, peer, env);
+            }
+        }
+    }
+
+    /// RTR and RTS toward the requesting server, with every attribute the
+    /// CM chose (lab CMTEST P1-P5). Returns the server's GID.
+    fn connect_qp(&self, request: &dyn CmRequest, mode: Mode) -> Result<Gid> {
+        let mut rtr = request.init_qp_attr(QpState::Rtr)?;
+        rtr.min_rnr_timer = Some(MIN_RNR_TIMER);
+        rtr.access = Some(match (&self.job, mode) {
+            (Job::Armed(a, _), Mode::Regions) => a.direction.access(),
+            _ => mode.qp_access(),
+        });
+        self.qp.modify(&rtr)?;
+        let rts = request.init_qp_attr(QpState::Rts)?;
+        self.qp.modify(&rts)?;
+        Ok(rtr.av.map(|av| av.dgid).unwrap_or_default())
+    }
+
+    /// `rdma_accept` with this slot's QP: the server's grant on a fresh
+    /// connection.
+    fn accept(&mut self, request: Box<dyn CmRequest>, peer: Gid, env: &mut Env<'_>) {
+        let params = AcceptParams {
+            qp_num: self.qp.qp_num(),
+            responder_resources: request.responder_resources(),
+            initiator_depth: request.initiator_depth(),
+            rnr_retry_count: ACCEPT_RNR_RETRY,
+        };
+        match request.accept(params) {
+            Ok(cm) => {
+                env.by_cm.insert(cm.id(), self.index);
+                self.link = Link::Connected {
+                    cm,
+                    peer,
+                    used: Instant::now(),
+                };
+                if let Job::Armed(_, phase) = &mut self.job {
+                    *phase = Phase::Granted;
+                }
+            }
+            Err(e) => {
+                eprintln!("hipobj: rdma_accept: {e}");
+                self.finish(Err(e), env);
+            }
+        }
+    }
+
+    /// Posts the bind of the job's window (and, for an in-band proof, the
+    /// grant SEND behind it in the same chain: the server hears of the
+    /// grant only after the bind is done, or never if it fails).
+    fn post_bind(
+        &mut self,
+        mr: Arc<dyn Mr>,
+        addr: u64,
+        len: u64,
+        rkey: u32,
+        access: Access,
+        grant: Option<u32>,
+    ) -> Result<()> {
+        let Some(w) = &mut self.window else {
+            return Err(Error::Internal("no window to bind".into()));
+        };
+        let mw = w.mw.clone();
+        w.bound = true;
+        w.rkey = rkey;
+        let bind = wr_id(self.index, WrKind::Bind, {
+            self.next_seq += 1;
+            self.next_seq
+        });
+        let mut wrs = vec![SendWr {
+            wr_id: bind,
+            op: SendOp::BindMw {
+                mw,
+                rkey,
+                mr,
+                addr,
+                len,
+                access,
+            },
+            sge: None,
+            signaled: true,
+        }];
+        if let Some(imm) = grant {
+            let id = self.next_wr(WrKind::Grant);
+            wrs.push(SendWr {
+                wr_id: id,
+                op: SendOp::SendImm { imm },
+                sge: None,
+                signaled: true,
+            });
+        }
+        self.qp.post_send(&wrs)?;
+        self.sends.extend(wrs.iter().map(|w| w.wr_id));
+        Ok(())
+    }
+
+    /// A completion of this connection (the driver filed it by wr_id).
+    pub fn on_completion(&mut self, c: &Completion, kind: WrKind, env: &mut Env<'_>) {
+        match kind {
+            WrKind::Recv0 | WrKind::Recv1 => {
+                let buf = usize::from(kind == WrKind::Recv1);
+                if self.recvs[buf] != Some(c.wr_id) {
+                    return; // of a QP reset since
+                }
+                self.recvs[buf] = None;
+                if c.status != WcStatus::Success {
+                    return self
+                        .on_qp_failed(&format!("a receive completed with {:?}", c.status), env);
+                }
+                self.on_message(c, buf, env);
+            }
+            WrKind::Bind | WrKind::Grant | WrKind::Invalidate => {
+                let Some(pos) = self.sends.iter().position(|&id| id == c.wr_id) else {
+                    return;
+                };
+                self.sends.swap_remove(pos);
+                if c.status != WcStatus::Success {
+                    return self
+                        .on_qp_failed(&format!("a {kind:?} completed with {:?}", c.status), env);
+                }
+                match kind {
+                    WrKind::Bind => self.on_bound(env),
+                    WrKind::Invalidate => self.on_invalidated(env),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// A SEND arrived in receive buffer `buf`: an in-band proof, a final
+    /// message, or something that is neither.
+    fn on_message(&mut self, c: &Completion, buf: usize, env: &mut Env<'_>) {
+        let kind = match (c.opcode, c.imm) {
+            (WcOpcode::Recv, None) if usize::try_from(c.byte_len) == Ok(PROOF_LEN) => Some(
+                decode_proof(&env.recv_bufs.read(self.index, buf, PROOF_LEN)),
+            ),
+            (WcOpcode::Recv, Some(_)) if c.byte_len == 0 => None,
+            _ => {
+                return self.on_garbage(
+                    &format!(
+                        "a {:?} of {} bytes (immediate: {})",
+                        c.opcode,
+                        c.byte_len,
+                        c.imm.is_some()
+                    ),
+                    env,
+                )
+            }
+        };
+        if let Err(e) = self.post_recvs(env) {
+            return self.on_qp_failed(&format!("posting a receive: {e}"), env);
+        }
+        match kind {
+            Some(Ok(token)) => self.on_proof(&token, env),
+            Some(Err(e)) => self.on_garbage(&format!("a proof that does not decode ({e})"), env),
+            None => self.on_final(c.imm.unwrap_or_default(), env),
+        }
+    }
+
+    /// An in-band proof from the server this QP is connected to.
+    fn on_proof(&mut self, token: &Token, env: &mut Env<'_>) {
+        let Job::Armed(armed, phase) = &mut self.job else {
+            return self.on_garbage("a proof with no transfer waiting", env);
+        };
+        if !matches!(phase, Phase::Waiting) {
+            // Proved already: a second proof is refused (ignored) and the
+            // job goes on undisturbed.
+            return;
+        }
+        if !matches!(self.link, Link::Connected { .. }) {
+            return self.on_garbage("a proof on a QP that is not connected", env);
+        }
+        if !armed.token.same_as(token) {
+            // The connected server was not sent this request: it gets
+            // nothing, loses its connection, and the job waits for its
+            // server's connect request.
+            eprintln!(
+                "hipobj: QP {}: the connected server's proof is not this transfer's token; \
+                 disconnecting it",
+                self.qp.qp_num()
+            );
+            return self.reset(env);
+        }
+        let imm = protocol::grant_imm(armed.token.secret);
+        let access = armed.direction.access();
+        let outcome = match &armed.grant {
+            Grant::Window { mr, addr, len } => {
+                let (mr, addr, len, rkey) = (mr.clone(), *addr, *len, armed.token.rkey);
+                let until = Instant::now() + WINDOW_TIMEOUT;
+                *phase = Phase::Binding { until };
+                env.timers.push(until, self.index, self.epoch);
+                self.post_bind(mr, addr, len, rkey, access, Some(imm))
+            }
+            Grant::Region { .. } => {
+                *phase = Phase::Granted;
+                self.qp
+                    .modify(&QpAttr {
+                        access: Some(access),
+                        ..QpAttr::default()
+                    })
+                    .and_then(|()| self.post_grant(imm))
+            }
+        };
+        if let Err(e) = outcome {
+            self.finish(Err(e), env);
+        }
+    }
+
+    fn post_grant(&mut self, imm: u32) -> Result<()> {
+        let id = self.next_wr(WrKind::Grant);
+        self.qp.post_send(&[SendWr {
+            wr_id: id,
+            op: SendOp::SendImm { imm },
+            sge: None,
+            signaled: true,
+        }])?;
+        self.sends.push(id);
+        Ok(())
+    }
+
+    /// The job's window is bound: accept the connect request that proved
+    /// the token, or (in-band) the grant is on its way.
+    fn on_bound(&mut self, env: &mut Env<'_>) {
+        if let Link::Accepting { .. } = self.link {
+            if let Link::Accepting { request, peer } = std::mem::replace(&mut self.link, Link::Idle)
+            {
+                return self.accept(request, peer, env);
+            }
+        }
+        if let Job::Armed(_, phase @ Phase::Binding { .. }) = &mut self.job {
+            *phase = Phase::Granted;
+        }
+    }
+
+    /// The final message, with its immediate value.
+    fn on_final(&mut self, imm: u32, env: &mut Env<'_>) {
+        let Job::Armed(armed, phase) = &mut self.job else {
+            return self.on_garbage("a final message with no transfer", env);
+        };
+        if !matches!(phase, Phase::Granted) {
+            return self.finish(
+                Err(Error::Rdma(
+                    "a final message before the transfer was granted".into(),
+                )),
+                env,
+            );
+        }
+        if imm != protocol::final_imm(armed.token.secret) {
+            return self.finish(
+                Err(Error::Rdma(
+                    "the final message carried the wrong secret".into(),
+                )),
+                env,
+            );
+        }
+        match &armed.grant {
+            Grant::Window { .. } => {
+                // Revoke in place, keeping the connection: invalidate the
+                // window through the QP that bound it.
+                let until = Instant::now() + WINDOW_TIMEOUT;
+                *phase = Phase::Revoking { until };
+                let rkey = armed.token.rkey;
+                let id = self.next_wr(WrKind::Invalidate);
+                let posted = self.qp.post_send(&[SendWr {
+                    wr_id: id,
+                    op: SendOp::LocalInv { rkey },
+                    sge: None,
+                    signaled: true,
+                }]);
+                match posted {
+                    Ok(()) => {
+                        self.sends.push(id);
+                        env.timers.push(until, self.index, self.epoch);
+                    }
+                    // The data is in; the window goes with a reset.
+                    Err(_) => self.succeed_by_reset(env),
+                }
+            }
+            Grant::Region { .. } => {
+                let revoked = self.qp.modify(&QpAttr {
+                    access: Some(Access::empty()),
+                    ..QpAttr::default()
+                });
+                if revoked.is_err() {
+                    self.reset(env);
+                }
+                self.succeed(env);
+            }
+        }
+    }
+
+    /// The window is invalidated: the transfer succeeded, with no access
+    /// left.
+    fn on_invalidated(&mut self, env: &mut Env<'_>) {
+        if let Some(w) = &mut self.window {
+            w.bound = false;
+        }
+        if matches!(self.job, Job::Armed(_, Phase::Revoking { .. })) {
+            self.succeed(env);
+        }
+    }
+
+    fn succeed_by_reset(&mut self, env: &mut Env<'_>) {
+        self.reset(env);
+        self.succeed(env);
+    }
+
+    fn succeed(&mut self, env: &mut Env<'_>) {
+        let armed = std::mem::replace(&mut self.job, Job::Leased);
+        let peer = match &self.link {
+            Link::Connected { peer, .. } => Some(*peer),
+            _ => None,
+        };
+        self.release(env);
+        if let Job::Armed(armed, _) = armed {
+            let Armed {
+                mailbox,
+                grant,
+                entry,
+                ..
+            } = *armed;
+            drop(grant);
+            drop(entry);
+            if let Some(peer) = peer {
+                mailbox.set_peer(peer);
+            }
+            mailbox.fill(Ok(()));
+        }
+    }
+
+    /// The QP is in ERR: a receive or a send failed (flushed, or a remote
+    /// error), or the device reported it. A waiting job keeps waiting on a
+    /// fresh QP; any other ends.
+    pub fn on_qp_failed(&mut self, why: &str, env: &mut Env<'_>) {
+        match &self.job {
+            Job::Armed(_, Phase::Revoking { .. }) => self.succeed_by_reset(env),
+            Job::Armed(_, Phase::Waiting) => self.reset(env),
+            Job::Armed(..) => self.finish(
+                Err(Error::Rdma(format!(
+                    "the connection of QP {} failed: {why}",
+                    self.qp.qp_num()
+                ))),
+                env,
+            ),
+            Job::Free | Job::Leased => {
+                if matches!(self.job, Job::Free) && env.pool.take_free(self.index) {
+                    self.reset(env);
+                    self.release_free(env);
+                } else {
+                    self.reset(env);
+                }
+            }
+        }
+    }
+
+    /// The server disconnected (its DREQ, or its CM connection failed).
+    pub fn on_disconnected(&mut self, env: &mut Env<'_>) {
+        self.on_qp_failed("the server disconnected", env);
+    }
+
+    /// A message from the connected server that the protocol has no place
+    /// for: the server loses its connection; a job past its proof fails.
+    fn on_garbage(&mut self, what: &str, env: &mut Env<'_>) {
+        eprintln!(
+            "hipobj: QP {}: unexpected message from the server ({what}); disconnecting it",
+            self.qp.qp_num()
+        );
+        self.on_qp_failed(what, env);
+    }
+
+    /// Shutdown or a dead driver: ends every job, disconnects the link.
+    pub fn shut(&mut self, why: &Error, env: &mut Env<'_>) {
+        if matches!(self.job, Job::Armed(..)) {
+            self.finish(Err(why.clone()), env);
+        }
+        if !matches!(self.link, Link::Idle | Link::Retired) {
+            self.reset(env);
+        }
+    }
+
+    /// The last resort of a dying driver: no server may reach anything.
+    /// Moves the QP to ERR and deallocates a bound window, without
+    /// replacing anything.
+    pub fn fence(&mut self) {
+        let _ = self.qp.modify(&QpAttr {
+            state: Some(QpState::Err),
+            ..QpAttr::default()
+        });
+        if self.window.as_ref().is_some_and(|w| w.bound) {
+            self.window = None;
+        }
+        if let Link::Connected { cm, .. } = std::mem::replace(&mut self.link, Link::Retired) {
+            let _ = cm.disconnect();
+        }
+        if let Job::Armed(armed, _) = std::mem::replace(&mut self.job, Job::Leased) {
+            armed
+                .mailbox
+                .fill(Err(Error::Rdma("the connection driver stopped".into())));
+        }
+    }
+}
+
+/// RESET->INIT: pkey 0, the port, and the mode's access flags.
+fn init_attr(port: u8, mode: Mode) -> QpAttr {
+    QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(0),
+        port: Some(port),
+        access: Some(mode.qp_access()),
+        ..QpAttr::default()
+    }
+}
+
+/// The one rejection, whatever was wrong.
+pub fn refuse(request: Box<dyn CmRequest>) {
+    if let Err(e) = request.reject(&encode_reject()) {
+        eprintln!("hipobj: rdma_reject: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_request_ids_name_their_connection_and_kind() {
+        for index in [0, 1, 1023] {
+            for kind in [
+                WrKind::Recv0,
+                WrKind::Recv1,
+                WrKind::Bind,
+                WrKind::Grant,
+                WrKind::Invalidate,
+            ] {
+                let id = wr_id(index, kind, 0xff_ffff_ffff);
+                assert_eq!(wr_parts(id), Some((index, kind)));
+                assert_ne!(id, wr_id(index, kind, 1));
+            }
+        }
+        assert_eq!(wr_parts(0), None);
+        assert_eq!(wr_parts(u64::MAX), None);
+    }
+}

@@ -1,0 +1,653 @@
+//! The connection driver: the one thread that owns every pool connection.
+//!
+//! It waits in one `poll(2)` on the RDMA CM listener's channel, the pool's
+//! completion channel (one CQ for every pool QP), the device's
+//! asynchronous events and its own command queue's eventfd, with the
+//! earliest deadline it watches as the timeout; and it hands each event to
+//! the transition of the connection it concerns (`conn.rs`). Transfer
+//! threads reach connections only through [`Command`]s.
+//!
+//! Per event the work is bounded: a connect request is decoded, its slot
+//! found by QP number in a map, its token compared, and it is accepted or
+//! refused without waiting for anything (a window bind before the accept
+//! is an event of its own); a completion is filed by its work-request id.
+//!
+//! A panic or a fatal error here stops the driver loudly: every QP is
+//! fenced (ERR, bound windows deallocated), every waiting transfer and
+//! every later lease fails with the reason.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::conn::{refuse, wr_parts, Armed, Conn, Env, Mode, RecvBuffers, Timers, IDLE_EPOCH};
+use super::error::{Error, Result};
+use super::mailbox::Mailbox;
+use super::pool::Pool;
+use super::protocol::decode_connect;
+use crate::platform::{
+    wait_readable, AsyncKind, CmEvent, CmListener, Context, Cq, Mw, Pd, QpCaps, Waker,
+};
+
+/// Queue capacities of a pool QP: a bind, a grant and an invalidation at
+/// most on the send queue, two receives (`conn::RECVS`).
+pub const QP_CAPS: QpCaps = QpCaps {
+    max_send_wr: 8,
+    max_recv_wr: 4,
+    max_send_sge: 1,
+    max_recv_sge: 1,
+};
+/// Completion entries per connection on the pool's CQ: more than a
+/// connection ever has outstanding (its receives and three sends).
+const CQES_PER_CONN: u32 = 8;
+/// Completions read by one poll.
+const POLL_BATCH: usize = 64;
+/// Consecutive failures reading events after which the driver gives up.
+const MAX_EVENT_ERRORS: u32 = 64;
+/// How soon the driver looks again after a failure to read events.
+const RETRY_AFTER_TROUBLE: Duration = Duration::from_millis(10);
+
+/// What transfer threads (and calls of the application) ask of the driver.
+pub enum Command {
+    /// A transfer on a leased slot: a server may prove its token now.
+    Arm {
+        /// The slot.
+        index: usize,
+        /// Its lease's epoch.
+        epoch: u64,
+        /// The transfer.
+        armed: Box<Armed>,
+    },
+    /// The transfer's S3 conversation ended (`ok`: answered success).
+    Replied {
+        /// The slot.
+        index: usize,
+        /// Its lease's epoch.
+        epoch: u64,
+        /// Whether the server answered success.
+        ok: bool,
+    },
+    /// The lease's thread gave the transfer up (or unwound): revoke, free.
+    Abort {
+        /// The slot.
+        index: usize,
+        /// Its lease's epoch.
+        epoch: u64,
+    },
+    /// A lease dropped before its transfer was armed.
+    Release {
+        /// The slot.
+        index: usize,
+        /// Its lease's epoch.
+        epoch: u64,
+    },
+    /// Ends every application-driven token on the buffer at `base`
+    /// (deregistration revokes its access), then fills `done`.
+    EndTokens {
+        /// The buffer's registered address.
+        base: usize,
+        /// Filled once they ended.
+        done: Arc<Mailbox>,
+    },
+    /// Ends the application-driven token with this QP and secret if no
+    /// server has proved it yet (`hipObjPutRdmaToken`), then fills `done`.
+    EndToken {
+        /// The token's QP number.
+        qp_num: u32,
+        /// The token's secret.
+        secret: u32,
+        /// Filled once it is handled.
+        done: Arc<Mailbox>,
+    },
+    /// Shut down: end every job, disconnect every connection, exit.
+    Stop,
+}
+
+struct Queue {
+    commands: VecDeque<Command>,
+    dead: Option<Error>,
+}
+
+/// The driver's command queue and the eventfd that wakes it.
+pub struct Commands {
+    queue: Mutex<Queue>,
+    waker: Waker,
+}
+
+impl Commands {
+    /// An empty queue.
+    pub fn new() -> Result<Commands> {
+        Ok(Commands {
+            queue: Mutex::new(Queue {
+                commands: VecDeque::new(),
+                dead: None,
+            }),
+            waker: Waker::new()?,
+        })
+    }
+
+    /// Queues `command`; `wake` makes the driver look now. Fails (and
+    /// drops the command) once the driver stopped.
+    pub fn send(&self, command: Command, wake: bool) -> Result<()> {
+        let mut queue = self.queue.lock();
+        if let Some(dead) = &queue.dead {
+            return Err(dead.clone());
+        }
+        queue.commands.push_back(command);
+        drop(queue);
+        if wake {
+            self.waker.wake();
+        }
+        Ok(())
+    }
+
+    fn take(&self) -> VecDeque<Command> {
+        std::mem::take(&mut self.queue.lock().commands)
+    }
+
+    /// No command is accepted any more; those queued are answered `why`.
+    fn kill(&self, why: &Error) {
+        let left = {
+            let mut queue = self.queue.lock();
+            queue.dead.get_or_insert_with(|| why.clone());
+            std::mem::take(&mut queue.commands)
+        };
+        for command in left {
+            match command {
+                Command::Arm { armed, .. } => armed.mailbox.fill(Err(why.clone())),
+                Command::EndTokens { done, .. } | Command::EndToken { done, .. } => {
+                    done.fill(Ok(()))
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// What the driver serves, built by [`build`].
+pub struct Parts {
+    conns: Vec<Conn>,
+    cq: Arc<dyn Cq>,
+    recv_bufs: RecvBuffers,
+    mode: Mode,
+}
+
+impl Parts {
+    /// How access is granted on this device.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+}
+
+/// Settings the driver needs.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// The IB port of every QP.
+    pub port: u8,
+    /// `HIPOBJ_COMPLETION_TIMEOUT_MS`.
+    pub completion_timeout: Duration,
+    /// `HIPOBJ_IDLE_TIMEOUT_MS`.
+    pub idle_timeout: Duration,
+}
+
+/// Creates `count` connections on `ctx`: one CQ for all, a window each
+/// where the device has type-2 windows (all in `pd`), else a protection
+/// domain each; QPs in INIT with their receives posted, on the free list.
+/// If any window cannot be allocated, the device is treated as having
+/// none (said on stderr).
+pub fn build(
+    ctx: &dyn Context,
+    pd: &Arc<dyn Pd>,
+    count: usize,
+    pool: &Pool,
+    settings: Settings,
+) -> Result<Parts> {
+    let limits = ctx.limits();
+    let want = u32::try_from(count)
+        .unwrap_or(u32::MAX)
+        .saturating_mul(CQES_PER_CONN)
+        .max(64);
+    let cq = ctx.create_cq(want.min(limits.max_cqe.max(64)))?;
+    let windows: Option<Vec<Arc<dyn Mw>>> = if ctx.supports_mw() {
+        match (0..count)
+            .map(|_| pd.alloc_mw())
+            .collect::<Result<Vec<_>>>()
+        {
+            Ok(w) => Some(w),
+            Err(e) => {
+                eprintln!(
+                    "hipobj: {}: allocating {count} memory windows failed ({e}); transfers \
+                     register their ranges one by one instead",
+                    ctx.name()
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let mode = if windows.is_some() {
+        Mode::Windows
+    } else {
+        Mode::Regions
+    };
+    let pds: Vec<Arc<dyn Pd>> = match mode {
+        Mode::Windows => vec![pd.clone(); count],
+        Mode::Regions => (0..count)
+            .map(|_| ctx.alloc_pd())
+            .collect::<Result<Vec<_>>>()?,
+    };
+    let recv_bufs = RecvBuffers::new(&pds, mode == Mode::Windows)?;
+    let mut by_cm = HashMap::new();
+    let mut timers = Timers::default();
+    let env = Env {
+        pool,
+        port: settings.port,
+        mode,
+        recv_bufs: &recv_bufs,
+        by_cm: &mut by_cm,
+        timers: &mut timers,
+        completion_timeout: settings.completion_timeout,
+        idle_timeout: settings.idle_timeout,
+    };
+    let mut windows = windows.map(Vec::into_iter);
+    let mut conns = Vec::with_capacity(count);
+    for (index, pd) in pds.into_iter().enumerate() {
+        let qp = pd.create_qp(&cq, QP_CAPS)?;
+        let mw = windows.as_mut().and_then(Iterator::next);
+        conns.push(Conn::new(index, qp, pd, mw, &env)?);
+    }
+    for conn in &conns {
+        pool.put_back(conn.slot_info());
+    }
+    Ok(Parts {
+        conns,
+        cq,
+        recv_bufs,
+        mode,
+    })
+}
+
+/// The driver's thread; stopped and joined on drop.
+pub struct Driver {
+    commands: Arc<Commands>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Driver {
+    /// Starts the thread that serves `parts` and `listener`.
+    pub fn start(
+        parts: Parts,
+        listener: Arc<dyn CmListener>,
+        ctx: Arc<dyn Context>,
+        pool: Arc<Pool>,
+        commands: Arc<Commands>,
+        settings: Settings,
+    ) -> Result<Driver> {
+        let by_qp = parts
+            .conns
+            .iter()
+            .map(|c| (c.qp.qp_num(), c.index))
+            .collect();
+        let mut state = State {
+            conns: parts.conns,
+            shared: Shared {
+                by_qp,
+                by_cm: HashMap::new(),
+                timers: Timers::default(),
+                cq: parts.cq,
+                cq_armed: false,
+                listener,
+                ctx,
+                recv_bufs: parts.recv_bufs,
+                pool,
+                commands: commands.clone(),
+                mode: parts.mode,
+                settings,
+                event_errors: 0,
+                stopping: false,
+            },
+        };
+        let thread = std::thread::Builder::new()
+            .name("hipobj-driver".into())
+            .spawn(move || {
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| state.run()));
+                let why = match ran {
+                    Ok(Ok(())) => return,
+                    Ok(Err(e)) => e,
+                    Err(_) => Error::Internal("it panicked".into()),
+                };
+                state.die(&why);
+            })
+            .map_err(|e| Error::Internal(format!("cannot start the connection driver: {e}")))?;
+        Ok(Driver {
+            commands,
+            thread: Some(thread),
+        })
+    }
+
+    /// The command queue.
+    pub fn commands(&self) -> &Arc<Commands> {
+        &self.commands
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Stop, true);
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                eprintln!("hipobj: the connection driver thread panicked");
+            }
+        }
+    }
+}
+
+/// Everything but the connections, so that a transition can borrow a
+/// connection and these at once.
+struct Shared {
+    by_qp: HashMap<u32, usize>,
+    by_cm: HashMap<u64, usize>,
+    timers: Timers,
+    cq: Arc<dyn Cq>,
+    cq_armed: bool,
+    listener: Arc<dyn CmListener>,
+    ctx: Arc<dyn Context>,
+    recv_bufs: RecvBuffers,
+    pool: Arc<Pool>,
+    commands: Arc<Commands>,
+    mode: Mode,
+    settings: Settings,
+    event_errors: u32,
+    /// A Stop command was read.
+    stopping: bool,
+}
+
+impl Shared {
+    fn env(&mut self) -> Env<'_> {
+        Env {
+            pool: &self.pool,
+            port: self.settings.port,
+            mode: self.mode,
+            recv_bufs: &self.recv_bufs,
+            by_cm: &mut self.by_cm,
+            timers: &mut self.timers,
+            completion_timeout: self.settings.completion_timeout,
+            idle_timeout: self.settings.idle_timeout,
+        }
+    }
+
+    /// Counts a failure to read events; too many in a row is fatal.
+    /// Returns whether `outcome` was a failure.
+    fn tolerate(&mut self, what: &str, outcome: Result<()>) -> Result<bool> {
+        let Err(e) = outcome else {
+            return Ok(false);
+        };
+        self.event_errors += 1;
+        eprintln!("hipobj: connection driver: {what}: {e}");
+        if self.event_errors >= MAX_EVENT_ERRORS {
+            return Err(Error::Rdma(format!(
+                "{what} failed {} times in a row: {e}",
+                self.event_errors
+            )));
+        }
+        Ok(true)
+    }
+}
+
+struct State {
+    conns: Vec<Conn>,
+    shared: Shared,
+}
+
+impl State {
+    fn run(&mut self) -> Result<()> {
+        loop {
+            self.commands();
+            // A failed read of events is retried soon; only a run of
+            // failures is fatal.
+            let mut trouble = false;
+            if !self.shared.stopping {
+                let polled = self.completions();
+                trouble |= self.shared.tolerate("ibv_poll_cq", polled)?;
+                let events = self.async_events();
+                trouble |= self.shared.tolerate("ibv_get_async_event", events)?;
+                let cm = self.cm_events();
+                trouble |= self.shared.tolerate("the RDMA CM listener", cm)?;
+                self.timers();
+            }
+            if self.shared.stopping {
+                self.shut();
+                return Ok(());
+            }
+            if !self.shared.cq_armed {
+                let armed = self.shared.cq.arm();
+                self.shared.cq_armed = armed.is_ok();
+                trouble |= self.shared.tolerate("ibv_req_notify_cq", armed)?;
+                // What arrived before arming made the channel no sign.
+                let polled = self.completions();
+                trouble |= self.shared.tolerate("ibv_poll_cq", polled)?;
+            }
+            let s = &self.shared;
+            let next = s.timers.next();
+            let soon = Instant::now() + RETRY_AFTER_TROUBLE;
+            let ready = wait_readable(
+                &[
+                    s.listener.event_fd(),
+                    s.cq.channel_fd(),
+                    s.ctx.async_fd(),
+                    s.commands.waker.as_fd(),
+                ],
+                if trouble {
+                    Some(next.map_or(soon, |t| t.min(soon)))
+                } else {
+                    next
+                },
+            )?;
+            if ready[1] {
+                let taken = self.shared.cq.take_events().map(|_| ());
+                // Re-armed before the next wait either way.
+                self.shared.cq_armed = false;
+                self.shared.tolerate("ibv_get_cq_event", taken)?;
+            }
+            if ready[3] {
+                self.shared.commands.waker.take();
+            }
+        }
+    }
+
+    /// Runs every queued command (until a Stop, which the loop acts on).
+    fn commands(&mut self) {
+        if self.shared.stopping {
+            return;
+        }
+        for command in self.shared.commands.take() {
+            self.command(command);
+            if self.shared.stopping {
+                return;
+            }
+        }
+    }
+
+    fn command(&mut self, command: Command) {
+        let now = Instant::now();
+        let (conns, shared) = (&mut self.conns, &mut self.shared);
+        match command {
+            Command::Arm {
+                index,
+                epoch,
+                armed,
+            } => match conns.get_mut(index) {
+                Some(conn) => conn.on_arm(epoch, armed, &mut shared.env()),
+                None => armed
+                    .mailbox
+                    .fill(Err(Error::Internal(format!("no connection {index}")))),
+            },
+            Command::Replied { index, epoch, ok } => {
+                if let Some(conn) = conns.get_mut(index) {
+                    conn.on_replied(epoch, ok, now, &mut shared.env());
+                }
+            }
+            Command::Abort { index, epoch } | Command::Release { index, epoch } => {
+                if let Some(conn) = conns.get_mut(index) {
+                    let why = Error::Rdma("the transfer was abandoned".into());
+                    conn.on_abort(epoch, why, &mut shared.env());
+                }
+            }
+            Command::EndTokens { base, done } => {
+                for conn in conns.iter_mut().filter(|c| c.has_token_on(base)) {
+                    let why = Error::Rdma("the token's buffer was deregistered".into());
+                    let epoch = conn.epoch;
+                    conn.on_abort(epoch, why, &mut shared.env());
+                }
+                done.fill(Ok(()));
+            }
+            Command::EndToken {
+                qp_num,
+                secret,
+                done,
+            } => {
+                let found = shared.by_qp.get(&qp_num).copied();
+                if let Some(conn) = found.and_then(|i| conns.get_mut(i)) {
+                    if conn.has_unstarted_token(secret) {
+                        let why =
+                            Error::Rdma("the token was released before any server used it".into());
+                        let epoch = conn.epoch;
+                        conn.on_abort(epoch, why, &mut shared.env());
+                    }
+                }
+                done.fill(Ok(()));
+            }
+            Command::Stop => shared.stopping = true,
+        }
+    }
+
+    /// Reads the pool's CQ until it is empty, filing each completion to
+    /// its connection. Commands queued meanwhile run first (an Arm comes
+    /// before the first completion of its slot).
+    fn completions(&mut self) -> Result<()> {
+        loop {
+            let batch = self.shared.cq.poll(POLL_BATCH)?;
+            if batch.is_empty() {
+                return Ok(());
+            }
+            self.commands();
+            for c in &batch {
+                let Some((index, kind)) = wr_parts(c.wr_id) else {
+                    continue;
+                };
+                if let Some(conn) = self.conns.get_mut(index) {
+                    conn.on_completion(c, kind, &mut self.shared.env());
+                }
+            }
+        }
+    }
+
+    /// Handles the device's asynchronous events: a QP in ERR is treated as
+    /// a failed connection; a CQ error or a dead device is fatal.
+    fn async_events(&mut self) -> Result<()> {
+        loop {
+            let Some(event) = self.shared.ctx.next_async_event()? else {
+                return Ok(());
+            };
+            match event.kind {
+                AsyncKind::CqErr | AsyncKind::DeviceFatal => {
+                    return Err(Error::Rdma(format!("the device reported {:?}", event.kind)))
+                }
+                kind if kind.qp_failed() => {
+                    let index = event
+                        .qp_num
+                        .and_then(|q| self.shared.by_qp.get(&q).copied());
+                    if let Some(conn) = index.and_then(|i| self.conns.get_mut(i)) {
+                        conn.on_qp_failed(
+                            &format!("the device reported {kind:?}"),
+                            &mut self.shared.env(),
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Serves the listener's events until none is waiting.
+    fn cm_events(&mut self) -> Result<()> {
+        loop {
+            let Some(event) = self.shared.listener.next_event(Instant::now())? else {
+                return Ok(());
+            };
+            self.shared.event_errors = 0;
+            match event {
+                CmEvent::ConnectRequest(request) => {
+                    // An Arm queued just before its server's request.
+                    self.commands();
+                    let Ok(token) = decode_connect(request.private_data()) else {
+                        refuse(request);
+                        continue;
+                    };
+                    let index = self.shared.by_qp.get(&token.qp_num).copied();
+                    match index.and_then(|i| self.conns.get_mut(i)) {
+                        Some(conn) => {
+                            conn.on_connect_request(&token, request, &mut self.shared.env())
+                        }
+                        None => refuse(request),
+                    }
+                }
+                CmEvent::Established { .. } => {}
+                CmEvent::Disconnected { conn } => {
+                    let index = self.shared.by_cm.get(&conn).copied();
+                    if let Some(c) = index.and_then(|i| self.conns.get_mut(i)) {
+                        if c.cm_id() == Some(conn) {
+                            c.on_disconnected(&mut self.shared.env());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs the deadlines that are due.
+    fn timers(&mut self) {
+        let now = Instant::now();
+        let idle_before = now.checked_sub(self.shared.settings.idle_timeout);
+        while let Some((index, epoch)) = self.shared.timers.pop_due(now) {
+            let Some(conn) = self.conns.get_mut(index) else {
+                continue;
+            };
+            if epoch == IDLE_EPOCH {
+                if idle_before.is_some_and(|t| conn.idle_since_before(t)) {
+                    conn.on_idle(&mut self.shared.env());
+                }
+            } else {
+                conn.on_deadline(epoch, now, &mut self.shared.env());
+            }
+        }
+    }
+
+    /// Shutdown: every job ends, every connection is disconnected, and no
+    /// command is taken any more.
+    fn shut(&mut self) {
+        let why = Error::NotInitialized;
+        self.shared.commands.kill(&why);
+        self.shared.pool.kill(why.clone());
+        for conn in &mut self.conns {
+            conn.shut(&why, &mut self.shared.env());
+        }
+    }
+
+    /// The driver cannot go on: says so, fences every QP, and fails every
+    /// transfer and every later lease with the reason.
+    fn die(&mut self, why: &Error) {
+        let why = Error::Rdma(format!("the connection driver stopped: {why}"));
+        eprintln!("hipobj: {why}; RDMA transfers fail from now on");
+        self.shared.commands.kill(&why);
+        self.shared.pool.kill(why);
+        for conn in &mut self.conns {
+            conn.fence();
+        }
+    }
+}

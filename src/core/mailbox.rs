@@ -1,0 +1,108 @@
+//! Where the connection driver leaves a transfer's outcome for the thread
+//! (or the later call) that waits for it.
+
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::error::{Error, Result};
+use crate::platform::Gid;
+
+/// One outcome, filled once (later fills are ignored), read by any number
+/// of waiters.
+#[derive(Default)]
+pub struct Mailbox {
+    outcome: Mutex<Option<Result<()>>>,
+    filled: Condvar,
+    /// The server a successful transfer used (set before the fill).
+    peer: Mutex<Option<Gid>>,
+}
+
+impl Mailbox {
+    /// An empty mailbox.
+    pub fn new() -> Mailbox {
+        Mailbox::default()
+    }
+
+    /// Leaves the outcome, unless one is there already.
+    pub fn fill(&self, outcome: Result<()>) {
+        let mut slot = self.outcome.lock();
+        if slot.is_none() {
+            *slot = Some(outcome);
+            self.filled.notify_all();
+        }
+    }
+
+    /// Records the server the transfer used.
+    pub fn set_peer(&self, gid: Gid) {
+        *self.peer.lock() = Some(gid);
+    }
+
+    /// The server the transfer used, if it was recorded.
+    pub fn peer(&self) -> Option<Gid> {
+        *self.peer.lock()
+    }
+
+    /// The outcome, if it is there.
+    pub fn peek(&self) -> Option<Result<()>> {
+        self.outcome.lock().clone()
+    }
+
+    /// Waits for the outcome until `deadline` (`None`: as long as it takes).
+    pub fn wait(&self, deadline: Option<Instant>) -> Option<Result<()>> {
+        let mut slot = self.outcome.lock();
+        while slot.is_none() {
+            match deadline {
+                Some(at) => {
+                    if self.filled.wait_until(&mut slot, at).timed_out() {
+                        break;
+                    }
+                }
+                None => self.filled.wait(&mut slot),
+            }
+        }
+        slot.clone()
+    }
+}
+
+impl std::fmt::Debug for Mailbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mailbox")
+            .field("outcome", &*self.outcome.lock())
+            .finish()
+    }
+}
+
+/// An outcome that did not come in time.
+pub fn late(what: &str) -> Error {
+    Error::Rdma(format!(
+        "{what}: the connection driver did not answer in time"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn the_first_outcome_stays_and_wakes_every_waiter() {
+        let m = Arc::new(Mailbox::new());
+        assert_eq!(m.wait(Some(Instant::now())), None);
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let m = m.clone();
+                std::thread::spawn(move || m.wait(None))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(10));
+        m.fill(Ok(()));
+        m.fill(Err(Error::Busy("late")));
+        for w in waiters {
+            assert_eq!(w.join().unwrap(), Some(Ok(())));
+        }
+        assert_eq!(m.peek(), Some(Ok(())));
+    }
+}
