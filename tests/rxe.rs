@@ -261,6 +261,20 @@ fn the_library_initializes_on_soft_roce_without_a_gpu() {
     assert_eq!(hipObjShutdown().opError, hipObjOpError_t::hipObjSuccess);
 }
 
+/// The server side of the protocol in this process, on `ctx`: it serves
+/// tokens of this process's instance, whose address it may dial.
+fn in_process_server(
+    platform: &std::sync::Arc<dyn hipobj::platform::Platform>,
+    ctx: std::sync::Arc<dyn hipobj::platform::Context>,
+    pd: std::sync::Arc<dyn hipobj::platform::Pd>,
+) -> hipobj::server::ServerSide {
+    let config = hipobj::server::ServerConfig {
+        dial: hipobj::server::DialPolicy::any(),
+        ..hipobj::server::ServerConfig::default()
+    };
+    hipobj::server::ServerSide::with_config(platform.cm().expect("librdmacm"), ctx, pd, config)
+}
+
 /// The application's S3 client in this test: the server side of the
 /// protocol on a second context of the same rxe0, in process.
 struct App {
@@ -318,15 +332,18 @@ fn get_and_put_move_bytes_over_soft_roce() {
     for (i, byte) in store.iter_mut().enumerate() {
         *byte = (i * 7 % 253).to_le_bytes()[0];
     }
-    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let mr = pd
-        .reg_mr(store.as_mut_ptr() as usize, store.len(), all)
+        .reg_mr(
+            store.as_mut_ptr() as usize,
+            store.len(),
+            Access::LOCAL_WRITE,
+        )
         .expect("server MR");
     let local = hipobj::server::LocalBuf {
         addr: mr.addr(),
         mr,
     };
-    let side = hipobj::server::ServerSide::new(platform.cm().expect("librdmacm"), ctx, pd);
+    let side = in_process_server(&platform, ctx, pd);
     let mut app = App {
         side,
         local,

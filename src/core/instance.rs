@@ -265,6 +265,13 @@ impl Instance {
         self.driver.commands()
     }
 
+    /// The rkey of the registration of the buffer at `base`. It grants
+    /// no remote access (only a transfer's window or range does); tests
+    /// hand it to a server that tries it.
+    pub fn registration_rkey(&self, base: usize) -> Option<u32> {
+        self.buffers.find(base).ok().map(|e| e.mr.rkey())
+    }
+
     /// Registered buffers.
     pub fn buffer_count(&self) -> usize {
         self.buffers.len()

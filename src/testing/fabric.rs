@@ -318,11 +318,19 @@ impl Fabric {
         &self.counters
     }
 
-    /// Holds every completion back from now on (`true`), or queues them as
-    /// they come again (`false`, without releasing those held): a device
-    /// may write a completion late, after a drain, a reset or a timeout.
-    pub fn hold_completions(&self, hold: bool) {
-        self.state.lock().hold = hold;
+    /// Holds back every completion of the device `name` from now on
+    /// (`true`), or queues them as they come again (`false`, without
+    /// releasing those held): a device may write a completion late, after
+    /// a drain, a reset or a timeout.
+    pub fn hold_completions(&self, name: &str, hold: bool) {
+        let mut st = self.state.lock();
+        let Some(device) = st.devices.iter().position(|d| d.spec.name == name) else {
+            return;
+        };
+        st.hold.retain(|&d| d != device);
+        if hold {
+            st.hold.push(device);
+        }
     }
 
     /// Queues every completion held back, in order, and notifies.
@@ -456,8 +464,8 @@ struct State {
     mws: BTreeMap<u64, MwRec>,
     /// Ordered, so that delivery order is deterministic.
     qps: BTreeMap<QpKey, QpRec>,
-    /// Completions are held back (not queued) while set.
-    hold: bool,
+    /// Devices whose completions are held back (not queued).
+    hold: Vec<usize>,
     /// Completions held back, in order, with their CQ.
     held: Vec<(u64, Completion)>,
 }
@@ -902,7 +910,8 @@ impl State {
     /// Queues a completion on `cq` (or holds it back), or marks the CQ
     /// overrun when it is full.
     fn push(&mut self, cq: u64, c: Completion) {
-        if self.hold {
+        let device = self.cqs.get(&cq).map(|c| c.device);
+        if device.is_some_and(|d| self.hold.contains(&d)) {
             self.held.push((cq, c));
         } else {
             self.queue(cq, c);

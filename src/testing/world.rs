@@ -284,6 +284,14 @@ impl TestServer {
         }
     }
 
+    /// The object store as the server's local buffer of a transfer.
+    pub fn local(&self) -> LocalBuf {
+        LocalBuf {
+            mr: self.mr.clone(),
+            addr: self.mr.addr(),
+        }
+    }
+
     /// Sets how later requests are treated.
     pub fn set_behaviour(&self, behaviour: Behaviour) {
         *self.behaviour.lock() = behaviour;
@@ -507,6 +515,19 @@ impl TestServer {
             .ok()
             .flatten()
             .map(|c| c.status)
+    }
+
+    /// A hostile server's move: an in-band proof of `token` on this
+    /// server's established connection to `client`, waiting `within` for
+    /// the grant (which a client gives only to its waiting transfer's own
+    /// token).
+    pub fn prove(&self, client: &ClientQp, token: &Token, within: Duration) -> Result<()> {
+        let conn = self
+            .side
+            .connection(client)
+            .ok_or_else(|| Error::Rdma("no connection to that client QP".into()))?;
+        let mut conn = conn.lock();
+        crate::server::prove(&mut conn, token, Instant::now() + within)
     }
 
     /// An S3 client session for one request of direction `op`.

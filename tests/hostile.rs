@@ -1,0 +1,796 @@
+//! Hostile servers and a hostile fabric, on the fake fabric (which, like
+//! RoCE, takes a packet from any sender that has the right QP number and
+//! PSN): tests for each property of `../shared/design/security.md`
+//! (P1-P7). Each asserts that the attacker got nothing and that the
+//! client stays usable. The same attacks on Soft-RoCE are in `tests/rxe.rs`
+//! (the VM lane).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hipobj::core::args::{BufferRange, Slice, SyncDirection, TokenOp};
+use hipobj::core::protocol::{encode_connect, encode_reject, final_imm};
+use hipobj::core::reply::REPLY_BUFFER_LEN;
+use hipobj::core::token::{Token, TOKEN_HEX_LEN};
+use hipobj::core::transfer::{Direction, S3Client};
+use hipobj::core::{Code, Config, Current, Instance, Options};
+use hipobj::platform::{ConnectOutcome, ConnectRequest, QpCaps, WcStatus};
+use hipobj::server::{ClientQp, Op};
+use hipobj::testing::world::{Behaviour, TestServer, World, WorldSpec, CLIENT_IP, SERVER_NIC};
+
+const LEN: usize = 8192;
+const HALF: usize = LEN / 2;
+const SLOTS: usize = 4;
+/// How long an attacker waits for something that will not come.
+const SHORT: Duration = Duration::from_millis(300);
+
+fn options() -> Options {
+    Options {
+        max_transfers: 4,
+        completion_timeout: Duration::from_millis(500),
+        ..Options::default()
+    }
+}
+
+fn config() -> Config {
+    Config {
+        gpu_device: 0,
+        ..Config::default()
+    }
+}
+
+/// A client instance on a world, with one registered host buffer.
+struct Up {
+    world: World,
+    current: Current,
+    inst: Arc<Instance>,
+    buf: Box<[u8]>,
+}
+
+impl Up {
+    fn new() -> Up {
+        Up::with(World::new(), options())
+    }
+
+    fn with(world: World, options: Options) -> Up {
+        let current = Current::new();
+        current
+            .init_with(world.platform(), config(), options)
+            .expect("init");
+        let inst = current.instance().expect("instance");
+        let buf = vec![0u8; LEN].into_boxed_slice();
+        inst.register(BufferRange::new(buf.as_ptr() as usize, LEN).unwrap(), true)
+            .expect("register");
+        Up {
+            world,
+            current,
+            inst,
+            buf,
+        }
+    }
+
+    fn base(&self) -> usize {
+        self.buf.as_ptr() as usize
+    }
+
+    fn slice(&self, len: usize) -> Slice {
+        Slice::new(self.base(), len, 0).unwrap()
+    }
+
+    /// A transfer of the buffer's first `len` bytes through `server`.
+    fn transfer(&self, op: Op, server: &TestServer, len: usize) -> hipobj::core::Result<()> {
+        self.inst
+            .transfer(direction(op), self.slice(len), &mut server.session(op))
+    }
+
+    /// A second server, on a device of its own.
+    fn other_server(&self, name: &str, last: u8) -> Arc<TestServer> {
+        self.world
+            .add_server(name, Ipv4Addr::new(192, 0, 2, last), 1 << 20)
+    }
+
+    /// Every slot is back on the free list (or retired).
+    fn all_free(&self) -> bool {
+        let pool = self.inst.pool();
+        pool.free_count() + pool.retired_count() == SLOTS
+    }
+
+    /// Waits (briefly) until every slot is back: for jobs the driver ends
+    /// on its own.
+    fn settle(&self) -> bool {
+        let until = Instant::now() + Duration::from_secs(5);
+        while !self.all_free() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.all_free()
+    }
+}
+
+fn direction(op: Op) -> Direction {
+    match op {
+        Op::Get => Direction::Get,
+        Op::Put => Direction::Put,
+    }
+}
+
+/// Bytes that differ at every offset a test compares (no period of 256).
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i ^ (i >> 8) ^ (i >> 11)).to_le_bytes()[0].wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+fn key(token: &Token) -> ClientQp {
+    ClientQp::of(token)
+}
+
+fn deadline() -> Instant {
+    Instant::now() + Duration::from_secs(5)
+}
+
+/// An S3 client whose request goes to `target`, after `before` ran with
+/// its token: where a test's attacker strikes while the transfer waits.
+struct Hooked<'a, F: FnMut(&Token)> {
+    target: &'a TestServer,
+    op: Op,
+    before: F,
+    reply: Option<Vec<u8>>,
+}
+
+impl<'a, F: FnMut(&Token)> Hooked<'a, F> {
+    fn new(target: &'a TestServer, op: Op, before: F) -> Hooked<'a, F> {
+        Hooked {
+            target,
+            op,
+            before,
+            reply: None,
+        }
+    }
+}
+
+impl<F: FnMut(&Token)> S3Client for Hooked<'_, F> {
+    fn send_request(&mut self, token: &[u8; TOKEN_HEX_LEN + 1]) -> Result<(), i32> {
+        let parsed = Token::parse_hex(&token[..TOKEN_HEX_LEN]).expect("the library's token");
+        (self.before)(&parsed);
+        self.reply = Some(self.target.handle(&token[..TOKEN_HEX_LEN], self.op));
+        Ok(())
+    }
+
+    fn recv_reply(&mut self, reply: &mut [u8; REPLY_BUFFER_LEN]) -> Result<usize, i32> {
+        let text = self.reply.take().ok_or(-1)?;
+        reply[..text.len()].copy_from_slice(&text);
+        Ok(text.len())
+    }
+}
+
+/// One transfer through `server`, returning the token it was sent.
+fn recorded(up: &Up, server: &TestServer, op: Op, len: usize) -> Token {
+    let mut seen = None;
+    let mut s3 = Hooked::new(server, op, |t: &Token| seen = Some(*t));
+    up.inst
+        .transfer(direction(op), up.slice(len), &mut s3)
+        .expect("a transfer");
+    seen.expect("a token was sent")
+}
+
+// ---------------------------------------------------------------- P1
+
+/// What the old server of a reused connection tries while a transfer
+/// that was sent to another server waits on its connection.
+#[derive(Clone, Copy, Debug)]
+enum Attack {
+    /// The new token's own rkey and address (as if it had seen the token).
+    NewRange,
+    /// Its own earlier token's rkey and address.
+    OldToken,
+    /// The buffer's registration rkey.
+    Registration,
+    /// An in-band proof with its earlier token.
+    ReplayedProof,
+}
+
+#[test]
+fn the_old_server_of_a_reused_connection_gets_nothing_of_a_transfer_sent_elsewhere() {
+    for op in [Op::Get, Op::Put] {
+        for attack in [
+            Attack::NewRange,
+            Attack::OldToken,
+            Attack::Registration,
+            Attack::ReplayedProof,
+        ] {
+            let what = format!("{op:?} {attack:?}");
+            let mut up = Up::new();
+            let old = up.other_server("old0", 3);
+            // The old server serves a GET: its connection to the slot stays.
+            old.set_object(&pattern(LEN, 0x11));
+            let first = recorded(&up, &old, Op::Get, HALF);
+            let fresh = pattern(LEN, 0x22);
+            up.world.server.set_object(&fresh);
+            let uploaded = pattern(LEN, 0x33);
+            if op == Op::Put {
+                up.buf.copy_from_slice(&uploaded);
+            }
+            let old_store = old.object(LEN);
+            let registration = up.inst.registration_rkey(up.base()).unwrap();
+            let mut status = None;
+            let new = up.world.server.clone();
+            let mut s3 = Hooked::new(&new, op, |t: &Token| {
+                // The thread is given back its connection to the old server,
+                // but this request went elsewhere.
+                assert_eq!(t.qp_num, first.qp_num, "the reused slot");
+                status = Some(match attack {
+                    Attack::NewRange => old.probe(&key(t), op, t.addr, t.rkey, 64),
+                    Attack::OldToken => old.probe(&key(t), op, first.addr, first.rkey, 64),
+                    Attack::Registration => old.probe(&key(t), op, first.addr, registration, 64),
+                    Attack::ReplayedProof => Some(match old.prove(&key(t), &first, SHORT) {
+                        Ok(()) => WcStatus::Success,
+                        Err(_) => WcStatus::RemAccessErr,
+                    }),
+                });
+            });
+            up.inst
+                .transfer(direction(op), up.slice(HALF), &mut s3)
+                .unwrap_or_else(|e| panic!("{what}: the transfer failed: {e}"));
+            assert_ne!(
+                status.expect("the attack ran"),
+                Some(WcStatus::Success),
+                "{what}: the old server's move succeeded"
+            );
+            match op {
+                Op::Get => assert_eq!(&up.buf[..HALF], &fresh[..HALF], "{what}"),
+                Op::Put => {
+                    assert_eq!(old.object(LEN), old_store, "{what}: the old server read it");
+                    assert_eq!(&new.object(HALF)[..], &uploaded[..HALF], "{what}");
+                }
+            }
+            assert!(up.all_free(), "{what}: every slot is back");
+            // The client is usable: the old server, well behaved, again.
+            old.set_object(&pattern(LEN, 0x44));
+            up.transfer(Op::Get, &old, HALF)
+                .unwrap_or_else(|e| panic!("{what}: afterwards: {e}"));
+            assert_eq!(&up.buf[..HALF], &pattern(LEN, 0x44)[..HALF], "{what}");
+        }
+    }
+}
+
+#[test]
+fn an_old_server_that_reaches_in_while_another_server_is_granted_lands_nothing() {
+    // Re-aimed to the new server, the client QP expects the new server's
+    // PSNs: the old server's packets (its own PSN counter) are not
+    // executed, and the window bound through that very QP does not help.
+    let up = Up::new();
+    let old = up.other_server("old0", 3);
+    old.set_object(&pattern(LEN, 0x11));
+    recorded(&up, &old, Op::Get, HALF);
+    let new = up.world.server.clone();
+    new.set_object(&pattern(LEN, 0x22));
+    let token = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+    let mut session = new.side().begin(&token, None, deadline()).expect("granted");
+    // The new server writes the first 1024 bytes; the old one aims beyond.
+    let beyond = token.addr + 2048;
+    let _ = old.probe(&key(&token), Op::Get, beyond, token.rkey, 64);
+    session
+        .write(&new.local(), 0, 0, 1024)
+        .expect("the new server's data");
+    session.finish().expect("the final message");
+    assert!(up.settle(), "the token ended at its final message");
+    assert_eq!(&up.buf[..1024], &pattern(LEN, 0x22)[..1024]);
+    // What the first GET left there, not the old server's first 64 bytes.
+    let before = pattern(LEN, 0x11);
+    assert_eq!(
+        &up.buf[2048..2112],
+        &before[2048..2112],
+        "the old server's WRITE landed"
+    );
+    assert_ne!(
+        &before[2048..2112],
+        &old.object(64)[..],
+        "a test that can fail"
+    );
+}
+
+// ---------------------------------------------------------------- P2
+
+#[test]
+fn a_token_is_good_for_one_proof_only() {
+    let up = Up::new();
+    let server = up.world.server.clone();
+    // After its transfer, a token connects nobody.
+    server.set_object(&pattern(LEN, 1));
+    let used = recorded(&up, &server, Op::Get, HALF);
+    let again = server
+        .side()
+        .connect_with(&used, &encode_connect(&used), deadline());
+    assert!(again.is_err(), "a used token connected again");
+    // While a token's transfer is granted to its server, a hijacker with
+    // the same token is refused, and the transfer goes on undisturbed.
+    let hijacker = up.other_server("hijack0", 4);
+    let token = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+    server.set_object(&pattern(LEN, 2));
+    let mut session = server
+        .side()
+        .begin(&token, None, deadline())
+        .expect("granted");
+    let hijack = hijacker
+        .side()
+        .connect_with(&token, &encode_connect(&token), deadline());
+    assert!(
+        hijack.is_err(),
+        "a second connect request with the token was accepted"
+    );
+    session
+        .write(&server.local(), 0, 0, HALF as u64)
+        .expect("undisturbed");
+    session.finish().expect("the final message");
+    assert!(up.settle());
+    assert_eq!(&up.buf[..HALF], &pattern(LEN, 2)[..HALF]);
+    // An in-band replay of the used token on the kept connection gets no
+    // grant (nothing waits), and costs the replaying server its connection.
+    let replay = server.prove(&key(&token), &token, SHORT);
+    assert!(replay.is_err(), "a replayed proof was granted");
+    server.set_object(&pattern(LEN, 3));
+    up.transfer(Op::Get, &server, HALF)
+        .expect("usable afterwards");
+    assert_eq!(&up.buf[..HALF], &pattern(LEN, 3)[..HALF]);
+}
+
+#[test]
+fn tokens_carry_fresh_secrets_and_random_window_keys() {
+    let up = Up::new();
+    let mut secrets = std::collections::HashSet::new();
+    let mut keys = std::collections::HashSet::new();
+    let mut steps = std::collections::HashSet::new();
+    let mut last_rkey = None;
+    for _ in 0..300 {
+        let t = up.inst.mint_token(up.slice(64), TokenOp::Get).unwrap();
+        secrets.insert(t.secret);
+        keys.insert(t.rkey & 0xff);
+        if let Some(last) = last_rkey {
+            steps.insert((t.rkey & 0xff).wrapping_sub(last) & 0xff);
+        }
+        last_rkey = Some(t.rkey & 0xff);
+        up.inst.release_token(&t);
+    }
+    // 300 draws of 32 bits: a repeat is a one-in-100,000 chance.
+    assert_eq!(secrets.len(), 300, "every token has its own secret");
+    assert!(
+        keys.len() > 150,
+        "window keys spread: {} distinct",
+        keys.len()
+    );
+    assert!(steps.len() > 50, "no fixed step from one key to the next");
+    assert!(up.all_free());
+}
+
+// ---------------------------------------------------------------- P3
+
+#[test]
+fn a_granted_server_reaches_no_registration_and_nothing_outside_its_window() {
+    let up = Up::new();
+    let server = up.world.server.clone();
+    let other = vec![0u8; LEN].into_boxed_slice();
+    let other_base = other.as_ptr() as usize;
+    up.inst
+        .register(BufferRange::new(other_base, LEN).unwrap(), true)
+        .unwrap();
+    for (what, rkey_of, at) in [
+        ("this buffer's registration", up.base(), HALF),
+        ("another buffer's registration", other_base, 0),
+    ] {
+        let token = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+        let mut session = server
+            .side()
+            .begin(&token, None, deadline())
+            .expect("granted");
+        let rkey = up.inst.registration_rkey(rkey_of).unwrap();
+        let addr = u64::try_from(rkey_of + at).unwrap();
+        let status = session.data_unchecked(Op::Get, addr, rkey, &server.local(), 0, 64);
+        assert!(status.is_err(), "{what}: a write with it succeeded");
+        drop(session);
+        assert!(up.settle(), "{what}");
+    }
+    assert!(up.buf[HALF..].iter().all(|&b| b == 0));
+    assert!(other.iter().all(|&b| b == 0));
+    // Inside the window but past the range: refused too (the fake is as
+    // strict as the IB rule; rxe checks only the registration's range).
+    let token = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+    let mut session = server.side().begin(&token, None, deadline()).unwrap();
+    let past = session.data_unchecked(
+        Op::Get,
+        token.addr + HALF as u64,
+        token.rkey,
+        &server.local(),
+        0,
+        64,
+    );
+    assert!(past.is_err(), "a write past the range succeeded");
+    drop(session);
+    assert!(up.settle());
+    assert!(up.buf[HALF..].iter().all(|&b| b == 0));
+    up.inst.deregister(other_base).unwrap();
+}
+
+#[test]
+fn a_token_grants_only_its_direction() {
+    let up = Up::new();
+    let server = up.world.server.clone();
+    for (minted, wrong) in [(TokenOp::Get, Op::Put), (TokenOp::Put, Op::Get)] {
+        let token = up.inst.mint_token(up.slice(HALF), minted).unwrap();
+        let mut session = server.side().begin(&token, None, deadline()).unwrap();
+        let moved = match wrong {
+            Op::Get => session.write(&server.local(), 0, 0, 64),
+            Op::Put => session.read(&server.local(), 0, 0, 64),
+        };
+        assert!(
+            moved.is_err(),
+            "a {minted:?} token allowed a {wrong:?}'s access"
+        );
+        drop(session);
+        assert!(up.settle());
+    }
+    assert!(up.buf.iter().all(|&b| b == 0));
+}
+
+#[test]
+fn without_windows_a_transfer_registration_is_its_connection_alone() {
+    let mut spec = WorldSpec::default();
+    spec.client.supports_mw = false;
+    let up = Up::with(World::with(spec), options());
+    let server = up.world.server.clone();
+    let a = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+    let b = up
+        .inst
+        .mint_token(Slice::new(up.base(), HALF, 4096).unwrap(), TokenOp::Get)
+        .unwrap();
+    assert_ne!(a.qp_num, b.qp_num);
+    // Granted for `a`, the server tries `b`'s registration: it lives in
+    // `b`'s connection's protection domain, out of reach.
+    let mut session = server.side().begin(&a, None, deadline()).unwrap();
+    let cross = session.data_unchecked(Op::Get, b.addr, b.rkey, &server.local(), 0, 64);
+    assert!(
+        cross.is_err(),
+        "another connection's registration was reachable"
+    );
+    drop(session);
+    up.inst.release_token(&b);
+    assert!(up.settle());
+    assert!(up.buf.iter().all(|&x| x == 0));
+}
+
+// ---------------------------------------------------------------- P4
+
+/// After a transfer ended (however), the server that had its access
+/// tries the token once more, on whatever connection it still has.
+fn nothing_left(server: &TestServer, token: &Token) -> bool {
+    !matches!(
+        server.probe(&key(token), Op::Get, token.addr, token.rkey, 64),
+        Some(WcStatus::Success)
+    )
+}
+
+#[test]
+fn access_ends_with_the_transfer_on_every_path() {
+    for behaviour in [
+        Behaviour::Normal,
+        Behaviour::WrongSecret,
+        Behaviour::NoFinalMessage,
+        Behaviour::FailAfterData,
+    ] {
+        let up = Up::new();
+        let server = up.world.server.clone();
+        server.set_behaviour(behaviour);
+        server.set_object(&pattern(LEN, 5));
+        let mut seen = None;
+        let mut s3 = Hooked::new(&server, Op::Get, |t: &Token| seen = Some(*t));
+        let outcome = up.inst.transfer(Direction::Get, up.slice(HALF), &mut s3);
+        assert_eq!(
+            outcome.is_ok(),
+            behaviour == Behaviour::Normal,
+            "{behaviour:?}: {outcome:?}"
+        );
+        let token = seen.unwrap();
+        assert!(
+            up.all_free(),
+            "{behaviour:?}: the slot is back when the call returns"
+        );
+        up.world_buf_zero_after(&server, &token, behaviour);
+    }
+}
+
+impl Up {
+    /// The transfer is over: its server may not write its range again.
+    fn world_buf_zero_after(&self, server: &TestServer, token: &Token, what: impl std::fmt::Debug) {
+        let before = self.buf[..HALF].to_vec();
+        server.set_object(&pattern(LEN, 0x77));
+        assert!(
+            nothing_left(server, token),
+            "{what:?}: the range is still writable"
+        );
+        assert_eq!(&self.buf[..HALF], &before[..], "{what:?}");
+    }
+}
+
+#[test]
+fn a_callback_that_unwinds_leaves_no_access_behind() {
+    let up = Up::new();
+    let server = up.world.server.clone();
+    let token = std::sync::Mutex::new(None);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut s3 = Hooked::new(&server, Op::Get, |t: &Token| {
+            *token.lock().unwrap() = Some(*t);
+            // The server is granted, then the application's callback dies.
+            let session = server.side().begin(t, None, deadline()).expect("granted");
+            session.abandon();
+            panic!("the application's callback panicked");
+        });
+        let _ = up.inst.transfer(Direction::Get, up.slice(HALF), &mut s3);
+    }));
+    assert!(outcome.is_err());
+    let token = token.lock().unwrap().expect("a token was sent");
+    assert!(up.settle(), "the unwound lease came back");
+    up.world_buf_zero_after(&server, &token, "unwinding");
+    server.set_object(&pattern(LEN, 6));
+    up.transfer(Op::Get, &server, HALF)
+        .expect("usable afterwards");
+}
+
+#[test]
+fn a_token_granted_at_shutdown_loses_its_access() {
+    let up = Up::new();
+    let server = up.world.server.clone();
+    let token = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+    let session = server
+        .side()
+        .begin(&token, None, deadline())
+        .expect("granted");
+    session.abandon();
+    let Up { inst, current, .. } = up;
+    drop(inst);
+    current.shutdown();
+    assert!(
+        nothing_left(&server, &token),
+        "the range is still writable after shutdown"
+    );
+}
+
+#[test]
+fn two_tokens_on_one_buffer_where_one_fails_in_buf_sync() {
+    let up = Up::new();
+    let server = up.world.server.clone();
+    let t1 = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+    let t2 = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+    server.set_object(&pattern(LEN, 8));
+    assert_eq!(server.handle(&t2.to_hex(), Op::Get), b"200");
+    // t1's server never comes: the sync waits for it, ends it, and fails.
+    let sync = up.inst.buf_sync(up.slice(HALF), SyncDirection::ToDevice);
+    assert_eq!(sync.unwrap_err().code(), Code::Rdma);
+    assert!(up.settle(), "both leases are back");
+    assert!(nothing_left(&server, &t1) && nothing_left(&server, &t2));
+    // Nothing holds the buffer any more.
+    up.inst.deregister(up.base()).unwrap();
+}
+
+#[test]
+fn releasing_an_unused_token_ends_its_lease_at_once() {
+    let up = Up::new();
+    let token = up.inst.mint_token(up.slice(HALF), TokenOp::Put).unwrap();
+    assert_eq!(up.inst.pool().free_count(), SLOTS - 1);
+    up.inst.release_token(&token);
+    assert!(up.all_free(), "the lease ended with the release");
+    let server = up.world.server.clone();
+    assert_eq!(
+        server.handle(&token.to_hex(), Op::Put),
+        b"500",
+        "the token is dead"
+    );
+    // A token whose transfer started is not ended by a release.
+    let token = up.inst.mint_token(up.slice(HALF), TokenOp::Put).unwrap();
+    let session = server
+        .side()
+        .begin(&token, None, deadline())
+        .expect("granted");
+    up.inst.release_token(&token);
+    assert!(!up.all_free(), "a started transfer goes on");
+    drop(session);
+    assert!(up.settle());
+}
+
+// ---------------------------------------------------------------- P5
+
+/// Sends a connect request with `private_data` to the client's listener
+/// and returns the rejection's private data (`None`: it was accepted).
+fn connect_request(up: &Up, private_data: &[u8]) -> Option<Vec<u8>> {
+    let fabric = &up.world.platform.fabric;
+    let ctx = fabric.verbs(&[SERVER_NIC]).open(SERVER_NIC).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8).unwrap();
+    let outcome = fabric
+        .cm(&[SERVER_NIC])
+        .connect(ConnectRequest {
+            addr: SocketAddr::new(CLIENT_IP.into(), up.inst.listener_port()),
+            pd: &pd,
+            cq: &cq,
+            caps: QpCaps {
+                max_send_wr: 2,
+                max_recv_wr: 2,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+            },
+            private_data,
+            initiator_depth: 1,
+            responder_resources: 1,
+            retry_count: 6,
+            rnr_retry_count: 7,
+            deadline: deadline(),
+        })
+        .expect("the CM answered");
+    match outcome {
+        ConnectOutcome::Rejected { private_data } => Some(private_data),
+        ConnectOutcome::Established(conn) => {
+            let _ = conn.disconnect();
+            None
+        }
+    }
+}
+
+#[test]
+fn every_refusal_says_the_same() {
+    let up = Up::new();
+    let waiting = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+    let idle = {
+        let t = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+        up.inst.release_token(&t);
+        t
+    };
+    let wrong_secret = Token {
+        secret: waiting.secret ^ 1,
+        ..waiting
+    };
+    let unknown_qp = Token {
+        qp_num: waiting.qp_num + 1000,
+        ..waiting
+    };
+    let mut old_version = encode_connect(&waiting);
+    old_version[4] = 1;
+    let attempts: Vec<(&str, Vec<u8>)> = vec![
+        ("no private data", Vec::new()),
+        ("another protocol", vec![0x5a; 56]),
+        ("an old version", old_version.to_vec()),
+        ("an unknown QP", encode_connect(&unknown_qp).to_vec()),
+        ("a QP with nothing waiting", encode_connect(&idle).to_vec()),
+        ("the wrong secret", encode_connect(&wrong_secret).to_vec()),
+    ];
+    let mut answers = Vec::new();
+    for (what, data) in &attempts {
+        let rej = connect_request(&up, data).unwrap_or_else(|| panic!("{what} was accepted"));
+        answers.push((what, rej));
+    }
+    let first = answers[0].1.clone();
+    assert_eq!(&first[..8], &encode_reject()[..]);
+    for (what, rej) in &answers {
+        assert_eq!(rej, &first, "{what}: a different refusal");
+    }
+    // The waiting transfer was not disturbed: its own server still gets it.
+    let server = up.world.server.clone();
+    server.set_object(&pattern(LEN, 9));
+    assert_eq!(server.handle(&waiting.to_hex(), Op::Get), b"200");
+    assert!(up.settle());
+    assert_eq!(&up.buf[..HALF], &pattern(LEN, 9)[..HALF]);
+}
+
+#[test]
+fn a_flood_of_bad_connect_requests_does_not_fail_a_waiting_transfer() {
+    const FLOOD: usize = 10_000;
+    const THREADS: usize = 4;
+    let up = Up::new();
+    let waiting = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+    let start = Instant::now();
+    let refused = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let up = &up;
+            let refused = &refused;
+            s.spawn(move || {
+                for i in 0..FLOOD / THREADS {
+                    let guess = Token {
+                        secret: u32::try_from(t * FLOOD + i).unwrap(),
+                        ..waiting
+                    };
+                    if connect_request(up, &encode_connect(&guess)).is_some() {
+                        refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        // Amid the flood, the transfer's own server connects.
+        let server = up.world.server.clone();
+        server.set_object(&pattern(LEN, 10));
+        assert_eq!(
+            server.handle(&waiting.to_hex(), Op::Get),
+            b"200",
+            "the transfer failed"
+        );
+    });
+    assert_eq!(refused.into_inner(), FLOOD, "every guess was refused");
+    eprintln!(
+        "{FLOOD} bad connect requests from {THREADS} threads in {:.2} s",
+        start.elapsed().as_secs_f64()
+    );
+    assert!(up.settle());
+    assert_eq!(&up.buf[..HALF], &pattern(LEN, 10)[..HALF]);
+}
+
+#[test]
+fn a_dead_driver_fails_transfers_at_once_and_says_why() {
+    let up = Up::new();
+    let server = up.world.server.clone();
+    // A token waits when the driver dies.
+    let token = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+    // Only the client's driver reads the device's asynchronous events:
+    // from now on it cannot, and after a run of failures it gives up.
+    up.world.platform.faults.fail_always("ibv_get_async_event");
+    let until = Instant::now() + Duration::from_secs(10);
+    while up.inst.pool().death().is_none() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let why = up.inst.pool().death().expect("the driver gave up");
+    assert!(
+        why.to_string().contains("connection driver stopped"),
+        "{why}"
+    );
+    // The waiting token was answered, and its access is gone.
+    let sync = up.inst.buf_sync(up.slice(HALF), SyncDirection::ToDevice);
+    assert_eq!(sync.unwrap_err().code(), Code::Rdma);
+    assert!(nothing_left(&server, &token));
+    // Every later transfer fails at once, with the reason.
+    let later = up.transfer(Op::Get, &server, HALF).unwrap_err();
+    assert_eq!(later.code(), Code::Rdma);
+    assert!(
+        later.to_string().contains("connection driver stopped"),
+        "{later}"
+    );
+    up.world.platform.faults.clear();
+    let Up {
+        inst,
+        current,
+        world,
+        buf,
+    } = up;
+    drop(inst);
+    current.shutdown();
+    // The library is usable again after a shutdown.
+    current
+        .init_with(world.platform(), config(), options())
+        .expect("init after a dead driver");
+    let inst = current.instance().unwrap();
+    inst.register(BufferRange::new(buf.as_ptr() as usize, LEN).unwrap(), true)
+        .unwrap();
+    world.server.set_object(&pattern(LEN, 11));
+    inst.transfer(
+        Direction::Get,
+        Slice::new(buf.as_ptr() as usize, HALF, 0).unwrap(),
+        &mut world.server.session(Op::Get),
+    )
+    .expect("a transfer on the new instance");
+}
+
+// ---------------------------------------------------------------- P6
+
+#[test]
+fn the_final_message_must_carry_this_transfers_secret() {
+    let up = Up::new();
+    let server = up.world.server.clone();
+    server.set_object(&pattern(LEN, 12));
+    let previous = recorded(&up, &server, Op::Get, HALF);
+    // A final message with the previous transfer's value (a replayed
+    // completion) ends nothing but the transfer, in failure.
+    let token = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+    let mut session = server.side().begin(&token, None, deadline()).unwrap();
+    session.write(&server.local(), 0, 0, HALF as u64).unwrap();
+    let _ = session.finish_with(final_imm(previous.secret));
+    let sync = up.inst.buf_sync(up.slice(HALF), SyncDirection::ToDevice);
+    assert_eq!(sync.unwrap_err().code(), Code::Rdma);
+    assert!(up.settle());
+    assert!(nothing_left(&server, &token));
+}
