@@ -252,12 +252,14 @@ HIPOBJ_API hipObjError_t hipObjBufRegisterHost(void *hostPtr, size_t size);
 
 /**
  * Deregisters the buffer registered at exactly `devPtr`, releasing its
- * registration and staging buffer.
+ * registration and staging buffer. Tokens of the buffer from
+ * `hipObjGetRdmaToken` still out end first: their access is revoked,
+ * whatever their transfer was doing.
  *
  * Thread safety: any thread. Returns `hipObjNotInitialized` first;
  * `hipObjInvalidValue` for NULL; `hipObjBufNotRegistered` if `devPtr` is not
- * a registered base address; `hipObjBusy` while a transfer in flight or an
- * abandoned staging copy still holds the buffer.
+ * a registered base address; `hipObjBusy` while a `hipObjGet` or
+ * `hipObjPut` in flight or an abandoned staging copy still holds the buffer.
  *
  * # Safety
  *
@@ -345,10 +347,14 @@ hipObjError_t hipObjGetRdmaToken(const void *devPtr,
                                  char **outToken);
 
 /**
- * Releases a token from `hipObjGetRdmaToken`.
+ * Releases a token from `hipObjGetRdmaToken`. If no server has used the
+ * token yet (the server declined it, or the application gave up), its
+ * transfer ends too: the connection and the buffer it held are free at
+ * once, rather than at `HIPOBJ_TOKEN_TIMEOUT_MS`. A token whose transfer
+ * has started runs on to its end.
  *
- * Needs no initialized library; any thread. Returns `hipObjInvalidValue`
- * for NULL, else `hipObjSuccess`.
+ * Needs no initialized library (then it only frees); any thread. Returns
+ * `hipObjInvalidValue` for NULL, else `hipObjSuccess`.
  *
  * # Safety
  *
@@ -478,3 +484,13 @@ HIPOBJ_API hipObjError_t hipObjGetVersion(int *major, int *minor, int *patch);
 #endif  // __cplusplus
 
 #endif  /* HIPOBJ_H */
+
+/**
+ * The success value of a hipObjError_t, for source compatibility with the
+ * original's earlier headers: compare opError with hipObjSuccess, or the
+ * whole value's fields. A C99 compound literal (C++ compilers accept it as
+ * an extension).
+ */
+#ifndef HIPOBJ_SUCCESS
+#define HIPOBJ_SUCCESS ((hipObjError_t){hipObjSuccess, 0})
+#endif

@@ -407,3 +407,76 @@ fn shutdown_makes_every_call_not_initialized_and_a_new_instance_works() {
     // The new instance starts with no buffer.
     assert_eq!(get(p, 64, 0, &mut ops, &mut app), hipObjBufNotRegistered);
 }
+
+/// The original's clients mint a token, try their server and, when it
+/// declines, release the token and deregister the buffer at once.
+#[test]
+fn a_declined_token_ends_when_released_and_deregistration_ends_tokens() {
+    let s = Session::start();
+    let mut buf = vec![0u8; 4096];
+    let p = buf.as_mut_ptr().cast::<c_void>();
+    let free = || CURRENT.instance().unwrap().pool().free_count();
+    let all = free();
+    let mut token: *mut c_char = std::ptr::null_mut();
+    // SAFETY: valid buffer and out-pointer; the token is released once.
+    unsafe {
+        assert_eq!(code(hipObjBufRegisterHost(p, 4096)), hipObjSuccess);
+        assert_eq!(
+            code(hipObjGetRdmaToken(p, 4096, HIPOBJ_RDMA_OP_PUT, &mut token)),
+            hipObjSuccess
+        );
+        assert_eq!(free(), all - 1);
+        // The server declined (501): the application releases the token,
+        // and with it the connection, at once.
+        assert_eq!(code(hipObjPutRdmaToken(token)), hipObjSuccess);
+        assert_eq!(free(), all, "the released token's connection is free");
+        assert_eq!(code(hipObjBufDeregister(p)), hipObjSuccess);
+        // Deregistering a buffer with a token still out ends the token
+        // (its access first) instead of answering hipObjBusy, a code the
+        // original's clients do not know.
+        assert_eq!(code(hipObjBufRegisterHost(p, 4096)), hipObjSuccess);
+        token = std::ptr::null_mut();
+        assert_eq!(
+            code(hipObjGetRdmaToken(p, 4096, HIPOBJ_RDMA_OP_GET, &mut token)),
+            hipObjSuccess
+        );
+        assert_eq!(code(hipObjBufDeregister(p)), hipObjSuccess);
+        assert_eq!(free(), all);
+        // SAFETY: the library returned a NUL-terminated token.
+        let text = CStr::from_ptr(token).to_bytes().to_vec();
+        assert_eq!(
+            s.world.server.handle(&text, Op::Get),
+            b"500",
+            "the token is dead"
+        );
+        assert_eq!(code(hipObjPutRdmaToken(token)), hipObjSuccess);
+    }
+    assert!(buf.iter().all(|&b| b == 0));
+}
+
+/// With `nicHint` NULL, `HIPOBJ_NIC_HINT` names the NIC (the original's
+/// later versions read it themselves); a GPU-less host needs one.
+#[test]
+fn a_null_nic_hint_is_read_from_the_environment() {
+    let _turn = TURN.lock();
+    let world = World::new();
+    world.platform.absent.lock().gpu = true;
+    let init = |hint: Option<&str>| {
+        let options = Options {
+            nic_hint: hint.map(str::to_owned),
+            ..Options::default()
+        };
+        let outcome = CURRENT.init_with(world.platform(), Config::default(), options);
+        if outcome.is_ok() {
+            CURRENT.shutdown();
+        }
+        outcome
+    };
+    assert!(init(None).is_err(), "GPU-less, and no hint at all");
+    init(Some(hipobj::testing::world::CLIENT_NIC)).expect("the hint from the environment");
+    assert_eq!(
+        Options::from_lookup(|name| (name == "HIPOBJ_NIC_HINT").then(|| "rxe0".into())).nic_hint,
+        Some("rxe0".to_owned())
+    );
+    assert_eq!(Options::from_lookup(|_| Some("  ".into())).nic_hint, None);
+}

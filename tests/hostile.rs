@@ -794,3 +794,157 @@ fn the_final_message_must_carry_this_transfers_secret() {
     assert!(up.settle());
     assert!(nothing_left(&server, &token));
 }
+
+// ---------------------------------------------------------------- the fabric, no kinder than hardware
+
+#[test]
+fn an_idle_connection_whose_qp_fails_is_reset_before_the_next_transfer() {
+    // With the device's asynchronous event (hardware) and without it
+    // (rxe raises none: the flushed receives tell).
+    for async_events in [true, false] {
+        let mut spec = WorldSpec::default();
+        spec.client.async_events = async_events;
+        let up = Up::with(World::with(spec), options());
+        let server = up.world.server.clone();
+        server.set_object(&pattern(LEN, 13));
+        let token = recorded(&up, &server, Op::Get, HALF);
+        // The server, idle on its kept connection, writes with the old
+        // token: refused, the client QP goes to ERR while the CM
+        // connection stays up.
+        assert!(nothing_left(&server, &token));
+        server.set_object(&pattern(LEN, 14));
+        up.transfer(Op::Get, &server, HALF)
+            .unwrap_or_else(|e| panic!("async events {async_events}: {e}"));
+        assert_eq!(&up.buf[..HALF], &pattern(LEN, 14)[..HALF]);
+        assert!(up.all_free());
+    }
+}
+
+#[test]
+fn completions_that_arrive_late_change_nothing_but_their_own_operation() {
+    let up = Up::new();
+    let server = up.world.server.clone();
+    let fabric = up.world.platform.fabric.clone();
+    let client_nic = hipobj::testing::world::CLIENT_NIC;
+    // The bind before the accept completes late, but in time: the server
+    // waits, then the transfer runs.
+    fabric.hold_completions(client_nic, true);
+    let token = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+    server.set_object(&pattern(LEN, 15));
+    std::thread::scope(|s| {
+        let served = s.spawn(|| server.handle(&token.to_hex(), Op::Get));
+        while fabric.held_completions() == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        fabric.hold_completions(client_nic, false);
+        fabric.release_completions();
+        assert_eq!(served.join().unwrap(), b"200");
+    });
+    assert!(up.settle());
+    assert_eq!(&up.buf[..HALF], &pattern(LEN, 15)[..HALF]);
+    // Too late: the bind outlives its timeout, the transfer fails (its
+    // server is refused), and the completion, when it comes, is stale.
+    fabric.hold_completions(client_nic, true);
+    let token = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+    assert_eq!(server.handle(&token.to_hex(), Op::Get), b"500");
+    fabric.hold_completions(client_nic, false);
+    assert!(fabric.release_completions() > 0);
+    assert!(up.settle());
+    server.set_object(&pattern(LEN, 16));
+    up.transfer(Op::Get, &server, HALF)
+        .expect("usable afterwards");
+    assert_eq!(&up.buf[..HALF], &pattern(LEN, 16)[..HALF]);
+}
+
+#[test]
+fn a_device_too_small_for_the_pool_fails_init_and_too_few_windows_fall_back() {
+    let mut spec = WorldSpec::default();
+    spec.client.limits.max_qp = 2;
+    let world = World::with(spec);
+    let baseline = world.platform.counters.snapshot();
+    let current = Current::new();
+    let err = current
+        .init_with(world.platform(), config(), options())
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Rdma, "{err}");
+    assert_eq!(
+        world.platform.counters.snapshot(),
+        baseline,
+        "nothing leaked"
+    );
+    let mut spec = WorldSpec::default();
+    spec.client.limits.max_mw = 2;
+    let up = Up::with(World::with(spec), options());
+    assert_eq!(up.inst.mode, hipobj::core::conn::Mode::Regions);
+    let server = up.world.server.clone();
+    server.set_object(&pattern(LEN, 17));
+    up.transfer(Op::Get, &server, HALF)
+        .expect("a transfer without windows");
+    assert_eq!(&up.buf[..HALF], &pattern(LEN, 17)[..HALF]);
+}
+
+#[test]
+fn a_server_device_with_a_small_max_msg_sz_moves_transfers_in_pieces() {
+    let mut spec = WorldSpec::default();
+    spec.server.max_msg_sz = 1000;
+    let mut up = Up::with(World::with(spec), options());
+    let server = up.world.server.clone();
+    server.set_object(&pattern(LEN, 18));
+    up.transfer(Op::Get, &server, LEN).expect("a GET in pieces");
+    assert_eq!(&up.buf[..], &pattern(LEN, 18)[..]);
+    up.buf.copy_from_slice(&pattern(LEN, 19));
+    up.transfer(Op::Put, &server, LEN).expect("a PUT in pieces");
+    assert_eq!(server.object(LEN), pattern(LEN, 19));
+}
+
+/// Nanoseconds this thread has spent on a CPU (scheduler statistics).
+fn cpu_ns() -> u64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").expect("schedstat");
+    stat.split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("the first field is the time on a CPU")
+}
+
+#[test]
+fn a_thread_waiting_for_a_connection_sleeps() {
+    let up = Up::with(
+        World::new(),
+        Options {
+            max_transfers: 1,
+            ..options()
+        },
+    );
+    let server = up.world.server.clone();
+    server.set_object(&pattern(LEN, 20));
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(rx);
+    std::thread::scope(|s| {
+        // The only connection, held inside a callback until released.
+        let holder = s.spawn(|| {
+            let mut s3 = Hooked::new(&server, Op::Get, |_t: &Token| {
+                rx.lock().unwrap().recv().unwrap();
+            });
+            up.inst.transfer(Direction::Get, up.slice(HALF), &mut s3)
+        });
+        while up.inst.pool().free_count() > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let waiter = s.spawn(|| {
+            let before = cpu_ns();
+            let outcome = up.transfer(Op::Get, &server, HALF);
+            (outcome, cpu_ns() - before)
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        tx.send(()).unwrap();
+        holder.join().unwrap().expect("the holder's transfer");
+        let (outcome, cpu) = waiter.join().unwrap();
+        outcome.expect("the waiter's transfer, once the connection was free");
+        // A spinning waiter would have burnt the 300 ms.
+        assert!(
+            cpu < 60_000_000,
+            "the waiter used {} ms of CPU",
+            cpu / 1_000_000
+        );
+    });
+}

@@ -52,12 +52,14 @@ pub unsafe extern "C" fn hipObjBufRegisterHost(hostPtr: *mut c_void, size: usize
 }
 
 /// Deregisters the buffer registered at exactly `devPtr`, releasing its
-/// registration and staging buffer.
+/// registration and staging buffer. Tokens of the buffer from
+/// `hipObjGetRdmaToken` still out end first: their access is revoked,
+/// whatever their transfer was doing.
 ///
 /// Thread safety: any thread. Returns `hipObjNotInitialized` first;
 /// `hipObjInvalidValue` for NULL; `hipObjBufNotRegistered` if `devPtr` is not
-/// a registered base address; `hipObjBusy` while a transfer in flight or an
-/// abandoned staging copy still holds the buffer.
+/// a registered base address; `hipObjBusy` while a `hipObjGet` or
+/// `hipObjPut` in flight or an abandoned staging copy still holds the buffer.
 ///
 /// # Safety
 ///

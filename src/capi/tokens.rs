@@ -66,10 +66,14 @@ fn malloc_token(hex: &[u8; TOKEN_HEX_LEN]) -> *mut c_char {
     text.cast()
 }
 
-/// Releases a token from `hipObjGetRdmaToken`.
+/// Releases a token from `hipObjGetRdmaToken`. If no server has used the
+/// token yet (the server declined it, or the application gave up), its
+/// transfer ends too: the connection and the buffer it held are free at
+/// once, rather than at `HIPOBJ_TOKEN_TIMEOUT_MS`. A token whose transfer
+/// has started runs on to its end.
 ///
-/// Needs no initialized library; any thread. Returns `hipObjInvalidValue`
-/// for NULL, else `hipObjSuccess`.
+/// Needs no initialized library (then it only frees); any thread. Returns
+/// `hipObjInvalidValue` for NULL, else `hipObjSuccess`.
 ///
 /// # Safety
 ///
@@ -79,6 +83,15 @@ pub unsafe extern "C" fn hipObjPutRdmaToken(token: *mut c_char) -> hipObjError_t
     enter("hipObjPutRdmaToken", || {
         if token.is_null() {
             return Err(Error::InvalidValue("token is NULL"));
+        }
+        // SAFETY: `token` is a NUL-terminated string (the caller's
+        // contract); strnlen stops at its NUL or after TOKEN_HEX_LEN + 1
+        // bytes, whichever comes first.
+        let len = unsafe { libc::strnlen(token, TOKEN_HEX_LEN + 1) };
+        // SAFETY: `len` bytes at `token` were just found readable.
+        let text = unsafe { bytes(token, len) }?;
+        if let (Ok(parsed), Ok(instance)) = (Token::parse_hex(text), CURRENT.instance()) {
+            instance.release_token(&parsed);
         }
         // SAFETY: the caller passes a token that hipObjGetRdmaToken
         // allocated with malloc and that has not been released yet.
@@ -110,7 +123,7 @@ pub unsafe extern "C" fn hipObjParseRdmaReply(
             return Err(Error::InvalidValue("reply or httpCode is NULL"));
         }
         // SAFETY: the caller passes `replyLen` readable bytes at `reply`.
-        let text = unsafe { bytes(reply, replyLen) };
+        let text = unsafe { bytes(reply, replyLen) }?;
         let parsed = parse_reply(text).map_err(|_| Error::InvalidValue("malformed reply"))?;
         // SAFETY: non-NULL, and the caller passes a writable int.
         unsafe { httpCode.write(parsed.http_code) };
@@ -142,6 +155,8 @@ pub unsafe extern "C" fn hipObjTokenClientNic(
                 "token or nicIp is NULL, or nicIpLen is 0",
             ));
         }
+        // `from_raw_parts_mut` needs at most isize::MAX bytes; 16 are used.
+        let nicIpLen = nicIpLen.min(64);
         // SAFETY: the caller passes `nicIpLen` (> 0) writable bytes.
         let out = unsafe { std::slice::from_raw_parts_mut(nicIp.cast::<u8>(), nicIpLen) };
         out[0] = 0;
@@ -150,7 +165,7 @@ pub unsafe extern "C" fn hipObjTokenClientNic(
         // NUL or after TOKEN_HEX_LEN + 1 bytes, whichever comes first.
         let len = unsafe { libc::strnlen(token, TOKEN_HEX_LEN + 1) };
         // SAFETY: `len` bytes at `token` were just found readable.
-        let text = unsafe { bytes(token, len) };
+        let text = unsafe { bytes(token, len) }?;
         let token = Token::parse_hex(text).map_err(|_| Error::InvalidValue("malformed token"))?;
         let Some(ip) = token.ipv4() else {
             return Ok(());

@@ -1,5 +1,6 @@
 /* hipObjGetVersionString and hipObjGetVersion against the header's
- * HIPOBJ_VERSION_* macros (spec sections 2 and 4). */
+ * HIPOBJ_VERSION_* macros (spec sections 2 and 4), and HIPOBJ_SUCCESS as
+ * the original's clients use it. */
 #include "check.h"
 
 #define SENTINEL (-12345)
@@ -23,6 +24,15 @@ int main(void)
     CHECK_INT(major, HIPOBJ_VERSION_MAJOR);
     CHECK_INT(minor, HIPOBJ_VERSION_MINOR);
     CHECK_INT(patch, HIPOBJ_VERSION_PATCH);
+
+    /* HIPOBJ_SUCCESS: the success value, compared field by field (the
+     * original's MinIO bridge does so with every result). */
+    hipObjError_t ok = HIPOBJ_SUCCESS;
+    CHECK(ok.opError == hipObjSuccess && ok.hipError == 0);
+    hipObjError_t r = hipObjGetVersion(&major, &minor, &patch);
+    CHECK(r.opError == HIPOBJ_SUCCESS.opError && r.hipError == HIPOBJ_SUCCESS.hipError);
+    r = hipObjGetVersion(NULL, &minor, &patch);
+    CHECK(r.opError != HIPOBJ_SUCCESS.opError);
 
     /* Every combination with at least one NULL: InvalidValue, and nothing
      * written through the pointers that are not NULL. */

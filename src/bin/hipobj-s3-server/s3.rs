@@ -469,3 +469,57 @@ rdma_s3! {
     complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput;
     abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token() -> Token {
+        Token {
+            transport: Transport::RcCm,
+            qp_num: 17,
+            gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 0, 2, 1],
+            rkey: 0x1234,
+            addr: 0x7f00_0000_0000,
+            length: 4096,
+            port: 0,
+            lid: 4791,
+            secret: 7,
+        }
+    }
+
+    fn hex() -> String {
+        String::from_utf8(token().to_hex().to_vec()).unwrap()
+    }
+
+    #[test]
+    fn a_token_alone_or_with_the_originals_suffix_parses() {
+        assert_eq!(parse_token(hex().as_bytes()), Ok(token()));
+        for suffix in [":140737488355328:4096", ":0x7fff0000:4096", ":1:0x1000"] {
+            let value = format!("{}{suffix}", hex());
+            assert_eq!(parse_token(value.as_bytes()), Ok(token()), "{suffix}");
+        }
+    }
+
+    #[test]
+    fn a_suffix_must_be_well_formed_and_its_size_the_tokens_length() {
+        for suffix in [
+            ":1:4097",
+            ":1:4095",
+            ":1",
+            ":1:4096:9",
+            "::4096",
+            ":1:",
+            ":x:4096",
+            ":1:-4096",
+            ":1: 4096",
+            ":0x:4096",
+        ] {
+            let value = format!("{}{suffix}", hex());
+            assert!(parse_token(value.as_bytes()).is_err(), "{suffix} was accepted");
+        }
+        let size = parse_token(format!("{}:1:4097", hex()).as_bytes()).unwrap_err();
+        assert!(size.contains("4097") && size.contains("4096"), "{size}");
+        assert!(parse_token(b"zz").is_err());
+    }
+}

@@ -187,12 +187,18 @@ impl Qp for QueuePair {
             // EINVAL otherwise). Libibverbs updates `ibv_mw.rkey` only for
             // `ibv_bind_mw` (type 1); for a posted bind the caller does it,
             // once the bind is queued. A bind that then fails leaves the
-            // window to be deallocated and replaced (core/pool.rs).
+            // window to be deallocated and replaced (core/conn.rs).
             for wr in wrs {
                 if let SendOp::BindMw { mw, rkey, .. } = &wr.op {
                     if let Some(window) = mw.as_any().downcast_ref::<super::MemoryWindow>() {
                         // SAFETY: the window is live (`wrs` holds an `Arc`
-                        // of it) and only this library writes its rkey.
+                        // of it). The plain store does not race: libibverbs
+                        // writes `ibv_mw.rkey` only in `ibv_bind_mw` (type
+                        // 1, never called here), and every post of a bind
+                        // of one window comes from one thread, the
+                        // connection driver that owns the window
+                        // (core/driver.rs), so no two stores or a store and
+                        // a provider's read of this field overlap.
                         unsafe { (*window.raw()).rkey = *rkey };
                     }
                 }
