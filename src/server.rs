@@ -203,6 +203,15 @@ const DATA_IN_FLIGHT: usize = 8;
 /// the proof that the NIC no longer touches the server's buffer.
 const QUIESCE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How a transfer's token was proven to the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proven {
+    /// In the connect request of a new connection.
+    Connected,
+    /// In-band, on the connection the server had to the client QP.
+    OnItsConnection,
+}
+
 /// A transfer that failed.
 #[derive(Debug)]
 pub struct TransferFailure {
@@ -269,6 +278,7 @@ pub struct Session<'a> {
     guard: Option<parking_lot::lock_api::ArcMutexGuard<RawMutex, ServerConn>>,
     token: Token,
     deadline: Instant,
+    proven: Proven,
 }
 
 impl ServerSide {
@@ -314,13 +324,14 @@ impl ServerSide {
     /// and the client, for a request whose source is not known (tests).
     pub fn serve(&self, token: &Token, op: Op, local: &LocalBuf, deadline: Instant) -> Result<()> {
         self.transfer(token, op, local, token.length, None, deadline)
+            .map(|_| ())
             .map_err(|f| f.error)
     }
 
     /// Serves one transfer of `len` bytes (at most the token's length)
     /// between `local` and the start of the client's range, for an S3
     /// request from `source`: the whole protocol. Only after `Ok` may the
-    /// S3 reply be sent.
+    /// S3 reply be sent; it says how the token was proven.
     pub fn transfer(
         &self,
         token: &Token,
@@ -329,18 +340,19 @@ impl ServerSide {
         len: u64,
         source: Option<IpAddr>,
         deadline: Instant,
-    ) -> std::result::Result<(), TransferFailure> {
+    ) -> std::result::Result<Proven, TransferFailure> {
         if len > token.length {
             return Err(TransferFailure::quiet(Error::InvalidValue(
                 "transfer longer than the token's range",
             )));
         }
         let mut session = self.begin(token, source, deadline)?;
+        let proven = session.proven();
         match op {
             Op::Get => session.write(local, 0, 0, len)?,
             Op::Put => session.read(local, 0, 0, len)?,
         }
-        session.finish()
+        session.finish().map(|()| proven)
     }
 
     /// Starts a transfer for `token`, for an S3 request from `source`:
@@ -386,6 +398,7 @@ impl ServerSide {
                         guard: Some(guard),
                         token: *token,
                         deadline,
+                        proven: Proven::OnItsConnection,
                     })
                 }
                 Err(e) => {
@@ -414,6 +427,7 @@ impl ServerSide {
             guard: Some(guard),
             token: *token,
             deadline,
+            proven: Proven::Connected,
         })
     }
 
@@ -761,6 +775,11 @@ impl Session<'_> {
     /// The token the session serves.
     pub fn token(&self) -> &Token {
         &self.token
+    }
+
+    /// How its token was proven.
+    pub fn proven(&self) -> Proven {
+        self.proven
     }
 
     /// WRITEs `len` bytes from `local` at `local_offset` to the client's

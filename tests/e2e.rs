@@ -632,3 +632,172 @@ fn a_connection_attempt_without_the_proof_is_refused() {
     assert_eq!(r.opError, hipObjOpError_t::hipObjSuccess);
     assert_eq!(hipObjShutdown().opError, hipObjOpError_t::hipObjSuccess);
 }
+
+/// haproxy in front of `servers`: Debian's package, round robin per HTTP
+/// request (`option http-server-close`), in the foreground. Killed on drop.
+struct Haproxy {
+    child: std::process::Child,
+    endpoint: String,
+    _config: PathBuf,
+}
+
+impl Haproxy {
+    fn start(servers: &[&S3Server], dir: &std::path::Path) -> Haproxy {
+        let port = std::net::TcpListener::bind((IP, 0))
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let backends: String = servers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let addr = s.endpoint.trim_start_matches("http://");
+                format!("    server s{i} {addr}\n")
+            })
+            .collect();
+        let config = dir.join("haproxy.cfg");
+        std::fs::write(
+            &config,
+            format!(
+                "global\n    maxconn 512\n\ndefaults\n    mode http\n    timeout connect 10s\n    \
+                 timeout client 120s\n    timeout server 120s\n    option http-server-close\n\n\
+                 frontend s3\n    bind {IP}:{port}\n    default_backend servers\n\n\
+                 backend servers\n    balance roundrobin\n{backends}"
+            ),
+        )
+        .expect("haproxy's configuration");
+        let child = Command::new("haproxy")
+            .args(["-db", "-f"])
+            .arg(&config)
+            .spawn()
+            .expect("haproxy runs (scripts/vm/setup.sh installs it)");
+        let endpoint = format!("http://{IP}:{port}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect((IP, port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "haproxy did not listen on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Haproxy {
+            child,
+            endpoint,
+            _config: config,
+        }
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An example run against `endpoint` (not a server of ours directly).
+fn example_at(endpoint: &str, name: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+    let program = examples_dir().join(name);
+    let mut command = Command::new(&program);
+    command
+        .args(["--endpoint", endpoint])
+        .args([
+            "--access-key",
+            s3::ACCESS_KEY,
+            "--secret-key",
+            s3::SECRET_KEY,
+        ])
+        .args(args)
+        .env_remove("HIPOBJ_MAX_TRANSFERS");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("the example runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{name} {args:?} failed: {}\nstdout:\n{stdout}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("via rdma"), "{name} {args:?}: {stdout}");
+    stdout
+}
+
+#[test]
+fn three_servers_behind_haproxy_serve_mixed_threads_every_transfer_proven() {
+    let root = S3Server::new_root();
+    let logs: Vec<PathBuf> = (0..3)
+        .map(|i| root.join(format!("server{i}.log")))
+        .collect();
+    // The servers dial the fabric's subnet: behind a load balancer, a
+    // request's source is the balancer, not the client.
+    let extra = ["--device", DEVICE, "--rdma-allow", "192.0.2.0/24"];
+    let servers: Vec<S3Server> = logs
+        .iter()
+        .map(|log| S3Server::start_logged(server_binary(), IP, &root, &extra, log))
+        .collect();
+    assert!(servers.iter().all(|s| s.rdma));
+    let proxy = Haproxy::start(&servers.iter().collect::<Vec<_>>(), &root);
+    let env = [("HIPOBJ_MAX_TRANSFERS", "16")];
+    let args = |key: &'static str, pattern: &'static str| {
+        vec![
+            "--nic",
+            DEVICE,
+            "--threads",
+            "8",
+            "--iterations",
+            "6",
+            "--size",
+            "262147",
+            "--pattern",
+            pattern,
+            s3::BUCKET,
+            key,
+        ]
+    };
+    // The objects the GETs read, first.
+    example_at(&proxy.endpoint, "put-object", &args("readers", "51"), &env);
+    // 16 threads at once, 8 of GETs and 8 of PUTs, in two processes:
+    // consecutive requests of a thread land on different servers.
+    std::thread::scope(|s| {
+        let getter =
+            s.spawn(|| example_at(&proxy.endpoint, "get-object", &args("readers", "51"), &env));
+        let putter =
+            s.spawn(|| example_at(&proxy.endpoint, "put-object", &args("writers", "52"), &env));
+        eprintln!("{}", getter.join().unwrap().trim_end());
+        eprintln!("{}", putter.join().unwrap().trim_end());
+    });
+    // What was PUT reads back, byte for byte (the pattern is checked).
+    example_at(&proxy.endpoint, "get-object", &args("writers", "52"), &env);
+    drop(proxy);
+    drop(servers);
+    // Every RDMA transfer ended with its proof checked by the client; the
+    // servers' logs say how each was proven, and each served some.
+    let mut total = 0;
+    for log in &logs {
+        let text = std::fs::read_to_string(log).expect("a server's log");
+        let ok = text.lines().filter(|l| l.contains(": ok in ")).count();
+        let failed = text.lines().filter(|l| l.contains("failed after")).count();
+        let connected = text
+            .lines()
+            .filter(|l| l.contains("(connected with the token)"))
+            .count();
+        let proved = text
+            .lines()
+            .filter(|l| l.contains("(proved on its connection)"))
+            .count();
+        eprintln!(
+            "{}: {ok} transfers ({connected} connected with the token, {proved} proved on a \
+             kept connection), {failed} failed",
+            log.display()
+        );
+        assert!(ok > 0, "{}: the balancer sent it nothing", log.display());
+        assert_eq!(failed, 0, "{}:\n{text}", log.display());
+        assert_eq!(ok, connected + proved);
+        total += ok;
+    }
+    // 3 runs of 8 threads x 6 iterations, plus the concurrent PUTs.
+    assert_eq!(total, 4 * 8 * 6, "every transfer went by RDMA");
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 
 use hipobj::core::args::{BufferRange, Slice, SyncDirection, TokenOp};
 use hipobj::core::protocol::{encode_connect, encode_reject, final_imm};
-use hipobj::core::reply::REPLY_BUFFER_LEN;
-use hipobj::core::token::{Token, TOKEN_HEX_LEN};
-use hipobj::core::transfer::{Direction, S3Client};
+use hipobj::core::token::Token;
+use hipobj::core::transfer::Direction;
 use hipobj::core::{Code, Config, Current, Instance, Options};
 use hipobj::platform::{ConnectOutcome, ConnectRequest, QpCaps, WcStatus};
 use hipobj::server::{ClientQp, Op};
-use hipobj::testing::world::{Behaviour, TestServer, World, WorldSpec, CLIENT_IP, SERVER_NIC};
+use hipobj::testing::world::{
+    Behaviour, Scripted, TestServer, World, WorldSpec, CLIENT_IP, SERVER_NIC,
+};
 
 const LEN: usize = 8192;
 const HALF: usize = LEN / 2;
@@ -129,48 +130,27 @@ fn deadline() -> Instant {
     Instant::now() + Duration::from_secs(5)
 }
 
-/// An S3 client whose request goes to `target`, after `before` ran with
-/// its token: where a test's attacker strikes while the transfer waits.
-struct Hooked<'a, F: FnMut(&Token)> {
+/// An S3 client whose request goes to `target` after `before` ran with its
+/// token: where a test's attacker strikes while the transfer waits.
+fn hooked<'a>(
     target: &'a TestServer,
     op: Op,
-    before: F,
-    reply: Option<Vec<u8>>,
-}
-
-impl<'a, F: FnMut(&Token)> Hooked<'a, F> {
-    fn new(target: &'a TestServer, op: Op, before: F) -> Hooked<'a, F> {
-        Hooked {
-            target,
-            op,
-            before,
-            reply: None,
-        }
-    }
-}
-
-impl<F: FnMut(&Token)> S3Client for Hooked<'_, F> {
-    fn send_request(&mut self, token: &[u8; TOKEN_HEX_LEN + 1]) -> Result<(), i32> {
-        let parsed = Token::parse_hex(&token[..TOKEN_HEX_LEN]).expect("the library's token");
-        (self.before)(&parsed);
-        self.reply = Some(self.target.handle(&token[..TOKEN_HEX_LEN], self.op));
-        Ok(())
-    }
-
-    fn recv_reply(&mut self, reply: &mut [u8; REPLY_BUFFER_LEN]) -> Result<usize, i32> {
-        let text = self.reply.take().ok_or(-1)?;
-        reply[..text.len()].copy_from_slice(&text);
-        Ok(text.len())
-    }
+    mut before: impl FnMut(&Token) + 'a,
+) -> Scripted<impl FnMut(&Token) -> Vec<u8> + 'a> {
+    Scripted::new(move |t: &Token| {
+        before(t);
+        target.handle(&t.to_hex(), op)
+    })
 }
 
 /// One transfer through `server`, returning the token it was sent.
 fn recorded(up: &Up, server: &TestServer, op: Op, len: usize) -> Token {
     let mut seen = None;
-    let mut s3 = Hooked::new(server, op, |t: &Token| seen = Some(*t));
+    let mut s3 = hooked(server, op, |t: &Token| seen = Some(*t));
     up.inst
         .transfer(direction(op), up.slice(len), &mut s3)
         .expect("a transfer");
+    drop(s3);
     seen.expect("a token was sent")
 }
 
@@ -215,7 +195,7 @@ fn the_old_server_of_a_reused_connection_gets_nothing_of_a_transfer_sent_elsewhe
             let registration = up.inst.registration_rkey(up.base()).unwrap();
             let mut status = None;
             let new = up.world.server.clone();
-            let mut s3 = Hooked::new(&new, op, |t: &Token| {
+            let mut s3 = hooked(&new, op, |t: &Token| {
                 // The thread is given back its connection to the old server,
                 // but this request went elsewhere.
                 assert_eq!(t.qp_num, first.qp_num, "the reused slot");
@@ -232,6 +212,7 @@ fn the_old_server_of_a_reused_connection_gets_nothing_of_a_transfer_sent_elsewhe
             up.inst
                 .transfer(direction(op), up.slice(HALF), &mut s3)
                 .unwrap_or_else(|e| panic!("{what}: the transfer failed: {e}"));
+            drop(s3);
             assert_ne!(
                 status.expect("the attack ran"),
                 Some(WcStatus::Success),
@@ -482,8 +463,9 @@ fn access_ends_with_the_transfer_on_every_path() {
         server.set_behaviour(behaviour);
         server.set_object(&pattern(LEN, 5));
         let mut seen = None;
-        let mut s3 = Hooked::new(&server, Op::Get, |t: &Token| seen = Some(*t));
+        let mut s3 = hooked(&server, Op::Get, |t: &Token| seen = Some(*t));
         let outcome = up.inst.transfer(Direction::Get, up.slice(HALF), &mut s3);
+        drop(s3);
         assert_eq!(
             outcome.is_ok(),
             behaviour == Behaviour::Normal,
@@ -517,7 +499,7 @@ fn a_callback_that_unwinds_leaves_no_access_behind() {
     let server = up.world.server.clone();
     let token = std::sync::Mutex::new(None);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let mut s3 = Hooked::new(&server, Op::Get, |t: &Token| {
+        let mut s3 = hooked(&server, Op::Get, |t: &Token| {
             *token.lock().unwrap() = Some(*t);
             // The server is granted, then the application's callback dies.
             let session = server.side().begin(t, None, deadline()).expect("granted");
@@ -922,7 +904,7 @@ fn a_thread_waiting_for_a_connection_sleeps() {
     std::thread::scope(|s| {
         // The only connection, held inside a callback until released.
         let holder = s.spawn(|| {
-            let mut s3 = Hooked::new(&server, Op::Get, |_t: &Token| {
+            let mut s3 = hooked(&server, Op::Get, |_t: &Token| {
                 rx.lock().unwrap().recv().unwrap();
             });
             up.inst.transfer(Direction::Get, up.slice(HALF), &mut s3)

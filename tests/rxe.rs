@@ -418,3 +418,502 @@ fn get_and_put_move_bytes_over_soft_roce() {
     assert_eq!(store, buf, "the PUT's bytes are at the server");
     assert_eq!(hipObjShutdown().opError, hipObjOpError_t::hipObjSuccess);
 }
+
+// ---------------------------------------------------------------- hostile servers
+//
+// The attacks of `tests/hostile.rs` that rxe can show, on real queue pairs:
+// one client instance (GPU-less on rxe0) and servers of this process, each
+// on a context of its own.
+
+mod hostile {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use hipobj::core::args::{BufferRange, Slice, SyncDirection, TokenOp};
+    use hipobj::core::protocol::encode_connect;
+    use hipobj::core::token::Token;
+    use hipobj::core::transfer::Direction;
+    use hipobj::core::{Code, Config, Current, Instance, Options};
+    use hipobj::platform::{self, Access, SendOp, SendWr, Sge, WcStatus};
+    use hipobj::server::{ClientQp, DialPolicy, LocalBuf, Op, ServerConfig, ServerSide};
+    use hipobj::testing::world::Scripted;
+
+    const LEN: usize = 65536;
+    const HALF: usize = LEN / 2;
+
+    /// A server of this process on a context of its own, with a store.
+    struct Server {
+        side: ServerSide,
+        local: LocalBuf,
+        store: Box<[u8]>,
+    }
+
+    impl Server {
+        fn new() -> Server {
+            let platform = platform::system();
+            let ctx = platform
+                .verbs()
+                .expect("libibverbs")
+                .open(super::DEVICE)
+                .expect("rxe0");
+            let pd = ctx.alloc_pd().expect("PD");
+            let mut store = vec![0u8; LEN].into_boxed_slice();
+            let mr = pd
+                .reg_mr(store.as_mut_ptr() as usize, LEN, Access::LOCAL_WRITE)
+                .expect("the server's MR");
+            let config = ServerConfig {
+                dial: DialPolicy::any(),
+                ..ServerConfig::default()
+            };
+            let side = ServerSide::with_config(platform.cm().expect("librdmacm"), ctx, pd, config);
+            Server {
+                side,
+                local: LocalBuf {
+                    addr: mr.addr(),
+                    mr,
+                },
+                store,
+            }
+        }
+
+        /// Fills the store (no transfer runs).
+        fn fill(&mut self, seed: u8) {
+            self.store.copy_from_slice(&pattern(LEN, seed));
+        }
+
+        /// The whole protocol for `token`; the reply's text.
+        fn serve(&self, token: &Token, op: Op) -> Vec<u8> {
+            match self.side.serve(token, op, &self.local, deadline()) {
+                Ok(()) => b"200".to_vec(),
+                Err(e) => {
+                    eprintln!("server: {e}");
+                    b"500".to_vec()
+                }
+            }
+        }
+
+        /// One raw WRITE (`Op::Get`) or READ of 64 bytes on this server's
+        /// established connection to `client`: how it completed.
+        fn probe(
+            &self,
+            client: &ClientQp,
+            op: Op,
+            remote_addr: u64,
+            rkey: u32,
+        ) -> Option<WcStatus> {
+            let conn = self.side.connection(client)?;
+            let conn = conn.lock();
+            let op = match op {
+                Op::Get => SendOp::Write { remote_addr, rkey },
+                Op::Put => SendOp::Read { remote_addr, rkey },
+            };
+            let wr = SendWr {
+                wr_id: 0x7072_6f62,
+                op,
+                sge: Some(Sge {
+                    addr: self.local.addr,
+                    len: 64,
+                    lkey: self.local.mr.lkey(),
+                }),
+                signaled: true,
+            };
+            conn.qp.post_send(&[wr]).ok()?;
+            platform::wait_for_completion(&*conn.cq, 0x7072_6f62, deadline())
+                .ok()
+                .flatten()
+                .map(|c| c.status)
+        }
+    }
+
+    fn deadline() -> Instant {
+        Instant::now() + Duration::from_secs(20)
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i ^ (i >> 8) ^ (i >> 11)).to_le_bytes()[0].wrapping_mul(31) ^ seed)
+            .collect()
+    }
+
+    /// The client: an instance GPU-less on rxe0 with one host buffer.
+    struct Client {
+        current: Current,
+        inst: Arc<Instance>,
+        buf: Box<[u8]>,
+    }
+
+    impl Client {
+        fn new(options: Options) -> Client {
+            let current = Current::new();
+            let config = Config {
+                gpu_device: -1,
+                nic_hint: vec![super::DEVICE.to_owned()],
+                ..Config::default()
+            };
+            current
+                .init_with(platform::system(), config, options)
+                .expect("init on rxe0");
+            let inst = current.instance().unwrap();
+            let buf = vec![0u8; LEN].into_boxed_slice();
+            inst.register(BufferRange::new(buf.as_ptr() as usize, LEN).unwrap(), true)
+                .expect("register");
+            Client { current, inst, buf }
+        }
+
+        fn base(&self) -> usize {
+            self.buf.as_ptr() as usize
+        }
+
+        fn slice(&self, len: usize) -> Slice {
+            Slice::new(self.base(), len, 0).unwrap()
+        }
+
+        /// A transfer of the first `len` bytes answered by `answer`.
+        fn transfer(
+            &self,
+            op: Op,
+            len: usize,
+            answer: impl FnMut(&Token) -> Vec<u8>,
+        ) -> hipobj::core::Result<()> {
+            let direction = match op {
+                Op::Get => Direction::Get,
+                Op::Put => Direction::Put,
+            };
+            self.inst
+                .transfer(direction, self.slice(len), &mut Scripted::new(answer))
+        }
+
+        /// Waits until every slot is back.
+        fn settle(&self) -> bool {
+            let until = Instant::now() + Duration::from_secs(20);
+            let pool = self.inst.pool();
+            while pool.free_count() + pool.retired_count() < pool.total() && Instant::now() < until
+            {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            pool.free_count() + pool.retired_count() == pool.total()
+        }
+    }
+
+    impl Drop for Client {
+        fn drop(&mut self) {
+            self.current.shutdown();
+        }
+    }
+
+    fn options() -> Options {
+        Options {
+            max_transfers: 4,
+            completion_timeout: Duration::from_secs(5),
+            ..Options::default()
+        }
+    }
+
+    #[test]
+    fn the_old_server_of_a_reused_connection_gets_nothing_on_rxe() {
+        for op in [Op::Get, Op::Put] {
+            for attack in [
+                "the new token's rkey",
+                "the registration's rkey",
+                "a replayed proof",
+            ] {
+                let what = format!("{op:?} with {attack}");
+                let mut client = Client::new(options());
+                let mut old = Server::new();
+                let mut new = Server::new();
+                old.fill(1);
+                let mut first = None;
+                client
+                    .transfer(Op::Get, HALF, |t| {
+                        first = Some(*t);
+                        old.serve(t, Op::Get)
+                    })
+                    .expect("the old server's GET");
+                let first = first.unwrap();
+                new.fill(2);
+                let uploaded = pattern(LEN, 3);
+                if op == Op::Put {
+                    client.buf.copy_from_slice(&uploaded);
+                }
+                old.fill(4);
+                let registration = client.inst.registration_rkey(client.base()).unwrap();
+                let mut status = None;
+                client
+                    .transfer(op, HALF, |t| {
+                        assert_eq!(t.qp_num, first.qp_num, "{what}: the reused slot");
+                        let key = ClientQp::of(t);
+                        status = Some(match attack {
+                            "the new token's rkey" => old.probe(&key, op, t.addr, t.rkey),
+                            "the registration's rkey" => {
+                                old.probe(&key, op, first.addr, registration)
+                            }
+                            _ => {
+                                let conn = old.side.connection(&key).expect("kept");
+                                let mut conn = conn.lock();
+                                let until = Instant::now() + Duration::from_secs(2);
+                                Some(match hipobj::server::prove(&mut conn, &first, until) {
+                                    Ok(()) => WcStatus::Success,
+                                    Err(_) => WcStatus::RemAccessErr,
+                                })
+                            }
+                        });
+                        new.serve(t, op)
+                    })
+                    .unwrap_or_else(|e| panic!("{what}: the transfer failed: {e}"));
+                assert_ne!(
+                    status.unwrap(),
+                    Some(WcStatus::Success),
+                    "{what}: it worked"
+                );
+                match op {
+                    Op::Get => assert!(client.buf[..HALF] == new.store[..HALF], "{what}"),
+                    Op::Put => {
+                        assert!(
+                            old.store[..] == pattern(LEN, 4)[..],
+                            "{what}: read by the old"
+                        );
+                        assert!(new.store[..HALF] == uploaded[..HALF], "{what}");
+                    }
+                }
+                assert!(client.settle(), "{what}");
+                old.fill(5);
+                client
+                    .transfer(Op::Get, HALF, |t| old.serve(t, Op::Get))
+                    .unwrap_or_else(|e| panic!("{what}: afterwards: {e}"));
+                assert!(client.buf[..HALF] == old.store[..HALF], "{what}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_used_token_connects_nobody_and_a_hijacker_is_refused_on_rxe() {
+        let client = Client::new(options());
+        let mut server = Server::new();
+        let hijacker = Server::new();
+        server.fill(6);
+        let mut used = None;
+        client
+            .transfer(Op::Get, HALF, |t| {
+                used = Some(*t);
+                server.serve(t, Op::Get)
+            })
+            .expect("a GET");
+        let used = used.unwrap();
+        assert!(server
+            .side
+            .connect_with(&used, &encode_connect(&used), deadline())
+            .is_err());
+        let token = client
+            .inst
+            .mint_token(client.slice(HALF), TokenOp::Get)
+            .unwrap();
+        let mut session = server
+            .side
+            .begin(&token, None, deadline())
+            .expect("granted");
+        assert!(
+            hijacker
+                .side
+                .connect_with(&token, &encode_connect(&token), deadline())
+                .is_err(),
+            "a second connect request with the token was accepted"
+        );
+        session
+            .write(&server.local, 0, 0, HALF as u64)
+            .expect("undisturbed");
+        session.finish().expect("the final message");
+        assert!(client.settle());
+        assert!(client.buf[..HALF] == server.store[..HALF]);
+    }
+
+    #[test]
+    fn on_rxe_a_window_limits_the_direction_and_the_registration_not_the_range() {
+        let client = Client::new(options());
+        let server = Server::new();
+        // A GET's window refuses a READ.
+        let token = client
+            .inst
+            .mint_token(client.slice(HALF), TokenOp::Get)
+            .unwrap();
+        let mut session = server.side.begin(&token, None, deadline()).unwrap();
+        assert!(
+            session.read(&server.local, 0, 0, 64).is_err(),
+            "a READ through a GET's window"
+        );
+        drop(session);
+        assert!(client.settle());
+        // The registration's rkey reaches nothing.
+        let token = client
+            .inst
+            .mint_token(client.slice(HALF), TokenOp::Get)
+            .unwrap();
+        let mut session = server.side.begin(&token, None, deadline()).unwrap();
+        let rkey = client.inst.registration_rkey(client.base()).unwrap();
+        assert!(session
+            .data_unchecked(Op::Get, token.addr, rkey, &server.local, 0, 64)
+            .is_err());
+        drop(session);
+        assert!(client.settle());
+        // rxe does not enforce a type-2 window's range (rxe_resp.c checks
+        // the registration's bounds, not the window's): a WRITE past the
+        // range but inside the buffer's registration lands. Hardware NICs
+        // are expected to refuse it; the fake fabric does.
+        let token = client
+            .inst
+            .mint_token(client.slice(HALF), TokenOp::Get)
+            .unwrap();
+        let mut session = server.side.begin(&token, None, deadline()).unwrap();
+        let past = session.data_unchecked(
+            Op::Get,
+            token.addr + HALF as u64,
+            token.rkey,
+            &server.local,
+            0,
+            64,
+        );
+        assert!(
+            past.is_ok(),
+            "rxe refused a WRITE past the window: it now enforces the range"
+        );
+        session.finish().unwrap();
+        assert!(client.settle());
+    }
+
+    #[test]
+    fn access_ends_with_the_transfer_on_rxe() {
+        let client = Client::new(options());
+        let mut server = Server::new();
+        server.fill(7);
+        let mut seen = None;
+        client
+            .transfer(Op::Get, HALF, |t| {
+                seen = Some(*t);
+                server.serve(t, Op::Get)
+            })
+            .expect("a GET");
+        let token = seen.unwrap();
+        // On its kept connection, the server writes with the ended token.
+        let status = server.probe(&ClientQp::of(&token), Op::Get, token.addr, token.rkey);
+        assert_ne!(
+            status,
+            Some(WcStatus::Success),
+            "the window was still bound"
+        );
+        // A server that never sends its final message: the transfer fails
+        // at its deadline, and the access is gone.
+        let short = Client::new(Options {
+            completion_timeout: Duration::from_millis(300),
+            ..options()
+        });
+        drop(client);
+        let mut seen = None;
+        let failed = short.transfer(Op::Get, HALF, |t| {
+            seen = Some(*t);
+            let mut session = server.side.begin(t, None, deadline()).expect("granted");
+            session.write(&server.local, 0, 0, 64).expect("data");
+            session.abandon();
+            b"200".to_vec()
+        });
+        assert_eq!(failed.unwrap_err().code(), Code::Rdma);
+        let token = seen.unwrap();
+        let status = server.probe(&ClientQp::of(&token), Op::Get, token.addr, token.rkey);
+        assert_ne!(
+            status,
+            Some(WcStatus::Success),
+            "access outlived a failed transfer"
+        );
+        assert!(short.settle());
+        // The client is usable.
+        server.fill(8);
+        short
+            .transfer(Op::Get, HALF, |t| server.serve(t, Op::Get))
+            .expect("afterwards");
+        assert!(short.buf[..HALF] == server.store[..HALF]);
+        let sync = short
+            .inst
+            .buf_sync(short.slice(HALF), SyncDirection::ToDevice);
+        assert!(sync.is_ok());
+    }
+
+    #[test]
+    fn bad_connect_requests_do_not_fail_a_waiting_transfer_on_rxe() {
+        const FLOOD: usize = 400;
+        const THREADS: usize = 4;
+        let client = Client::new(options());
+        let server = Server::new();
+        let waiting = client
+            .inst
+            .mint_token(client.slice(HALF), TokenOp::Get)
+            .unwrap();
+        let start = Instant::now();
+        let refused = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (server, refused) = (&server, &refused);
+                s.spawn(move || {
+                    for i in 0..FLOOD / THREADS {
+                        let guess = Token {
+                            secret: u32::try_from(t * FLOOD + i).unwrap(),
+                            ..waiting
+                        };
+                        if server
+                            .side
+                            .connect_with(&waiting, &encode_connect(&guess), deadline())
+                            .is_err()
+                        {
+                            refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            assert_eq!(
+                server.serve(&waiting, Op::Get),
+                b"200",
+                "the transfer failed"
+            );
+        });
+        assert_eq!(refused.into_inner(), FLOOD, "every guess was refused");
+        eprintln!(
+            "rxe: {FLOOD} bad connect requests from {THREADS} threads in {:.1} s",
+            start.elapsed().as_secs_f64()
+        );
+        assert!(client.settle());
+        assert!(client.buf[..HALF] == server.store[..HALF]);
+    }
+
+    #[test]
+    fn a_pool_of_1024_connections_fits_the_default_descriptor_limit_on_rxe() {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: a valid out-struct.
+        let read = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+        assert_eq!(read, 0);
+        let saved = limit;
+        limit.rlim_cur = 1024.min(limit.rlim_max);
+        // SAFETY: a valid limit (the soft one at most the hard one).
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+        let outcome = std::panic::catch_unwind(|| {
+            let client = Client::new(Options {
+                max_transfers: 1024,
+                ..options()
+            });
+            assert_eq!(client.inst.pool().total(), 1024);
+            let mut server = Server::new();
+            server.fill(9);
+            for _ in 0..4 {
+                client
+                    .transfer(Op::Get, HALF, |t| server.serve(t, Op::Get))
+                    .expect("a GET with 1024 connections");
+            }
+            assert!(client.buf[..HALF] == server.store[..HALF]);
+        });
+        // SAFETY: the limit read above.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &saved) };
+        if let Err(e) = outcome {
+            std::panic::resume_unwind(e);
+        }
+    }
+}

@@ -22,7 +22,7 @@ if ! command -v qemu-system-x86_64 >/dev/null; then
     apt-get install -y -qq --no-install-recommends -t bookworm-backports qemu-system-x86 qemu-utils >/dev/null
 fi
 apt-get install -y -qq --no-install-recommends rdma-core ibverbs-providers ibverbs-utils \
-    perftest busybox-static zstd kmod iproute2 python3-venv >/dev/null
+    perftest busybox-static zstd kmod iproute2 python3-venv haproxy strace >/dev/null
 
 if [[ ! -x "$vm/venv/bin/vng" ]]; then
     python3 -m venv "$vm/venv"

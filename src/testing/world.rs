@@ -566,5 +566,40 @@ impl S3Client for Session<'_> {
     }
 }
 
+/// An S3 client whose request is answered by a closure that plays the S3
+/// server (and whatever a test wants to happen while the request is out):
+/// it gets the token and returns the reply's text.
+pub struct Scripted<F: FnMut(&Token) -> Vec<u8>> {
+    answer: F,
+    reply: Option<Vec<u8>>,
+}
+
+impl<F: FnMut(&Token) -> Vec<u8>> Scripted<F> {
+    /// A client answered by `answer`.
+    pub fn new(answer: F) -> Scripted<F> {
+        Scripted {
+            answer,
+            reply: None,
+        }
+    }
+}
+
+impl<F: FnMut(&Token) -> Vec<u8>> S3Client for Scripted<F> {
+    fn send_request(&mut self, token: &[u8; TOKEN_HEX_LEN + 1]) -> std::result::Result<(), i32> {
+        let parsed = Token::parse_hex(&token[..TOKEN_HEX_LEN]).map_err(|_| -1)?;
+        self.reply = Some((self.answer)(&parsed));
+        Ok(())
+    }
+
+    fn recv_reply(
+        &mut self,
+        reply: &mut [u8; REPLY_BUFFER_LEN],
+    ) -> std::result::Result<usize, i32> {
+        let text = self.reply.take().ok_or(-1)?;
+        reply[..text.len()].copy_from_slice(&text);
+        Ok(text.len())
+    }
+}
+
 /// `hipErrorNoDevice`, re-exported for tests.
 pub const NO_DEVICE: i32 = HIP_ERROR_NO_DEVICE;

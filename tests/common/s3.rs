@@ -50,17 +50,60 @@ impl S3Server {
         let root = unique_root();
         std::fs::create_dir_all(root.join(BUCKET))
             .unwrap_or_else(|e| panic!("creating {}: {e}", root.display()));
-        S3Server::launch(binary, ip, root, true, extra)
+        S3Server::launch(binary, ip, root, true, extra, Stdio::inherit())
     }
 
     /// Starts a server as [`S3Server::start`] does, but on an existing
     /// `root` (say, a killed server's, to serve its objects again), which
     /// it leaves in place when dropped.
     pub fn start_at(binary: &Path, ip: &str, root: &Path, extra: &[&str]) -> S3Server {
-        S3Server::launch(binary, ip, root.to_path_buf(), false, extra)
+        S3Server::launch(
+            binary,
+            ip,
+            root.to_path_buf(),
+            false,
+            extra,
+            Stdio::inherit(),
+        )
     }
 
-    fn launch(binary: &Path, ip: &str, root: PathBuf, owns_root: bool, extra: &[&str]) -> S3Server {
+    /// [`S3Server::start_at`], with the server's standard error (its
+    /// per-transfer log) written to `log` instead of the test's.
+    pub fn start_logged(
+        binary: &Path,
+        ip: &str,
+        root: &Path,
+        extra: &[&str],
+        log: &Path,
+    ) -> S3Server {
+        let file = std::fs::File::create(log)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
+        S3Server::launch(
+            binary,
+            ip,
+            root.to_path_buf(),
+            false,
+            extra,
+            Stdio::from(file),
+        )
+    }
+
+    /// A fresh temporary root holding [`BUCKET`], for servers that share it.
+    pub fn new_root() -> PathBuf {
+        let root = unique_root();
+        std::fs::create_dir_all(root.join(BUCKET))
+            .unwrap_or_else(|e| panic!("creating {}: {e}", root.display()));
+        root
+    }
+
+    fn launch(
+        binary: &Path,
+        ip: &str,
+        root: PathBuf,
+        owns_root: bool,
+        extra: &[&str],
+        stderr: Stdio,
+    ) -> S3Server {
         let listen = format!("{ip}:0");
         let mut child = Command::new(binary)
             .arg("--root")
@@ -71,7 +114,7 @@ impl S3Server {
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()));
         let stdout = child.stdout.take().expect("stdout is piped");

@@ -336,8 +336,12 @@ impl Rdma {
             label.op, label.object, token.qp_num
         );
         match outcome {
-            Ok(()) => {
-                eprintln!("hipobj-s3-server: {what}: ok in {took:.1} ms");
+            Ok(proven) => {
+                let how = match proven {
+                    hipobj::server::Proven::Connected => "connected with the token",
+                    hipobj::server::Proven::OnItsConnection => "proved on its connection",
+                };
+                eprintln!("hipobj-s3-server: {what}: ok in {took:.1} ms ({how})");
                 (Ok(()), Some(buf))
             }
             Err(failure) => {

@@ -516,7 +516,10 @@ mod tests {
             ":0x:4096",
         ] {
             let value = format!("{}{suffix}", hex());
-            assert!(parse_token(value.as_bytes()).is_err(), "{suffix} was accepted");
+            assert!(
+                parse_token(value.as_bytes()).is_err(),
+                "{suffix} was accepted"
+            );
         }
         let size = parse_token(format!("{}:1:4097", hex()).as_bytes()).unwrap_err();
         assert!(size.contains("4097") && size.contains("4096"), "{size}");

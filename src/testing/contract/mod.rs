@@ -149,10 +149,12 @@ macro_rules! __hipobj_contract_checks {
             sends_need_rts_and_receives_need_init,
             rkey_bounds_and_access_are_checked,
             cq_wait_wakes_when_a_completion_arrives,
+            a_posted_receive_is_flushed_when_a_peer_breaks_the_qp,
             // windows.rs
             memory_window_bind_and_invalidate,
             a_window_is_usable_only_through_the_qp_that_bound_it,
             a_posted_bind_carries_the_windows_current_rkey,
+            a_region_without_remote_access_is_reached_only_through_a_window,
             // cm.rs
             cm_accept_with_an_existing_qp_connects_both_sides,
             cm_request_private_data_is_padded_to_56_bytes,

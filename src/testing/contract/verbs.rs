@@ -532,3 +532,22 @@ pub fn cq_wait_wakes_when_a_completion_arrives(env: &Env) {
     assert_eq!((got.wr_id, got.imm), (1, Some(7)));
     assert_eq!(a.next("the WRITE with immediate").status, WcStatus::Success);
 }
+
+/// A receive posted before its QP goes to ERR through a peer's invalid
+/// request is flushed: how the library notices that an idle connection's
+/// QP failed on a device that raises no asynchronous event (rxe).
+pub fn a_posted_receive_is_flushed_when_a_peer_breaks_the_qp(env: &Env) {
+    let (a, b) = pair(env);
+    let link = Link::default();
+    connect(env, &a, &b, link);
+    b.recv(7, b.sge(0, 64));
+    // An rkey of nothing: the responder NAKs it and goes to ERR.
+    a.post(&[write(&a, 1, 0, 64, b.addr(0), b.mr.rkey() ^ 0x0100_0000)]);
+    assert_eq!(
+        a.next("a WRITE with an rkey of nothing").status,
+        WcStatus::RemAccessErr
+    );
+    let flushed = b.next("the posted receive");
+    assert_eq!((flushed.wr_id, flushed.status), (7, WcStatus::WrFlushErr));
+    assert_eq!(b.state(), QpState::Err);
+}

@@ -252,3 +252,77 @@ pub fn a_posted_bind_carries_the_windows_current_rkey(env: &Env) {
         "binding a window whose carried key went stale",
     );
 }
+
+/// A region registered without remote access (`LOCAL_WRITE | MW_BIND`,
+/// as the library registers every buffer where windows exist) is reached
+/// by no rkey, even through a QP whose access flags allow READ and WRITE;
+/// a window over it grants exactly the window's access, and an
+/// invalidated window, bound again after its QP went through RESET, works
+/// again (the library keeps an unbound window across a reset).
+pub fn a_region_without_remote_access_is_reached_only_through_a_window(env: &Env) {
+    let (mut a, b) = pair(env);
+    let link = Link::default();
+    connect(env, &a, &b, link);
+    let mut local = vec![0u8; 8192];
+    let region =
+        b.pd.reg_mr(
+            local.as_mut_ptr() as usize,
+            local.len(),
+            Access::LOCAL_WRITE | Access::MW_BIND,
+        )
+        .unwrap_or_else(|e| panic!("ibv_reg_mr without remote access: {e}"));
+    pattern(&mut a.buf[..64], 3);
+    a.post(&[write(&a, 1, 0, 64, region.addr(), region.rkey())]);
+    assert_eq!(
+        a.next("a WRITE with the region's own rkey").status,
+        WcStatus::RemAccessErr
+    );
+    reaches_err(&b, "a WRITE with the region's own rkey");
+    reconnect(env, &a, &b, link);
+    a.post(&[read(&a, 2, 0, 64, region.addr(), region.rkey())]);
+    assert_eq!(
+        a.next("a READ with the region's own rkey").status,
+        WcStatus::RemAccessErr
+    );
+    reaches_err(&b, "a READ with the region's own rkey");
+    reconnect(env, &a, &b, link);
+    assert!(local.iter().all(|&x| x == 0), "nothing landed");
+    let mw = window(&b);
+    let key = next_rkey(mw.rkey());
+    expect_bind(
+        &b,
+        bind(&mw, &region, key, region.addr(), 4096, Access::REMOTE_WRITE),
+        "a window over the region",
+    );
+    a.post(&[write(&a, 3, 0, 64, region.addr(), key)]);
+    assert_eq!(
+        a.next("a WRITE through the window").status,
+        WcStatus::Success
+    );
+    assert_eq!(local[..64], a.buf[..64]);
+    b.post(&[inv(key)]);
+    assert_eq!(b.next("invalidating it").status, WcStatus::Success);
+    // The QP goes through RESET (a failed transfer's reset); the window,
+    // unbound, is bound again with a fresh key.
+    reconnect(env, &a, &b, link);
+    let again = next_rkey(key);
+    expect_bind(
+        &b,
+        bind(
+            &mw,
+            &region,
+            again,
+            region.addr(),
+            4096,
+            Access::REMOTE_READ,
+        ),
+        "binding the window again after a reset",
+    );
+    a.post(&[read(&a, 4, 4096, 64, region.addr(), again)]);
+    assert_eq!(a.next("a READ through it").status, WcStatus::Success);
+    assert_eq!(a.buf[4096..4160], local[..64]);
+    b.post(&[inv(again)]);
+    assert_eq!(b.next("invalidating it again").status, WcStatus::Success);
+    drop(mw);
+    drop(region);
+}
