@@ -695,8 +695,15 @@ impl Drop for Haproxy {
     }
 }
 
-/// An example run against `endpoint` (not a server of ours directly).
-fn example_at(endpoint: &str, name: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+/// An example run against `endpoint` (not a server of ours directly);
+/// a failure shows the servers' `logs`.
+fn example_at(
+    endpoint: &str,
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    logs: &[PathBuf],
+) -> String {
     let program = examples_dir().join(name);
     let mut command = Command::new(&program);
     command
@@ -714,13 +721,26 @@ fn example_at(endpoint: &str, name: &str, args: &[&str], env: &[(&str, &str)]) -
     }
     let output = command.output().expect("the example runs");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let server_logs = || {
+        logs.iter()
+            .map(|log| {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                format!("== {}\n{text}", log.display())
+            })
+            .collect::<String>()
+    };
     assert!(
         output.status.success(),
-        "{name} {args:?} failed: {}\nstdout:\n{stdout}\nstderr:\n{}",
+        "{name} {args:?} failed: {}\nstdout:\n{stdout}\nstderr:\n{}\n{}",
         output.status,
-        String::from_utf8_lossy(&output.stderr)
+        String::from_utf8_lossy(&output.stderr),
+        server_logs()
     );
-    assert!(stdout.contains("via rdma"), "{name} {args:?}: {stdout}");
+    assert!(
+        stdout.contains("via rdma"),
+        "{name} {args:?}: {stdout}\n{}",
+        server_logs()
+    );
     stdout
 }
 
@@ -733,9 +753,11 @@ fn three_servers_behind_haproxy_serve_mixed_threads_every_transfer_proven() {
     // The servers dial the fabric's subnet: behind a load balancer, a
     // request's source is the balancer, not the client.
     let extra = ["--device", DEVICE, "--rdma-allow", "192.0.2.0/24"];
+    let roots: Vec<PathBuf> = (0..3).map(|_| S3Server::root_sharing(&root)).collect();
     let servers: Vec<S3Server> = logs
         .iter()
-        .map(|log| S3Server::start_logged(server_binary(), IP, &root, &extra, log))
+        .zip(&roots)
+        .map(|(log, own)| S3Server::start_logged(server_binary(), IP, own, &extra, log))
         .collect();
     assert!(servers.iter().all(|s| s.rdma));
     let proxy = Haproxy::start(&servers.iter().collect::<Vec<_>>(), &root);
@@ -757,19 +779,45 @@ fn three_servers_behind_haproxy_serve_mixed_threads_every_transfer_proven() {
         ]
     };
     // The objects the GETs read, first.
-    example_at(&proxy.endpoint, "put-object", &args("readers", "51"), &env);
+    example_at(
+        &proxy.endpoint,
+        "put-object",
+        &args("readers", "51"),
+        &env,
+        &logs,
+    );
     // 16 threads at once, 8 of GETs and 8 of PUTs, in two processes:
     // consecutive requests of a thread land on different servers.
     std::thread::scope(|s| {
-        let getter =
-            s.spawn(|| example_at(&proxy.endpoint, "get-object", &args("readers", "51"), &env));
-        let putter =
-            s.spawn(|| example_at(&proxy.endpoint, "put-object", &args("writers", "52"), &env));
+        let getter = s.spawn(|| {
+            example_at(
+                &proxy.endpoint,
+                "get-object",
+                &args("readers", "51"),
+                &env,
+                &logs,
+            )
+        });
+        let putter = s.spawn(|| {
+            example_at(
+                &proxy.endpoint,
+                "put-object",
+                &args("writers", "52"),
+                &env,
+                &logs,
+            )
+        });
         eprintln!("{}", getter.join().unwrap().trim_end());
         eprintln!("{}", putter.join().unwrap().trim_end());
     });
     // What was PUT reads back, byte for byte (the pattern is checked).
-    example_at(&proxy.endpoint, "get-object", &args("writers", "52"), &env);
+    example_at(
+        &proxy.endpoint,
+        "get-object",
+        &args("writers", "52"),
+        &env,
+        &logs,
+    );
     drop(proxy);
     drop(servers);
     // Every RDMA transfer ended with its proof checked by the client; the
@@ -799,5 +847,7 @@ fn three_servers_behind_haproxy_serve_mixed_threads_every_transfer_proven() {
     }
     // 3 runs of 8 threads x 6 iterations, plus the concurrent PUTs.
     assert_eq!(total, 4 * 8 * 6, "every transfer went by RDMA");
-    let _ = std::fs::remove_dir_all(&root);
+    for dir in roots.iter().chain([&root]) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

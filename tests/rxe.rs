@@ -601,11 +601,13 @@ mod hostile {
         }
     }
 
+    /// The environment's settings (`HIPOBJ_RDMA_DEBUG` says why a connect
+    /// request is refused), with four connections.
     fn options() -> Options {
         Options {
             max_transfers: 4,
             completion_timeout: Duration::from_secs(5),
-            ..Options::default()
+            ..Options::from_env()
         }
     }
 

@@ -9,7 +9,7 @@ use hipobj::core::args::{BufferRange, Slice, SyncDirection, TokenOp};
 use hipobj::core::transfer::Direction;
 use hipobj::core::{Code, Config, Current, Instance, Options};
 use hipobj::server::Op;
-use hipobj::testing::world::{Behaviour, World, CLIENT_NIC};
+use hipobj::testing::world::{Behaviour, World, CLIENT_NIC, SERVER_NIC};
 
 fn options() -> Options {
     Options {
@@ -823,7 +823,7 @@ fn shutdown_racing_transfers_leaves_nothing_behind() {
 }
 
 #[test]
-fn a_connection_is_re_aimed_at_another_server_only_through_disconnect_and_reset() {
+fn a_connection_is_re_aimed_at_another_server_only_through_disconnect_and_a_new_qp() {
     let world = World::new();
     let current = Current::new();
     current
@@ -845,7 +845,8 @@ fn a_connection_is_re_aimed_at_another_server_only_through_disconnect_and_reset(
     let slice = Slice::new(base, 4096, 0).unwrap();
     world.server.set_object(&pattern(4096, 1));
     other.set_object(&pattern(4096, 2));
-    // One QP serves both servers in turn.
+    // One connection serves both servers in turn, on a new QP each time.
+    let qps = world.platform.faults.calls("ibv_create_qp");
     for round in 0..3u8 {
         inst.transfer(Direction::Get, slice, &mut world.server.session(Op::Get))
             .unwrap();
@@ -875,6 +876,49 @@ fn a_connection_is_re_aimed_at_another_server_only_through_disconnect_and_reset(
         6,
         "a handshake per switch"
     );
+    assert_eq!(
+        world.platform.faults.calls("ibv_create_qp") - qps,
+        5,
+        "each switch gave the client's connection a new QP"
+    );
+}
+
+#[test]
+fn a_connection_is_re_aimed_at_a_server_beside_an_old_one_that_never_answers_the_disconnect() {
+    // Two S3 servers on one node share its CM. The first keeps its
+    // connection to the client's QP (it has not noticed the disconnect):
+    // its CM refuses a connection to that QP number as stale, so the
+    // client's next link, to the second server, needs a QP of its own.
+    let world = World::new();
+    let current = Current::new();
+    current
+        .init_with(
+            world.platform(),
+            gpu_config(),
+            Options {
+                max_transfers: 1,
+                ..options()
+            },
+        )
+        .unwrap();
+    let inst = current.instance().unwrap();
+    let beside = world.add_server_beside(SERVER_NIC, 1 << 16);
+    let buf = host_buffer(4096);
+    let base = buf.as_ptr() as usize;
+    inst.register(BufferRange::new(base, 4096).unwrap(), true)
+        .unwrap();
+    let slice = Slice::new(base, 4096, 0).unwrap();
+    world.server.set_object(&pattern(4096, 5));
+    beside.set_object(&pattern(4096, 6));
+    for round in 0..3u8 {
+        inst.transfer(Direction::Get, slice, &mut world.server.session(Op::Get))
+            .unwrap_or_else(|e| panic!("round {round}, the first server: {e}"));
+        assert_eq!(&buf[..], &pattern(4096, 5)[..], "round {round}");
+        inst.transfer(Direction::Get, slice, &mut beside.session(Op::Get))
+            .unwrap_or_else(|e| panic!("round {round}, the server beside it: {e}"));
+        assert_eq!(&buf[..], &pattern(4096, 6)[..], "round {round}");
+    }
+    assert_eq!(inst.pool().free_count(), 1, "the connection is back");
 }
 
 #[test]

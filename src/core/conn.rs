@@ -33,8 +33,8 @@ use super::protocol::{self, decode_proof, encode_reject, PROOF_LEN};
 use super::token::Token;
 use super::transfer::Direction;
 use crate::platform::{
-    AcceptParams, Access, CmConnection, CmRequest, Completion, Gid, Mr, Mw, Pd, Qp, QpAttr,
-    QpState, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    AcceptParams, Access, CmConnection, CmRequest, Completion, Cq, Gid, Mr, Mw, Pd, Qp, QpAttr,
+    QpCaps, QpState, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
 
 /// `min_rnr_timer` for our QPs: 1 (0.01 ms). The CM's 0 means 655 ms per
@@ -53,6 +53,18 @@ pub const RECV_BUF_LEN: usize = 64;
 /// Receives posted on every connection whose QP is not in ERR: one for an
 /// in-band proof and one for the final message, whichever comes first.
 pub const RECVS: usize = 2;
+/// Queue capacities of a pool QP: a bind, a grant and an invalidation at
+/// most on the send queue, two receives.
+pub const QP_CAPS: QpCaps = QpCaps {
+    max_send_wr: 8,
+    max_recv_wr: 4,
+    max_send_sge: 1,
+    max_recv_sge: 1,
+};
+/// How long a replaced QP is kept (in RESET, reaching nothing) before it
+/// is destroyed, so that the device does not hand its number to a new QP
+/// while servers' CMs still remember connections to it.
+pub const COOLING: Duration = Duration::from_secs(60);
 
 /// What a work request is, in bits 40..48 of its id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -242,10 +254,47 @@ impl Timers {
     }
 }
 
+/// QPs replaced by [`Conn::reset`], oldest first, kept for [`COOLING`]
+/// and at most `cap` of them.
+pub struct Cooling {
+    qps: std::collections::VecDeque<(Instant, Arc<dyn Qp>)>,
+    cap: usize,
+}
+
+impl Cooling {
+    /// Keeps at most `cap` QPs.
+    pub fn new(cap: usize) -> Cooling {
+        Cooling {
+            qps: std::collections::VecDeque::new(),
+            cap,
+        }
+    }
+
+    /// Keeps `qp` (already in RESET) and destroys the QPs kept long
+    /// enough, or too many.
+    fn keep(&mut self, qp: Arc<dyn Qp>, now: Instant) {
+        self.qps.push_back((now, qp));
+        while self
+            .qps
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) >= COOLING || self.qps.len() > self.cap)
+        {
+            self.qps.pop_front();
+        }
+    }
+}
+
 /// The driver's shared pieces that transitions use.
 pub struct Env<'a> {
     /// Where free slots go.
     pub pool: &'a Pool,
+    /// The pool's CQ (of every QP, and of a replacement QP).
+    pub cq: &'a Arc<dyn Cq>,
+    /// QP number -> slot, of the QPs the connections have now (for the
+    /// device's asynchronous events).
+    pub by_qp: &'a mut HashMap<u32, usize>,
+    /// Replaced QPs.
+    pub cooling: &'a mut Cooling,
     /// The port every QP uses.
     pub port: u8,
     /// How access is granted.
@@ -260,6 +309,8 @@ pub struct Env<'a> {
     pub completion_timeout: Duration,
     /// How long an established connection may stay unused.
     pub idle_timeout: Duration,
+    /// `HIPOBJ_RDMA_DEBUG`: say why a connect request was refused.
+    pub debug: bool,
 }
 
 /// The receive buffers of every connection: `RECVS` of `RECV_BUF_LEN`
@@ -331,8 +382,14 @@ impl RecvBuffers {
 pub struct Conn {
     /// Index in the pool.
     pub index: usize,
+    /// The number tokens give for this connection: its first QP's, for
+    /// its whole life (the QP itself is replaced after each link).
+    pub name: u32,
     /// The QP. Its CQ is the pool's.
     pub qp: Arc<dyn Qp>,
+    /// The QP left INIT toward a server: it is replaced, not reused,
+    /// when the link ends.
+    aimed: bool,
     /// The PD of the QP (and of windows, or of per-transfer regions).
     pub pd: Arc<dyn Pd>,
     window: Option<Window>,
@@ -360,7 +417,9 @@ impl Conn {
     ) -> Result<Conn> {
         let mut conn = Conn {
             index,
+            name: qp.qp_num(),
             qp,
+            aimed: false,
             pd,
             window: mw.map(|mw| Window {
                 rkey: mw.rkey(),
@@ -384,7 +443,7 @@ impl Conn {
         SlotInfo {
             index: self.index,
             epoch: self.epoch,
-            qp_num: self.qp.qp_num(),
+            qp_num: self.name,
             window_rkey: self.window.as_ref().map(|w| w.rkey),
             peer: match &self.link {
                 Link::Connected { peer, .. } => Some(*peer),
@@ -499,7 +558,7 @@ impl Conn {
         }
     }
 
-    fn reset_qp(&mut self, env: &Env<'_>) -> Result<()> {
+    fn reset_qp(&mut self, env: &mut Env<'_>) -> Result<()> {
         self.qp.modify(&QpAttr {
             state: Some(QpState::Reset),
             ..QpAttr::default()
@@ -517,8 +576,34 @@ impl Conn {
                 w.bound = false;
             }
         }
+        if self.aimed {
+            self.renew_qp(env);
+        }
         self.qp.modify(&init_attr(env.port, env.mode))?;
         self.post_recvs(env)
+    }
+
+    /// Replaces the QP (in RESET) that served a link with a new one: the
+    /// server's CM keeps the number of a QP it was connected to in
+    /// time-wait, and refuses a new connection to the same number
+    /// (`IB_CM_REJ_STALE_CONN`); and the old server's packets find no QP.
+    /// The old QP cools off before it is destroyed. Without a new QP the
+    /// old one is used again.
+    fn renew_qp(&mut self, env: &mut Env<'_>) {
+        match self.pd.create_qp(env.cq, QP_CAPS) {
+            Ok(qp) => {
+                let old = std::mem::replace(&mut self.qp, qp);
+                env.by_qp.remove(&old.qp_num());
+                env.by_qp.insert(self.qp.qp_num(), self.index);
+                env.cooling.keep(old, Instant::now());
+                self.aimed = false;
+            }
+            Err(e) => eprintln!(
+                "hipobj: connection {}: no new QP ({e}); QP {} serves again",
+                self.index,
+                self.qp.qp_num()
+            ),
+        }
     }
 
     // ------------------------------------------------------------ jobs
@@ -531,6 +616,10 @@ impl Conn {
     /// free list handed out.
     pub fn on_arm(&mut self, epoch: u64, armed: Box<Armed>, env: &mut Env<'_>) {
         if epoch != self.epoch || !matches!(self.job, Job::Free) {
+            eprintln!(
+                "hipobj: connection {}: an Arm of epoch {epoch} found epoch {}",
+                self.index, self.epoch
+            );
             armed.mailbox.fill(Err(Error::Internal(format!(
                 "connection {} was not leased at epoch {epoch}",
                 self.index
@@ -647,6 +736,9 @@ impl Conn {
     /// Ends the armed job with `outcome`, revoking first. A job that never
     /// got a proof granted nothing and keeps its link; any other is reset.
     fn finish(&mut self, outcome: Result<()>, env: &mut Env<'_>) {
+        if let (true, Err(e)) = (env.debug, &outcome) {
+            eprintln!("hipobj: QP {}: a transfer ends: {e}", self.qp.qp_num());
+        }
         let granted = matches!(&self.job, Job::Armed(_, phase) if !matches!(phase, Phase::Waiting));
         if granted || matches!(self.link, Link::Accepting { .. }) {
             self.reset(env);
@@ -702,6 +794,13 @@ impl Conn {
         if !proved || self.is_retired() {
             // Not waiting, another token, or a second request with a token
             // already proved: refused, and the job is not disturbed.
+            if env.debug {
+                eprintln!(
+                    "hipobj: QP {}: refused a connect request: {}",
+                    self.qp.qp_num(),
+                    self.why_not_proved(token)
+                );
+            }
             return refuse(request);
         }
         // Re-aiming an RC QP: away from its old server first (the old
@@ -747,10 +846,27 @@ impl Conn {
         }
     }
 
+    /// Why a connect request's token is no proof for this connection (for
+    /// the local log; the peer is told only "refused").
+    fn why_not_proved(&self, token: &Token) -> String {
+        match &self.job {
+            _ if self.is_retired() => "the connection is retired".into(),
+            Job::Free | Job::Leased => format!("no transfer is armed (epoch {})", self.epoch),
+            Job::Armed(_, phase) if !matches!(phase, Phase::Waiting) => {
+                "its transfer was proved already".into()
+            }
+            Job::Armed(a, _) => format!(
+                "another token (armed rkey {:#x} length {}, presented rkey {:#x} length {})",
+                a.token.rkey, a.token.length, token.rkey, token.length
+            ),
+        }
+    }
+
     /// RTR and RTS toward the requesting server, with every attribute the
     /// CM chose (lab CMTEST P1-P5). Returns the server's GID.
-    fn connect_qp(&self, request: &dyn CmRequest, mode: Mode) -> Result<Gid> {
+    fn connect_qp(&mut self, request: &dyn CmRequest, mode: Mode) -> Result<Gid> {
         let mut rtr = request.init_qp_attr(QpState::Rtr)?;
+        self.aimed = true;
         rtr.min_rnr_timer = Some(MIN_RNR_TIMER);
         rtr.access = Some(match (&self.job, mode) {
             (Job::Armed(a, _), Mode::Regions) => a.direction.access(),
@@ -1077,6 +1193,21 @@ impl Conn {
     /// error), or the device reported it. A waiting job keeps waiting on a
     /// fresh QP; any other ends.
     pub fn on_qp_failed(&mut self, why: &str, env: &mut Env<'_>) {
+        if env.debug {
+            let phase = match &self.job {
+                Job::Free => "free",
+                Job::Leased => "leased",
+                Job::Armed(_, Phase::Waiting) => "waiting",
+                Job::Armed(_, Phase::Binding { .. }) => "binding",
+                Job::Armed(_, Phase::Granted) => "granted",
+                Job::Armed(_, Phase::Revoking { .. }) => "revoking",
+            };
+            eprintln!(
+                "hipobj: QP {}: failed ({why}) while {phase}, link {:?}",
+                self.qp.qp_num(),
+                self.cm_id()
+            );
+        }
         match &self.job {
             Job::Armed(_, Phase::Revoking { .. }) => self.succeed_by_reset(env),
             Job::Armed(_, Phase::Waiting) => self.reset(env),

@@ -24,23 +24,14 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::conn::{refuse, wr_parts, Armed, Conn, Env, Mode, RecvBuffers, Timers, IDLE_EPOCH};
+use super::conn::{
+    refuse, wr_parts, Armed, Conn, Cooling, Env, Mode, RecvBuffers, Timers, IDLE_EPOCH, QP_CAPS,
+};
 use super::error::{Error, Result};
 use super::mailbox::Mailbox;
 use super::pool::Pool;
 use super::protocol::decode_connect;
-use crate::platform::{
-    wait_readable, AsyncKind, CmEvent, CmListener, Context, Cq, Mw, Pd, QpCaps, Waker,
-};
-
-/// Queue capacities of a pool QP: a bind, a grant and an invalidation at
-/// most on the send queue, two receives (`conn::RECVS`).
-pub const QP_CAPS: QpCaps = QpCaps {
-    max_send_wr: 8,
-    max_recv_wr: 4,
-    max_send_sge: 1,
-    max_recv_sge: 1,
-};
+use crate::platform::{wait_readable, AsyncKind, CmEvent, CmListener, Context, Cq, Mw, Pd, Waker};
 /// Completion entries per connection on the pool's CQ: more than a
 /// connection ever has outstanding (its receives and three sends).
 const CQES_PER_CONN: u32 = 8;
@@ -171,6 +162,8 @@ impl Commands {
 /// What the driver serves, built by [`build`].
 pub struct Parts {
     conns: Vec<Conn>,
+    by_qp: HashMap<u32, usize>,
+    cooling: Cooling,
     cq: Arc<dyn Cq>,
     recv_bufs: RecvBuffers,
     mode: Mode,
@@ -192,6 +185,8 @@ pub struct Settings {
     pub completion_timeout: Duration,
     /// `HIPOBJ_IDLE_TIMEOUT_MS`.
     pub idle_timeout: Duration,
+    /// `HIPOBJ_RDMA_DEBUG`.
+    pub debug: bool,
 }
 
 /// Creates `count` connections on `ctx`: one CQ for all, a window each
@@ -243,9 +238,14 @@ pub fn build(
     };
     let recv_bufs = RecvBuffers::new(&pds, mode == Mode::Windows)?;
     let mut by_cm = HashMap::new();
+    let mut by_qp = HashMap::new();
+    let mut cooling = Cooling::new(count);
     let mut timers = Timers::default();
     let env = Env {
         pool,
+        cq: &cq,
+        by_qp: &mut by_qp,
+        cooling: &mut cooling,
         port: settings.port,
         mode,
         recv_bufs: &recv_bufs,
@@ -253,19 +253,24 @@ pub fn build(
         timers: &mut timers,
         completion_timeout: settings.completion_timeout,
         idle_timeout: settings.idle_timeout,
+        debug: settings.debug,
     };
     let mut windows = windows.map(Vec::into_iter);
     let mut conns = Vec::with_capacity(count);
     for (index, pd) in pds.into_iter().enumerate() {
         let qp = pd.create_qp(&cq, QP_CAPS)?;
         let mw = windows.as_mut().and_then(Iterator::next);
-        conns.push(Conn::new(index, qp, pd, mw, &env)?);
+        let conn = Conn::new(index, qp, pd, mw, &env)?;
+        env.by_qp.insert(conn.qp.qp_num(), index);
+        conns.push(conn);
     }
     for conn in &conns {
         pool.put_back(conn.slot_info());
     }
     Ok(Parts {
         conns,
+        by_qp,
+        cooling,
         cq,
         recv_bufs,
         mode,
@@ -288,15 +293,13 @@ impl Driver {
         commands: Arc<Commands>,
         settings: Settings,
     ) -> Result<Driver> {
-        let by_qp = parts
-            .conns
-            .iter()
-            .map(|c| (c.qp.qp_num(), c.index))
-            .collect();
+        let by_name = parts.conns.iter().map(|c| (c.name, c.index)).collect();
         let mut state = State {
             conns: parts.conns,
             shared: Shared {
-                by_qp,
+                by_name,
+                by_qp: parts.by_qp,
+                cooling: parts.cooling,
                 by_cm: HashMap::new(),
                 timers: Timers::default(),
                 cq: parts.cq,
@@ -350,7 +353,11 @@ impl Drop for Driver {
 /// Everything but the connections, so that a transition can borrow a
 /// connection and these at once.
 struct Shared {
+    /// A connection's name (the QP number its tokens give) -> slot.
+    by_name: HashMap<u32, usize>,
+    /// The QP number of a connection's present QP -> slot.
     by_qp: HashMap<u32, usize>,
+    cooling: Cooling,
     by_cm: HashMap<u64, usize>,
     timers: Timers,
     cq: Arc<dyn Cq>,
@@ -371,6 +378,9 @@ impl Shared {
     fn env(&mut self) -> Env<'_> {
         Env {
             pool: &self.pool,
+            cq: &self.cq,
+            by_qp: &mut self.by_qp,
+            cooling: &mut self.cooling,
             port: self.settings.port,
             mode: self.mode,
             recv_bufs: &self.recv_bufs,
@@ -378,6 +388,7 @@ impl Shared {
             timers: &mut self.timers,
             completion_timeout: self.settings.completion_timeout,
             idle_timeout: self.settings.idle_timeout,
+            debug: self.settings.debug,
         }
     }
 
@@ -511,7 +522,7 @@ impl State {
                 secret,
                 done,
             } => {
-                let found = shared.by_qp.get(&qp_num).copied();
+                let found = shared.by_name.get(&qp_num).copied();
                 if let Some(conn) = found.and_then(|i| conns.get_mut(i)) {
                     if conn.has_unstarted_token(secret) {
                         let why =
@@ -585,11 +596,17 @@ impl State {
                 CmEvent::ConnectRequest(request) => {
                     // An Arm queued just before its server's request.
                     self.commands();
-                    let Ok(token) = decode_connect(request.private_data()) else {
-                        refuse(request);
-                        continue;
+                    let token = match decode_connect(request.private_data()) {
+                        Ok(token) => token,
+                        Err(why) => {
+                            if self.shared.settings.debug {
+                                eprintln!("hipobj: refused a connect request: {why}");
+                            }
+                            refuse(request);
+                            continue;
+                        }
                     };
-                    let index = self.shared.by_qp.get(&token.qp_num).copied();
+                    let index = self.shared.by_name.get(&token.qp_num).copied();
                     match index.and_then(|i| self.conns.get_mut(i)) {
                         Some(conn) => {
                             conn.on_connect_request(&token, request, &mut self.shared.env())
@@ -600,6 +617,9 @@ impl State {
                 CmEvent::Established { .. } => {}
                 CmEvent::Disconnected { conn } => {
                     let index = self.shared.by_cm.get(&conn).copied();
+                    if self.shared.settings.debug {
+                        eprintln!("hipobj: CM connection {conn} disconnected (slot {index:?})");
+                    }
                     if let Some(c) = index.and_then(|i| self.conns.get_mut(i)) {
                         if c.cm_id() == Some(conn) {
                             c.on_disconnected(&mut self.shared.env());

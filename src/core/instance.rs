@@ -218,6 +218,7 @@ impl Instance {
             port: nic.port,
             completion_timeout: options.completion_timeout,
             idle_timeout: options.idle_timeout,
+            debug: options.rdma_debug,
         };
         let parts = driver::build(&*ctx, &pd, count, &pool, settings)?;
         let mode = parts.mode();

@@ -28,7 +28,14 @@
 //!   production active side does, while the peer's leaves it alone, and
 //!   the passive side's own QP is never touched;
 //! - connecting where nothing listens is a REJ from the passive side's CM
-//!   (`ConnectOutcome::Rejected`, 148 zero bytes), as on Soft-RoCE.
+//!   (`ConnectOutcome::Rejected`, 148 zero bytes), as on Soft-RoCE;
+//! - a REP whose passive QP the active side's device still has a
+//!   connection to (one whose disconnect handshake has not finished: a
+//!   side has not called `disconnect`) is stale (the kernel CM's REP
+//!   handler checks the remote QP number against its live connections,
+//!   `IB_CM_REJ_STALE_CONN`): `rdma_accept` succeeds, the active side is
+//!   rejected (no private data) and the passive side sees the connection
+//!   fail. A server that never answers a DREQ keeps the number stale.
 //!
 //! Faults: "rdma_listen", "rdma_connect", "rdma_accept", "rdma_reject",
 //! "rdma_disconnect", "rdma_init_qp_attr", "rdma_get_cm_event". Live CM ids
@@ -177,7 +184,7 @@ enum Outcome {
 
 #[derive(Clone, Copy)]
 enum Side {
-    Active { qp: QpKey },
+    Active { qp: QpKey, passive: QpKey },
     Passive { listener: u64 },
 }
 
@@ -214,7 +221,7 @@ impl HubState {
         let first_call = !conn.sent;
         conn.sent = true;
         let (side, peer, disconnected) = (conn.side, conn.peer, conn.disconnected);
-        if let (true, Side::Active { qp }) = (first_call, side) {
+        if let (true, Side::Active { qp, .. }) = (first_call, side) {
             let to_err = QpAttr {
                 state: Some(QpState::Err),
                 ..QpAttr::default()
@@ -234,6 +241,21 @@ impl HubState {
                 self.queue(listener, Queued::Disconnected(id));
             }
         }
+    }
+
+    /// Whether active device `device` has a connection to passive QP
+    /// `passive` whose disconnect handshake has not finished.
+    fn is_live(&self, device: usize, passive: QpKey) -> bool {
+        self.connections.values().any(|c| {
+            let Side::Active { qp, passive: p } = c.side else {
+                return false;
+            };
+            let peer_sent = c
+                .peer
+                .and_then(|id| self.connections.get(&id))
+                .is_none_or(|peer| peer.sent);
+            qp.0 == device && p == passive && !(c.sent && peer_sent)
+        })
     }
 
     /// Ends request `id` with a rejection of the active side (unless it
@@ -687,8 +709,11 @@ impl CmRequest for FakeRequest {
         };
 
         // What the REP does on the active side.
+        let stale = st.is_live(request.active_qp.0, key);
         let rep = if request.abandoned {
             Err("the active side stopped waiting".to_owned())
+        } else if stale {
+            Err("stale".to_owned())
         } else {
             let rtr = QpAttr {
                 state: Some(QpState::Rtr),
@@ -722,6 +747,7 @@ impl CmRequest for FakeRequest {
                     ConnRec {
                         side: Side::Active {
                             qp: request.active_qp,
+                            passive: key,
                         },
                         peer: Some(passive),
                         disconnected: false,
@@ -730,6 +756,16 @@ impl CmRequest for FakeRequest {
                 );
                 st.outcomes.insert(request.active_id, Outcome::Established);
                 st.queue(listener, Queued::Established(passive));
+            }
+            Err(why) if why == "stale" => {
+                // The active side's CM refuses the REP: a REJ (stale
+                // connection, no private data) to both sides.
+                st.outcomes.insert(
+                    request.active_id,
+                    Outcome::Rejected(padded(&[], REJ_PRIVATE_DATA_LEN)),
+                );
+                conn.disconnected = true;
+                st.queue(listener, Queued::Disconnected(passive));
             }
             Err(why) => {
                 // rdma_accept itself succeeds; the connection then fails to

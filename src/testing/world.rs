@@ -190,6 +190,12 @@ impl World {
         Arc::new(TestServer::new(&self.platform.fabric, name, bytes))
     }
 
+    /// Another S3 server on the device of an existing one (`device`): a
+    /// second server process on the same node, behind the same CM.
+    pub fn add_server_beside(&self, device: &str, bytes: usize) -> Arc<TestServer> {
+        Arc::new(TestServer::new(&self.platform.fabric, device, bytes))
+    }
+
     /// The platform as the trait object `Current::init_with` takes.
     pub fn platform(&self) -> Arc<dyn Platform> {
         self.platform.clone()

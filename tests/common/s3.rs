@@ -88,11 +88,24 @@ impl S3Server {
         )
     }
 
-    /// A fresh temporary root holding [`BUCKET`], for servers that share it.
+    /// A fresh temporary root holding [`BUCKET`].
     pub fn new_root() -> PathBuf {
         let root = unique_root();
         std::fs::create_dir_all(root.join(BUCKET))
             .unwrap_or_else(|e| panic!("creating {}: {e}", root.display()));
+        root
+    }
+
+    /// A root of its own for a server whose [`BUCKET`] is `shared`'s: the
+    /// filesystem backend names its temporary files by a counter of its
+    /// process, so servers must not share a root, only the bucket's
+    /// directory (a symbolic link here).
+    pub fn root_sharing(shared: &Path) -> PathBuf {
+        let root = unique_root();
+        std::fs::create_dir_all(&root)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", root.display()));
+        std::os::unix::fs::symlink(shared.join(BUCKET), root.join(BUCKET))
+            .unwrap_or_else(|e| panic!("linking {}'s bucket: {e}", root.display()));
         root
     }
 

@@ -339,6 +339,10 @@ fn failed(why: String) -> S3Error {
 /// No buffer for the transfer: declined (501), no room (503), or failed
 /// (500).
 fn take_failed(e: TakeError) -> S3Error {
+    let why = match &e {
+        TakeError::TooLarge(why) | TakeError::Busy(why) | TakeError::Failed(why) => why,
+    };
+    eprintln!("hipobj-s3-server: no buffer for an RDMA transfer: {why}");
     match e {
         TakeError::TooLarge(why) => declined(&why),
         TakeError::Busy(why) => with_reply(s3_error!(SlowDown, "{why}"), 503),
