@@ -91,6 +91,38 @@ fn transfers(c: &mut Criterion) {
         })
     });
     group.finish();
+    calls_per_transfer(&world, &instance, slice);
+}
+
+/// Prints the fake platform's calls per reused transfer, by function (the
+/// client's and the in-process server's together): what the reused path
+/// costs in verbs, CM and GPU calls, whatever the machine.
+fn calls_per_transfer(world: &World, instance: &Instance, slice: Slice) {
+    const N: u64 = 1000;
+    // Once first, so that the connection is established.
+    instance
+        .transfer(Direction::Get, slice, &mut world.server.session(Op::Get))
+        .expect("transfer");
+    let faults = &world.platform.faults;
+    faults.reset();
+    for _ in 0..N {
+        instance
+            .transfer(Direction::Get, slice, &mut world.server.session(Op::Get))
+            .expect("transfer");
+    }
+    let mut by_function = std::collections::BTreeMap::new();
+    for function in faults.log() {
+        *by_function.entry(function).or_insert(0u64) += 1;
+    }
+    println!("calls per reused 8-byte GET (client and server together, mean of {N}):");
+    for (function, calls) in &by_function {
+        println!("  {function:<24} {:.2}", *calls as f64 / N as f64);
+    }
+    println!(
+        "  {:<24} {:.2}",
+        "all",
+        faults.total_calls() as f64 / N as f64
+    );
 }
 
 criterion_group! {

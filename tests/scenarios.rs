@@ -776,40 +776,47 @@ fn shutdown_racing_transfers_leaves_nothing_behind() {
         .unwrap();
     let data = pattern(4096, 3);
     world.server.set_object(&data);
-    std::thread::scope(|s| {
-        for _ in 0..8 {
-            let current = current.clone();
-            let world = &world;
-            s.spawn(move || {
-                let buf = host_buffer(4096);
-                let base = buf.as_ptr() as usize;
-                let mut done = 0;
-                for _ in 0..200 {
-                    let Ok(inst) = current.instance() else { break };
-                    if inst
-                        .register(BufferRange::new(base, 4096).unwrap(), true)
-                        .is_err()
-                    {
-                        continue;
-                    }
-                    match inst.transfer(
-                        Direction::Get,
-                        Slice::new(base, 4096, 0).unwrap(),
-                        &mut world.server.session(Op::Get),
-                    ) {
-                        Ok(()) => done += 1,
-                        Err(e) => {
-                            assert!(matches!(e.code(), Code::NotInitialized | Code::Busy), "{e}")
+    let done: usize = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let current = current.clone();
+                let world = &world;
+                s.spawn(move || {
+                    let buf = host_buffer(4096);
+                    let base = buf.as_ptr() as usize;
+                    let mut done = 0;
+                    for _ in 0..200 {
+                        let Ok(inst) = current.instance() else { break };
+                        if inst
+                            .register(BufferRange::new(base, 4096).unwrap(), true)
+                            .is_err()
+                        {
+                            continue;
                         }
+                        match inst.transfer(
+                            Direction::Get,
+                            Slice::new(base, 4096, 0).unwrap(),
+                            &mut world.server.session(Op::Get),
+                        ) {
+                            Ok(()) => done += 1,
+                            Err(e) => {
+                                assert!(
+                                    matches!(e.code(), Code::NotInitialized | Code::Busy),
+                                    "{e}"
+                                )
+                            }
+                        }
+                        let _ = inst.deregister(base);
                     }
-                    let _ = inst.deregister(base);
-                }
-                done
-            });
-        }
+                    done
+                })
+            })
+            .collect();
         std::thread::sleep(Duration::from_millis(20));
         current.shutdown();
+        threads.into_iter().map(|t| t.join().unwrap()).sum()
     });
+    assert!(done > 0, "no transfer ran before the shutdown");
     assert!(!current.is_initialized());
     // The client disconnected every connection at teardown; the server lets
     // go of its side once it sees that.

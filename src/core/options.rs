@@ -17,7 +17,8 @@ pub struct Options {
     pub dmabuf: bool,
     /// `HIPOBJ_REQUIRE_GPU_DIRECT`: refuse the host-staged fallback.
     pub require_gpu_direct: bool,
-    /// `HIPOBJ_RDMA_DEBUG`: report failed dma-buf exports on stderr.
+    /// `HIPOBJ_RDMA_DEBUG`: report failed dma-buf exports, refused connect
+    /// requests and failed transfers on stderr.
     pub rdma_debug: bool,
     /// `HIPOBJ_COMPLETION_TIMEOUT_MS`: how long a transfer waits, after the
     /// reply, for the server's final message.
