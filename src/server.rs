@@ -755,20 +755,12 @@ fn wait_grant(conn: &ServerConn, until: Instant) -> Result<u32> {
 }
 
 /// The next completion on `cq`, waiting until `until`.
-/// Polls for up to [`crate::platform::SPIN`] first (a completion due soon
-/// costs a sleep and a wake-up on the channel otherwise).
 fn next_completion(cq: &dyn Cq, until: Instant) -> Result<Option<Completion>> {
-    let spin_until = Instant::now() + crate::platform::SPIN;
     loop {
         if let Some(c) = cq.poll(1)?.into_iter().next() {
             return Ok(Some(c));
         }
-        let now = Instant::now();
-        if now < spin_until.min(until) {
-            std::hint::spin_loop();
-            continue;
-        }
-        if now >= until || !cq.wait(until)? {
+        if Instant::now() >= until || !cq.wait(until)? {
             return Ok(cq.poll(1)?.into_iter().next());
         }
     }

@@ -483,14 +483,6 @@ impl Conn {
         matches!(&self.job, Job::Armed(a, Phase::Waiting) if a.detached && a.token.secret == secret)
     }
 
-    /// Whether an event of this connection may be due within
-    /// microseconds: work it posted on its send queue (a bind, a grant, an
-    /// invalidation) has not completed, or a transfer is armed (its
-    /// server's proof, its data and its final message are on their way).
-    pub fn is_busy(&self) -> bool {
-        !self.sends.is_empty() || matches!(self.job, Job::Armed(..))
-    }
-
     /// The armed job's deadline, if it is at `epoch`.
     pub fn deadline(&self, epoch: u64) -> Option<Instant> {
         match &self.job {

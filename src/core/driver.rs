@@ -31,9 +31,7 @@ use super::error::{Error, Result};
 use super::mailbox::Mailbox;
 use super::pool::Pool;
 use super::protocol::decode_connect;
-use crate::platform::{
-    wait_readable, AsyncKind, CmEvent, CmListener, Completion, Context, Cq, Mw, Pd, Waker, SPIN,
-};
+use crate::platform::{wait_readable, AsyncKind, CmEvent, CmListener, Context, Cq, Mw, Pd, Waker};
 /// Completion entries per connection on the pool's CQ: more than a
 /// connection ever has outstanding (its receives and three sends).
 const CQES_PER_CONN: u32 = 8;
@@ -136,11 +134,6 @@ impl Commands {
             self.waker.wake();
         }
         Ok(())
-    }
-
-    /// Whether a command is queued.
-    fn pending(&self) -> bool {
-        !self.queue.lock().commands.is_empty()
     }
 
     fn take(&self) -> VecDeque<Command> {
@@ -450,13 +443,6 @@ impl State {
                 let polled = self.completions();
                 trouble |= self.shared.tolerate("ibv_poll_cq", polled)?;
             }
-            if !trouble {
-                match self.spin() {
-                    Ok(true) => continue,
-                    Ok(false) => {}
-                    Err(e) => trouble |= self.shared.tolerate("ibv_poll_cq", Err(e))?,
-                }
-            }
             let s = &self.shared;
             let next = s.timers.next();
             let soon = Instant::now() + RETRY_AFTER_TROUBLE;
@@ -482,33 +468,6 @@ impl State {
             if ready[3] {
                 self.shared.commands.waker.take();
             }
-        }
-    }
-
-    /// While a connection is busy (a send of its own outstanding, or a
-    /// transfer armed), polls the CQ (and looks at the command queue) for
-    /// up to [`SPIN`] before the driver sleeps: a completion that is due
-    /// soon costs a sleep and a wake-up through the completion channel
-    /// otherwise (about 100 µs each on the emulated lane). At most one
-    /// [`SPIN`] of CPU per wake-up. Returns whether something arrived.
-    fn spin(&mut self) -> Result<bool> {
-        if !self.conns.iter().any(Conn::is_busy) {
-            return Ok(false);
-        }
-        let until = Instant::now() + SPIN;
-        loop {
-            if self.shared.commands.pending() {
-                return Ok(true);
-            }
-            let batch = self.shared.cq.poll(POLL_BATCH)?;
-            if !batch.is_empty() {
-                self.file(&batch);
-                return Ok(true);
-            }
-            if Instant::now() >= until {
-                return Ok(false);
-            }
-            std::hint::spin_loop();
         }
     }
 
@@ -587,20 +546,14 @@ impl State {
             if batch.is_empty() {
                 return Ok(());
             }
-            self.file(&batch);
-        }
-    }
-
-    /// Files each completion of `batch` to its connection, after the
-    /// commands queued meanwhile.
-    fn file(&mut self, batch: &[Completion]) {
-        self.commands();
-        for c in batch {
-            let Some((index, kind)) = wr_parts(c.wr_id) else {
-                continue;
-            };
-            if let Some(conn) = self.conns.get_mut(index) {
-                conn.on_completion(c, kind, &mut self.shared.env());
+            self.commands();
+            for c in &batch {
+                let Some((index, kind)) = wr_parts(c.wr_id) else {
+                    continue;
+                };
+                if let Some(conn) = self.conns.get_mut(index) {
+                    conn.on_completion(c, kind, &mut self.shared.env());
+                }
             }
         }
     }
