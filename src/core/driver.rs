@@ -417,18 +417,29 @@ struct State {
 
 impl State {
     fn run(&mut self) -> Result<()> {
+        // Which descriptors to read: those the last wait found readable
+        // (all of them at first, and after trouble). Each is
+        // level-triggered and read until it has nothing, so one not
+        // readable has nothing to read, and reading it anyway is a system
+        // call for nothing (one per source per wake-up).
+        let mut ready = vec![true; 4];
         loop {
             self.commands();
             // A failed read of events is retried soon; only a run of
             // failures is fatal.
             let mut trouble = false;
             if !self.shared.stopping {
+                // Polling the CQ reads the device's queue, not a descriptor.
                 let polled = self.completions();
                 trouble |= self.shared.tolerate("ibv_poll_cq", polled)?;
-                let events = self.async_events();
-                trouble |= self.shared.tolerate("ibv_get_async_event", events)?;
-                let cm = self.cm_events();
-                trouble |= self.shared.tolerate("the RDMA CM listener", cm)?;
+                if ready[2] {
+                    let events = self.async_events();
+                    trouble |= self.shared.tolerate("ibv_get_async_event", events)?;
+                }
+                if ready[0] {
+                    let cm = self.cm_events();
+                    trouble |= self.shared.tolerate("the RDMA CM listener", cm)?;
+                }
                 self.timers();
             }
             if self.shared.stopping {
@@ -446,7 +457,7 @@ impl State {
             let s = &self.shared;
             let next = s.timers.next();
             let soon = Instant::now() + RETRY_AFTER_TROUBLE;
-            let ready = wait_readable(
+            ready = wait_readable(
                 &[
                     s.listener.event_fd(),
                     s.cq.channel_fd(),
@@ -467,6 +478,9 @@ impl State {
             }
             if ready[3] {
                 self.shared.commands.waker.take();
+            }
+            if trouble {
+                ready = vec![true; 4];
             }
         }
     }

@@ -403,11 +403,13 @@ impl Instance {
         len: u64,
         direction: Direction,
     ) -> Result<(Token, Grant)> {
-        let secret = random_u32()?;
+        // One draw for both: the token's secret and the window's key.
+        let random = random_bytes()?;
+        let secret = u32::from_le_bytes([random[0], random[1], random[2], random[3]]);
         let addr = entry.nic_addr(offset);
         let (rkey, grant) = match slot.window_rkey {
             Some(current) => (
-                fresh_window_key(current)?,
+                fresh_window_key(current, random[4]),
                 Grant::Window {
                     mr: entry.mr.clone(),
                     addr,
@@ -582,20 +584,20 @@ impl Instance {
     }
 }
 
-/// 32 bits from the operating system's CSPRNG.
-pub fn random_u32() -> Result<u32> {
-    getrandom::u32().map_err(|e| Error::Internal(format!("getrandom failed: {e}")))
+/// 8 bytes from the operating system's CSPRNG (one system call).
+pub fn random_bytes() -> Result<[u8; 8]> {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).map_err(|e| Error::Internal(format!("getrandom failed: {e}")))?;
+    Ok(bytes)
 }
 
 /// A window rkey for the next bind: the window's index (the high 24 bits
-/// of `current`) with a key byte from the CSPRNG that differs from the
-/// current one (older rxe refuses a bind with the same key).
-pub fn fresh_window_key(current: u32) -> Result<u32> {
-    let mut key = [0u8; 1];
-    getrandom::fill(&mut key).map_err(|e| Error::Internal(format!("getrandom failed: {e}")))?;
+/// of `current`) with `random` as the key byte, unless that is the current
+/// one (older rxe refuses a bind with the same key).
+pub fn fresh_window_key(current: u32, random: u8) -> u32 {
     let old = current.to_le_bytes()[0];
-    let key = if key[0] == old { key[0] ^ 0x5a } else { key[0] };
-    Ok(current & !0xff | u32::from(key))
+    let key = if random == old { random ^ 0x5a } else { random };
+    current & !0xff | u32::from(key)
 }
 
 #[cfg(test)]
@@ -606,8 +608,9 @@ mod tests {
     fn a_fresh_window_key_keeps_the_index_and_changes_the_key() {
         let mut keys = std::collections::HashSet::new();
         for _ in 0..2000 {
-            let current = 0x0012_3400 | u32::from(random_u32().unwrap().to_le_bytes()[0]);
-            let next = fresh_window_key(current).unwrap();
+            let random = random_bytes().unwrap();
+            let current = 0x0012_3400 | u32::from(random[0]);
+            let next = fresh_window_key(current, random[1]);
             assert_eq!(next & !0xff, 0x0012_3400);
             assert_ne!(next & 0xff, current & 0xff);
             keys.insert(next & 0xff);

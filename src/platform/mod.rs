@@ -199,9 +199,10 @@ pub trait Cq: Send + Sync {
     /// The completion channel's descriptor (non-blocking): readable when an
     /// event is waiting for [`Cq::take_events`].
     fn channel_fd(&self) -> BorrowedFd<'_>;
-    /// Reads and acknowledges every event waiting on the channel, without
-    /// blocking; returns how many there were. The CQ must be armed again
-    /// for the next one.
+    /// Reads and acknowledges the event waiting on the channel (an armed
+    /// CQ raises one), without blocking; returns how many were read (the
+    /// production CQ reads one per call: a channel still readable has
+    /// another). The CQ must be armed again for the next one.
     fn take_events(&self) -> Result<usize>;
     /// For downcasting by the implementation that created this object.
     fn as_any(&self) -> &dyn Any;

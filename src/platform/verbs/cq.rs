@@ -242,30 +242,30 @@ impl Cq for CompletionQueue {
     }
 
     fn take_events(&self) -> Result<usize> {
-        let mut taken = 0;
-        loop {
-            let mut event_cq: *mut ibv_cq = ptr::null_mut();
-            let mut event_context: *mut c_void = ptr::null_mut();
-            // SAFETY: `channel` is live and non-blocking; the out-pointers
-            // are valid.
-            let rc = unsafe {
-                (self.ctx.table().get_cq_event)(self.channel, &mut event_cq, &mut event_context)
-            };
-            if rc != 0 {
-                let err = std::io::Error::last_os_error();
-                if err.kind() == std::io::ErrorKind::WouldBlock {
-                    return Ok(taken);
-                }
-                return Err(Error::Rdma(format!(
-                    "ibv_get_cq_event({}) failed: {err}",
-                    self.ctx.name()
-                )));
+        // One read: an armed CQ raises one event, so after it the next read
+        // would fail with EAGAIN, a system call for nothing; an event still
+        // waiting leaves the channel readable for the next look.
+        let mut event_cq: *mut ibv_cq = ptr::null_mut();
+        let mut event_context: *mut c_void = ptr::null_mut();
+        // SAFETY: `channel` is live and non-blocking; the out-pointers are
+        // valid.
+        let rc = unsafe {
+            (self.ctx.table().get_cq_event)(self.channel, &mut event_cq, &mut event_context)
+        };
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::WouldBlock {
+                return Ok(0);
             }
-            // SAFETY: the channel carries events of this CQ only, so
-            // `event_cq` is `self.cq`, live; one event was read.
-            unsafe { (self.ctx.table().ack_cq_events)(event_cq, 1) };
-            taken += 1;
+            return Err(Error::Rdma(format!(
+                "ibv_get_cq_event({}) failed: {err}",
+                self.ctx.name()
+            )));
         }
+        // SAFETY: the channel carries events of this CQ only, so `event_cq`
+        // is `self.cq`, live; one event was read.
+        unsafe { (self.ctx.table().ack_cq_events)(event_cq, 1) };
+        Ok(1)
     }
 
     fn as_any(&self) -> &dyn Any {
