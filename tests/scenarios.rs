@@ -829,8 +829,16 @@ fn shutdown_racing_transfers_leaves_nothing_behind() {
     );
 }
 
-#[test]
-fn a_connection_is_re_aimed_at_another_server_only_through_disconnect_and_a_new_qp() {
+/// An instance with one connection and a registered 4 KiB host buffer.
+struct OneConnection {
+    world: World,
+    _current: Current,
+    inst: Arc<Instance>,
+    buf: Box<[u8]>,
+    slice: Slice,
+}
+
+fn one_connection() -> OneConnection {
     let world = World::new();
     let current = Current::new();
     current
@@ -844,12 +852,30 @@ fn a_connection_is_re_aimed_at_another_server_only_through_disconnect_and_a_new_
         )
         .unwrap();
     let inst = current.instance().unwrap();
-    let other = world.add_server("server1", std::net::Ipv4Addr::new(192, 0, 2, 3), 1 << 16);
     let buf = host_buffer(4096);
     let base = buf.as_ptr() as usize;
     inst.register(BufferRange::new(base, 4096).unwrap(), true)
         .unwrap();
     let slice = Slice::new(base, 4096, 0).unwrap();
+    OneConnection {
+        world,
+        _current: current,
+        inst,
+        buf,
+        slice,
+    }
+}
+
+#[test]
+fn a_connection_is_re_aimed_at_another_server_only_through_disconnect_and_a_new_qp() {
+    let OneConnection {
+        world,
+        _current,
+        inst,
+        buf,
+        slice,
+    } = one_connection();
+    let other = world.add_server("server1", std::net::Ipv4Addr::new(192, 0, 2, 3), 1 << 16);
     world.server.set_object(&pattern(4096, 1));
     other.set_object(&pattern(4096, 2));
     // One connection serves both servers in turn, on a new QP each time.
@@ -896,25 +922,14 @@ fn a_connection_is_re_aimed_at_a_server_beside_an_old_one_that_never_answers_the
     // connection to the client's QP (it has not noticed the disconnect):
     // its CM refuses a connection to that QP number as stale, so the
     // client's next link, to the second server, needs a QP of its own.
-    let world = World::new();
-    let current = Current::new();
-    current
-        .init_with(
-            world.platform(),
-            gpu_config(),
-            Options {
-                max_transfers: 1,
-                ..options()
-            },
-        )
-        .unwrap();
-    let inst = current.instance().unwrap();
+    let OneConnection {
+        world,
+        _current,
+        inst,
+        buf,
+        slice,
+    } = one_connection();
     let beside = world.add_server_beside(SERVER_NIC, 1 << 16);
-    let buf = host_buffer(4096);
-    let base = buf.as_ptr() as usize;
-    inst.register(BufferRange::new(base, 4096).unwrap(), true)
-        .unwrap();
-    let slice = Slice::new(base, 4096, 0).unwrap();
     world.server.set_object(&pattern(4096, 5));
     beside.set_object(&pattern(4096, 6));
     for round in 0..3u8 {

@@ -743,6 +743,12 @@ impl Conn {
         if granted || matches!(self.link, Link::Accepting { .. }) {
             self.reset(env);
         }
+        self.end_job(outcome, None, env);
+    }
+
+    /// Takes the job (its access is revoked already), frees the slot, and
+    /// tells the outcome (with the server's GID on success).
+    fn end_job(&mut self, outcome: Result<()>, peer: Option<Gid>, env: &mut Env<'_>) {
         let armed = std::mem::replace(&mut self.job, Job::Leased);
         // The slot is free again before the outcome is told, so that a
         // thread that has its outcome finds its connection back.
@@ -758,6 +764,9 @@ impl Conn {
             // buffer may go, and the outcome may be told.
             drop(grant);
             drop(entry);
+            if let Some(peer) = peer {
+                mailbox.set_peer(peer);
+            }
             mailbox.fill(outcome);
         }
     }
@@ -1167,26 +1176,11 @@ impl Conn {
     }
 
     fn succeed(&mut self, env: &mut Env<'_>) {
-        let armed = std::mem::replace(&mut self.job, Job::Leased);
         let peer = match &self.link {
             Link::Connected { peer, .. } => Some(*peer),
             _ => None,
         };
-        self.release(env);
-        if let Job::Armed(armed, _) = armed {
-            let Armed {
-                mailbox,
-                grant,
-                entry,
-                ..
-            } = *armed;
-            drop(grant);
-            drop(entry);
-            if let Some(peer) = peer {
-                mailbox.set_peer(peer);
-            }
-            mailbox.fill(Ok(()));
-        }
+        self.end_job(Ok(()), peer, env);
     }
 
     /// The QP is in ERR: a receive or a send failed (flushed, or a remote

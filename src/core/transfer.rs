@@ -23,7 +23,7 @@ use super::driver::Command;
 use super::error::{Error, Result};
 use super::instance::{Instance, TokenRecord};
 use super::mailbox::{late, Mailbox};
-use super::pool::{remember_peer, SlotInfo};
+use super::pool::{remember_peer, Lease, SlotInfo};
 use super::reply::{parse_reply, REPLY_BUFFER_LEN};
 use super::token::{Token, Transport, TOKEN_HEX_LEN};
 use crate::platform::{Access, PointerKind};
@@ -336,26 +336,9 @@ impl Instance {
         let mut lease = self.pool.acquire()?;
         let (token, grant) =
             self.prepare(lease.info(), &entry, slice.offset, slice.len, direction)?;
-        let mailbox = Arc::new(Mailbox::new());
-        let info = lease.info().clone();
         // The driver reads this before the first event of the slot, which
         // only the server can cause: no need to wake it.
-        lease.arm(
-            Command::Arm {
-                index: info.index,
-                epoch: info.epoch,
-                armed: Box::new(Armed {
-                    token,
-                    direction,
-                    grant,
-                    entry: entry.clone(),
-                    mailbox: mailbox.clone(),
-                    deadline: None,
-                    detached: false,
-                }),
-            },
-            false,
-        )?;
+        let mailbox = arm(&mut lease, token, direction, grant, &entry, None, false)?;
         let talk = self.converse(&token, s3);
         // The server sends its reply only after its final message, so the
         // outcome is usually in by now.
@@ -478,23 +461,15 @@ impl Instance {
         lease.detach();
         let direction = Direction::from(op);
         let (token, grant) = self.prepare(lease.info(), &entry, 0, slice.len, direction)?;
-        let mailbox = Arc::new(Mailbox::new());
         let deadline = Instant::now() + self.options.token_timeout;
         let info = lease.info().clone();
-        lease.arm(
-            Command::Arm {
-                index: info.index,
-                epoch: info.epoch,
-                armed: Box::new(Armed {
-                    token,
-                    direction,
-                    grant,
-                    entry: entry.clone(),
-                    mailbox: mailbox.clone(),
-                    deadline: Some(deadline),
-                    detached: true,
-                }),
-            },
+        let mailbox = arm(
+            &mut lease,
+            token,
+            direction,
+            grant,
+            &entry,
+            Some(deadline),
             true,
         )?;
         // The job is the driver's alone now.
@@ -582,6 +557,39 @@ impl Instance {
             .lock()
             .retain(|t| !(t.secret == token.secret && t.mailbox.peek().is_some()));
     }
+}
+
+/// Hands the job to the driver on `lease`'s slot; returns where its
+/// outcome will be. A job with a `deadline` is an application-driven
+/// token (no thread waits on it), and wakes the driver.
+fn arm(
+    lease: &mut Lease,
+    token: Token,
+    direction: Direction,
+    grant: Grant,
+    entry: &Arc<BufEntry>,
+    deadline: Option<Instant>,
+    detached: bool,
+) -> Result<Arc<Mailbox>> {
+    let mailbox = Arc::new(Mailbox::new());
+    let info = lease.info().clone();
+    lease.arm(
+        Command::Arm {
+            index: info.index,
+            epoch: info.epoch,
+            armed: Box::new(Armed {
+                token,
+                direction,
+                grant,
+                entry: entry.clone(),
+                mailbox: mailbox.clone(),
+                deadline,
+                detached,
+            }),
+        },
+        detached,
+    )?;
+    Ok(mailbox)
 }
 
 /// 8 bytes from the operating system's CSPRNG (one system call).

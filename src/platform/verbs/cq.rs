@@ -48,6 +48,34 @@ unsafe impl Send for CompletionQueue {}
 unsafe impl Sync for CompletionQueue {}
 
 impl CompletionQueue {
+    /// Reads one event from the (non-blocking) channel and acknowledges it
+    /// at once, so that destroying the CQ never waits for an
+    /// unacknowledged event (ibv_get_cq_event(3): ibv_destroy_cq blocks
+    /// until every event read is acknowledged). `false`: none was waiting.
+    fn read_event(&self) -> Result<bool> {
+        let mut event_cq: *mut ibv_cq = ptr::null_mut();
+        let mut event_context: *mut c_void = ptr::null_mut();
+        // SAFETY: `channel` is live and non-blocking; the out-pointers are
+        // valid.
+        let rc = unsafe {
+            (self.ctx.table().get_cq_event)(self.channel, &mut event_cq, &mut event_context)
+        };
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::WouldBlock {
+                return Ok(false);
+            }
+            return Err(Error::Rdma(format!(
+                "ibv_get_cq_event({}) failed: {err}",
+                self.ctx.name()
+            )));
+        }
+        // SAFETY: the channel carries events of this CQ only, so `event_cq`
+        // is `self.cq`, live; one event was read.
+        unsafe { (self.ctx.table().ack_cq_events)(event_cq, 1) };
+        Ok(true)
+    }
+
     /// `ibv_create_comp_channel`, made non-blocking, then `ibv_create_cq`
     /// with `depth` entries on it.
     pub(super) fn create(ctx: Arc<DeviceContext>, depth: u32) -> Result<CompletionQueue> {
@@ -205,28 +233,9 @@ impl Cq for CompletionQueue {
                 return Ok(false);
             }
         }
-        // 4. Read the event and acknowledge it at once, so that destroying
-        // the CQ never waits for an unacknowledged event (ibv_get_cq_event(3):
-        // ibv_destroy_cq blocks until every event read is acknowledged).
-        let mut event_cq: *mut ibv_cq = ptr::null_mut();
-        let mut event_context: *mut c_void = ptr::null_mut();
-        // SAFETY: `channel` is live; the out-pointers are valid.
-        let rc = unsafe {
-            (self.ctx.table().get_cq_event)(self.channel, &mut event_cq, &mut event_context)
-        };
-        if rc != 0 {
-            let err = std::io::Error::last_os_error();
-            // Another thread waiting on this CQ read the event first.
-            if err.kind() == std::io::ErrorKind::WouldBlock {
-                return Ok(true);
-            }
-            return Err(Error::Rdma(format!(
-                "ibv_get_cq_event({name}) failed: {err}"
-            )));
-        }
-        // SAFETY: the channel carries events of this CQ only, so
-        // `event_cq` is `self.cq`, live; one event was read.
-        unsafe { (self.ctx.table().ack_cq_events)(event_cq, 1) };
+        // 4. Read the event. Another thread waiting on this CQ may have
+        // read it first; either way the caller polls.
+        self.read_event()?;
         Ok(true)
     }
 
@@ -245,27 +254,7 @@ impl Cq for CompletionQueue {
         // One read: an armed CQ raises one event, so after it the next read
         // would fail with EAGAIN, a system call for nothing; an event still
         // waiting leaves the channel readable for the next look.
-        let mut event_cq: *mut ibv_cq = ptr::null_mut();
-        let mut event_context: *mut c_void = ptr::null_mut();
-        // SAFETY: `channel` is live and non-blocking; the out-pointers are
-        // valid.
-        let rc = unsafe {
-            (self.ctx.table().get_cq_event)(self.channel, &mut event_cq, &mut event_context)
-        };
-        if rc != 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() == std::io::ErrorKind::WouldBlock {
-                return Ok(0);
-            }
-            return Err(Error::Rdma(format!(
-                "ibv_get_cq_event({}) failed: {err}",
-                self.ctx.name()
-            )));
-        }
-        // SAFETY: the channel carries events of this CQ only, so `event_cq`
-        // is `self.cq`, live; one event was read.
-        unsafe { (self.ctx.table().ack_cq_events)(event_cq, 1) };
-        Ok(1)
+        Ok(usize::from(self.read_event()?))
     }
 
     fn as_any(&self) -> &dyn Any {
