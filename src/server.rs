@@ -687,6 +687,42 @@ pub fn prove(conn: &mut ServerConn, token: &Token, until: Instant) -> Result<()>
     Ok(())
 }
 
+/// A hostile server's move, for tests: one raw WRITE (`Op::Get`) or READ
+/// of `len` bytes at `remote_addr` with `rkey` on `conn`, from or into
+/// `local`; how it completed (`None`: it could not be posted, or did not
+/// complete by `until`). A refused access breaks the connection (the QP
+/// goes to ERR).
+pub fn probe(
+    conn: &ServerConn,
+    op: Op,
+    local: &LocalBuf,
+    remote_addr: u64,
+    rkey: u32,
+    len: u32,
+    until: Instant,
+) -> Option<WcStatus> {
+    const PROBE_WR: u64 = 0x7072_6f62;
+    let op = match op {
+        Op::Get => SendOp::Write { remote_addr, rkey },
+        Op::Put => SendOp::Read { remote_addr, rkey },
+    };
+    let wr = SendWr {
+        wr_id: PROBE_WR,
+        op,
+        sge: Some(Sge {
+            addr: local.addr,
+            len,
+            lkey: local.mr.lkey(),
+        }),
+        signaled: true,
+    };
+    conn.qp.post_send(&[wr]).ok()?;
+    crate::platform::wait_for_completion(&*conn.cq, PROBE_WR, until)
+        .ok()
+        .flatten()
+        .map(|c| c.status)
+}
+
 /// Posts the receive of the grant and SENDs `token` as a proof (the first
 /// half of [`prove`], for tests that do not wait for the grant).
 pub fn send_proof(conn: &mut ServerConn, token: &Token) -> Result<()> {

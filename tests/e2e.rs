@@ -57,7 +57,7 @@ fn example(
     env: &[(&str, &str)],
     via: &str,
 ) -> String {
-    let output = run_example(server, name, args, env);
+    let output = run_example(&server.endpoint, name, args, env);
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
@@ -80,7 +80,7 @@ fn example(
     line.to_owned()
 }
 
-fn run_example(server: &S3Server, name: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+fn run_example(endpoint: &str, name: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     let program = examples_dir().join(name);
     assert!(
         program.is_file(),
@@ -89,7 +89,7 @@ fn run_example(server: &S3Server, name: &str, args: &[&str], env: &[(&str, &str)
     );
     let mut command = Command::new(&program);
     command
-        .args(["--endpoint", &server.endpoint])
+        .args(["--endpoint", endpoint])
         .args([
             "--access-key",
             s3::ACCESS_KEY,
@@ -128,7 +128,7 @@ fn put_then_get_16_mib_byte_exact() {
     // The pattern check is the example's; a wrong seed must fail it, so the
     // check above is not vacuous.
     let wrong = run_example(
-        &server,
+        &server.endpoint,
         "get-object",
         &[
             "--nic",
@@ -704,22 +704,7 @@ fn example_at(
     env: &[(&str, &str)],
     logs: &[PathBuf],
 ) -> String {
-    let program = examples_dir().join(name);
-    let mut command = Command::new(&program);
-    command
-        .args(["--endpoint", endpoint])
-        .args([
-            "--access-key",
-            s3::ACCESS_KEY,
-            "--secret-key",
-            s3::SECRET_KEY,
-        ])
-        .args(args)
-        .env_remove("HIPOBJ_MAX_TRANSFERS");
-    for (key, value) in env {
-        command.env(key, value);
-    }
-    let output = command.output().expect("the example runs");
+    let output = run_example(endpoint, name, args, env);
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let server_logs = || {
         logs.iter()

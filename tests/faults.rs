@@ -42,21 +42,6 @@ fn calls(log: &[&'static str]) -> Vec<(&'static str, u64)> {
 /// Functions the connection driver calls on its own schedule, whenever it
 /// wakes: failing their kth call is not tied to an operation the driver
 /// takes no part in (init, registration). A transfer's sweep includes them.
-/// The slots back on the free list or retired, once that reaches
-/// `expected` or 5 s pass: the driver takes a free slot off the list for a
-/// moment by itself, to reset it when its server disconnects (which a
-/// failed server does right after its failed transfer).
-fn settled(pool: &hipobj::core::pool::Pool, expected: usize) -> usize {
-    let until = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let back = pool.free_count() + pool.retired_count();
-        if back >= expected || std::time::Instant::now() >= until {
-            return back;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 fn asynchronous(function: &str) -> bool {
     matches!(
         function,
@@ -237,8 +222,9 @@ fn a_transfer_survives_the_failure_of_each_call() {
                     "{direction:?} {function}#{k}: {e}"
                 );
             }
+            let pool = inst.pool();
             assert_eq!(
-                settled(inst.pool(), pool_size),
+                pool.free_count() + pool.retired_count(),
                 pool_size,
                 "{direction:?} {function}#{k}: lost a lease"
             );
@@ -316,7 +302,12 @@ fn a_first_transfer_with_its_handshake_survives_the_failure_of_each_call() {
         if let Err(e) = inst.transfer(Direction::Get, slice, &mut world.server.session(Op::Get)) {
             assert!(DOCUMENTED.contains(&e.code()), "{function}#{k}: {e}");
         }
-        assert_eq!(settled(inst.pool(), 2), 2, "{function}#{k}: lost a lease");
+        let pool = inst.pool();
+        assert_eq!(
+            pool.free_count() + pool.retired_count(),
+            2,
+            "{function}#{k}: lost a lease"
+        );
         world.platform.faults.clear();
         inst.transfer(Direction::Get, slice, &mut world.server.session(Op::Get))
             .unwrap_or_else(|e| panic!("after {function}#{k}: {e}"));

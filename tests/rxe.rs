@@ -434,7 +434,7 @@ mod hostile {
     use hipobj::core::token::Token;
     use hipobj::core::transfer::Direction;
     use hipobj::core::{Code, Config, Current, Instance, Options};
-    use hipobj::platform::{self, Access, SendOp, SendWr, Sge, WcStatus};
+    use hipobj::platform::{self, Access, WcStatus};
     use hipobj::server::{ClientQp, DialPolicy, LocalBuf, Op, ServerConfig, ServerSide};
     use hipobj::testing::world::Scripted;
 
@@ -503,25 +503,7 @@ mod hostile {
         ) -> Option<WcStatus> {
             let conn = self.side.connection(client)?;
             let conn = conn.lock();
-            let op = match op {
-                Op::Get => SendOp::Write { remote_addr, rkey },
-                Op::Put => SendOp::Read { remote_addr, rkey },
-            };
-            let wr = SendWr {
-                wr_id: 0x7072_6f62,
-                op,
-                sge: Some(Sge {
-                    addr: self.local.addr,
-                    len: 64,
-                    lkey: self.local.mr.lkey(),
-                }),
-                signaled: true,
-            };
-            conn.qp.post_send(&[wr]).ok()?;
-            platform::wait_for_completion(&*conn.cq, 0x7072_6f62, deadline())
-                .ok()
-                .flatten()
-                .map(|c| c.status)
+            hipobj::server::probe(&conn, op, &self.local, remote_addr, rkey, 64, deadline())
         }
     }
 

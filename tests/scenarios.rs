@@ -354,13 +354,6 @@ fn misbehaving(behaviour: Behaviour, expected: Code) {
         "{behaviour:?} took {:?}",
         started.elapsed()
     );
-    // The driver may still be resetting the connection of a server that
-    // disconnected after its failure (it takes the free slot off the list
-    // for that moment).
-    let until = std::time::Instant::now() + Duration::from_secs(5);
-    while inst.pool().free_count() < 4 && std::time::Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(1));
-    }
     assert_eq!(
         inst.pool().free_count(),
         4,

@@ -727,9 +727,21 @@ impl Conn {
 
     /// The idle timeout of an unused established link passed.
     pub fn on_idle(&mut self, env: &mut Env<'_>) {
-        if matches!(self.job, Job::Free) && env.pool.take_free(self.index) {
-            self.reset(env);
-            self.release_free(env);
+        if matches!(self.job, Job::Free) && env.pool.is_free(self.index) {
+            self.reset_free(env);
+        }
+    }
+
+    /// Resets a connection with no job: on the free list, or leased by a
+    /// thread whose Arm has not arrived (the driver runs it after this
+    /// transition, on the reset link). The slot stays on the free list,
+    /// which is told what changed (no server any more, or retired).
+    fn reset_free(&mut self, env: &mut Env<'_>) {
+        self.reset(env);
+        if self.is_retired() {
+            env.pool.take_free(self.index);
+        } else {
+            env.pool.refresh(self.slot_info());
         }
     }
 
@@ -1212,14 +1224,7 @@ impl Conn {
                 ))),
                 env,
             ),
-            Job::Free | Job::Leased => {
-                if matches!(self.job, Job::Free) && env.pool.take_free(self.index) {
-                    self.reset(env);
-                    self.release_free(env);
-                } else {
-                    self.reset(env);
-                }
-            }
+            Job::Free | Job::Leased => self.reset_free(env),
         }
     }
 

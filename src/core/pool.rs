@@ -27,7 +27,7 @@ pub struct SlotInfo {
     pub index: usize,
     /// The lease's epoch: the driver ignores commands of another one.
     pub epoch: u64,
-    /// The QP's number (the token names it).
+    /// The connection's name: its first QP's number, which tokens carry.
     pub qp_num: u32,
     /// The rkey the connection's memory window carries now, where the
     /// device has windows (the token's rkey is its index with a new key).
@@ -143,16 +143,26 @@ impl Pool {
         self.available.notify_one();
     }
 
-    /// Takes slot `index` off the free list if it is there (the driver, to
-    /// work on an idle connection); `false` if a thread leased it.
-    pub fn take_free(&self, index: usize) -> bool {
+    /// Takes slot `index` off the free list if it is there (the driver,
+    /// for a free connection it retired).
+    pub fn take_free(&self, index: usize) {
         let mut inner = self.inner.lock();
-        match inner.free.iter().position(|s| s.index == index) {
-            Some(pos) => {
-                inner.free.swap_remove(pos);
-                true
-            }
-            None => false,
+        if let Some(pos) = inner.free.iter().position(|s| s.index == index) {
+            inner.free.swap_remove(pos);
+        }
+    }
+
+    /// Whether slot `index` is on the free list (not leased).
+    pub fn is_free(&self, index: usize) -> bool {
+        self.inner.lock().free.iter().any(|s| s.index == index)
+    }
+
+    /// Replaces what the free list says of `info`'s slot, if it is there
+    /// (the driver, after changing a free connection).
+    pub fn refresh(&self, info: SlotInfo) {
+        let mut inner = self.inner.lock();
+        if let Some(slot) = inner.free.iter_mut().find(|s| s.index == info.index) {
+            *slot = info;
         }
     }
 
@@ -167,11 +177,6 @@ impl Pool {
     pub fn close(&self) {
         self.inner.lock().closed = true;
         self.available.notify_all();
-    }
-
-    /// Whether [`Pool::close`] was called.
-    pub fn is_closed(&self) -> bool {
-        self.inner.lock().closed
     }
 
     /// The driver stopped with `why`: every lease fails with it from now

@@ -501,26 +501,8 @@ impl TestServer {
     ) -> Option<WcStatus> {
         let conn = self.side.connection(client)?;
         let conn = conn.lock();
-        let op = match op {
-            Op::Get => SendOp::Write { remote_addr, rkey },
-            Op::Put => SendOp::Read { remote_addr, rkey },
-        };
-        let wr = SendWr {
-            wr_id: 0x7072_6f62,
-            op,
-            sge: Some(Sge {
-                addr: self.mr.addr(),
-                len,
-                lkey: self.mr.lkey(),
-            }),
-            signaled: true,
-        };
-        conn.qp.post_send(&[wr]).ok()?;
-        let deadline = Instant::now() + self.step_timeout;
-        crate::platform::wait_for_completion(&*conn.cq, 0x7072_6f62, deadline)
-            .ok()
-            .flatten()
-            .map(|c| c.status)
+        let until = Instant::now() + self.step_timeout;
+        crate::server::probe(&conn, op, &self.local(), remote_addr, rkey, len, until)
     }
 
     /// A hostile server's move: an in-band proof of `token` on this
