@@ -223,22 +223,9 @@ impl Instance {
     /// application-driven tokens first (their access is revoked, whatever
     /// their transfer was doing), as the original's deregistration does.
     pub fn deregister(&self, base: usize) -> Result<()> {
-        let done = Arc::new(Mailbox::new());
-        if self
-            .commands()
-            .send(
-                Command::EndTokens {
-                    base,
-                    done: done.clone(),
-                },
-                true,
-            )
-            .is_ok()
-        {
-            let deadline = Instant::now() + self.options.completion_timeout + DRIVER_GRACE;
-            if done.wait(Some(deadline)).is_none() {
-                return Err(late("ending the buffer's tokens"));
-            }
+        let within = self.options.completion_timeout + DRIVER_GRACE;
+        if !self.driver_does(|done| Command::EndTokens { base, done }, within) {
+            return Err(late("ending the buffer's tokens"));
         }
         self.tokens.lock().retain(|t| t.base != base);
         self.abandoned.prune_all();
@@ -541,27 +528,38 @@ impl Instance {
         {
             return;
         }
-        let done = Arc::new(Mailbox::new());
-        let sent = self.commands().send(
-            Command::EndToken {
-                qp_num: token.qp_num,
-                secret: token.secret,
-                done: done.clone(),
+        let (qp_num, secret) = (token.qp_num, token.secret);
+        // Late or not, what the driver has ended is pruned below.
+        let _ = self.driver_does(
+            |done| Command::EndToken {
+                qp_num,
+                secret,
+                done,
             },
-            true,
+            DRIVER_GRACE,
         );
-        if sent.is_ok() {
-            let _ = done.wait(Some(Instant::now() + DRIVER_GRACE));
-        }
         self.tokens
             .lock()
             .retain(|t| !(t.secret == token.secret && t.mailbox.peek().is_some()));
     }
+
+    /// Sends the driver the command `make` builds around a mailbox it
+    /// fills when done, and waits up to `within` for that. `false` only if
+    /// the driver took the command and did not answer in time (a stopped
+    /// driver has ended every job already).
+    fn driver_does(&self, make: impl FnOnce(Arc<Mailbox>) -> Command, within: Duration) -> bool {
+        let done = Arc::new(Mailbox::new());
+        if self.commands().send(make(done.clone()), true).is_err() {
+            return true;
+        }
+        done.wait(Some(Instant::now() + within)).is_some()
+    }
 }
 
 /// Hands the job to the driver on `lease`'s slot; returns where its
-/// outcome will be. A job with a `deadline` is an application-driven
-/// token (no thread waits on it), and wakes the driver.
+/// outcome will be. A `detached` job (an application-driven token: no
+/// thread waits on it) wakes the driver, which must watch its deadline;
+/// a transfer's Arm is read before its server can cause any event.
 fn arm(
     lease: &mut Lease,
     token: Token,
