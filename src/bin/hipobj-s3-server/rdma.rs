@@ -227,7 +227,8 @@ impl Rdma {
             while *in_use + charge > self.memory_bytes {
                 if self.returned.wait_until(&mut in_use, deadline).timed_out() {
                     return Err(TakeError::Busy(format!(
-                        "the transfers in progress hold the whole memory budget                          (--rdma-memory-bytes {})",
+                        "the transfers in progress hold the whole memory budget \
+                         (--rdma-memory-bytes {})",
                         self.memory_bytes
                     )));
                 }

@@ -140,7 +140,8 @@ impl RdmaS3 {
             ),
             Ok(token) => match &self.rdma {
                 Some(rdma) if !rdma.may_dial(&token, source) => format!(
-                    "the token names {}, which this server may not connect to for a request                      from {} (see --rdma-allow)",
+                    "the token names {}, which this server may not connect to for a request \
+                     from {} (see --rdma-allow)",
                     hipobj::core::nic::ip_of(&token.gid),
                     source.map_or("an unknown address".to_owned(), |s| s.to_string())
                 ),
