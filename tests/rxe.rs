@@ -565,6 +565,18 @@ mod hostile {
                 .transfer(direction, self.slice(len), &mut Scripted::new(answer))
         }
 
+        /// A GET of `HALF` bytes that `server` serves as it should; the
+        /// token it was sent.
+        fn served_get(&self, server: &Server, what: &str) -> Token {
+            let mut seen = None;
+            self.transfer(Op::Get, HALF, |t| {
+                seen = Some(*t);
+                server.serve(t, Op::Get)
+            })
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            seen.expect("the server was sent a token")
+        }
+
         /// Waits until every slot is back.
         fn settle(&self) -> bool {
             let until = Instant::now() + Duration::from_secs(20);
@@ -606,14 +618,7 @@ mod hostile {
                 let mut old = Server::new();
                 let mut new = Server::new();
                 old.fill(1);
-                let mut first = None;
-                client
-                    .transfer(Op::Get, HALF, |t| {
-                        first = Some(*t);
-                        old.serve(t, Op::Get)
-                    })
-                    .expect("the old server's GET");
-                let first = first.unwrap();
+                let first = client.served_get(&old, "the old server's GET");
                 new.fill(2);
                 let uploaded = pattern(LEN, 3);
                 if op == Op::Put {
@@ -675,14 +680,7 @@ mod hostile {
         let mut server = Server::new();
         let hijacker = Server::new();
         server.fill(6);
-        let mut used = None;
-        client
-            .transfer(Op::Get, HALF, |t| {
-                used = Some(*t);
-                server.serve(t, Op::Get)
-            })
-            .expect("a GET");
-        let used = used.unwrap();
+        let used = client.served_get(&server, "a GET");
         assert!(server
             .side
             .connect_with(&used, &encode_connect(&used), deadline())
@@ -768,14 +766,7 @@ mod hostile {
         let client = Client::new(options());
         let mut server = Server::new();
         server.fill(7);
-        let mut seen = None;
-        client
-            .transfer(Op::Get, HALF, |t| {
-                seen = Some(*t);
-                server.serve(t, Op::Get)
-            })
-            .expect("a GET");
-        let token = seen.unwrap();
+        let token = client.served_get(&server, "a GET");
         // On its kept connection, the server writes with the ended token.
         let status = server.probe(&ClientQp::of(&token), Op::Get, token.addr, token.rkey);
         assert_ne!(
