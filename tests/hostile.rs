@@ -803,6 +803,36 @@ fn an_idle_connection_whose_qp_fails_is_reset_before_the_next_transfer() {
 }
 
 #[test]
+fn an_idle_connection_that_cannot_be_reset_is_retired_and_never_leased_again() {
+    let up = Up::new();
+    let server = up.world.server.clone();
+    server.set_object(&pattern(LEN, 15));
+    let token = recorded(&up, &server, Op::Get, HALF);
+    // The idle connection's QP fails (the old token is refused), and its
+    // reset fails too.
+    let faults = &up.world.platform.faults;
+    faults.fail_always("ibv_modify_qp");
+    assert!(nothing_left(&server, &token));
+    let pool = up.inst.pool();
+    let until = Instant::now() + Duration::from_secs(5);
+    while pool.retired_count() == 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    faults.clear();
+    assert_eq!(pool.retired_count(), 1, "the connection was retired");
+    assert_eq!(pool.free_count(), SLOTS - 1, "and is not on the free list");
+    // The thread's last connection is gone: its next transfers run on the
+    // others.
+    for seed in 16..20 {
+        server.set_object(&pattern(LEN, seed));
+        up.transfer(Op::Get, &server, HALF)
+            .unwrap_or_else(|e| panic!("after the retirement: {e}"));
+        assert_eq!(&up.buf[..HALF], &pattern(LEN, seed)[..HALF]);
+    }
+    assert!(up.all_free());
+}
+
+#[test]
 fn completions_that_arrive_late_change_nothing_but_their_own_operation() {
     let up = Up::new();
     let server = up.world.server.clone();
