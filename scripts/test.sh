@@ -7,7 +7,9 @@ bash scripts/setup.sh
 
 echo "== format, lints, docs"
 cargo fmt --check
+cargo fmt --check --manifest-path fuzz/Cargo.toml
 cargo clippy --locked --all-targets --features vm-lane,s3-server -- -D warnings
+cargo clippy --locked --all-targets --manifest-path fuzz/Cargo.toml -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --features server
 
 echo "== release library: SONAME and exports"
@@ -20,6 +22,9 @@ HIPOBJ_TEST_SANITIZE=address,undefined cargo test --locked --test c_api
 
 echo "== tests (with the S3 server: its own tests and the examples' HTTP paths)"
 cargo test --locked --features s3-server
+
+echo "== fuzz targets, short runs (docs/reliability.md; the seeds and every regression)"
+HIPOBJ_FUZZ_SECONDS=60 bash scripts/fuzz.sh 1000000
 
 echo "== Soft-RoCE lane (real verbs, the S3 server and the examples in a VM)"
 bash scripts/vm/lane.sh

@@ -58,6 +58,11 @@ pub enum Malformed {
     /// The token does not decode, or is not a `0x02` token.
     #[error("the token is not a valid 0x02 token")]
     BadToken,
+    /// A byte this version sends as zero (the header's last two, a
+    /// connect request's reserved four) is not: not a message this side
+    /// wrote, or a later version's under this version's number.
+    #[error("a byte that is zero in version {VERSION} is not")]
+    NotZero,
 }
 
 fn header(kind: Kind) -> [u8; HEADER_LEN] {
@@ -79,6 +84,9 @@ fn check_header(data: &[u8], len: usize, kind: Kind) -> Result<&[u8], Malformed>
     }
     if data[5] != kind as u8 {
         return Err(Malformed::Kind(data[5]));
+    }
+    if data[6..HEADER_LEN] != [0, 0] {
+        return Err(Malformed::NotZero);
     }
     Ok(data)
 }
@@ -104,7 +112,11 @@ pub fn encode_connect(token: &Token) -> [u8; CONNECT_DATA_LEN] {
 
 /// Reads a connect request's (padded) private data.
 pub fn decode_connect(data: &[u8]) -> Result<Token, Malformed> {
-    token_at(check_header(data, CONNECT_DATA_LEN, Kind::Connect)?)
+    let data = check_header(data, CONNECT_DATA_LEN, Kind::Connect)?;
+    if data[HEADER_LEN + TOKEN_BYTES..] != [0; CONNECT_DATA_LEN - HEADER_LEN - TOKEN_BYTES] {
+        return Err(Malformed::NotZero);
+    }
+    token_at(data)
 }
 
 /// The payload of an in-band proof.
@@ -211,6 +223,25 @@ mod tests {
         let mut bad = good;
         bad[8] = 0x7f;
         assert_eq!(decode_connect(&bad), Err(Malformed::BadToken));
+    }
+
+    /// Found by the connect_data and proof fuzz targets: decoders took any
+    /// value in the bytes docs/protocol.md gives as zero.
+    #[test]
+    fn the_bytes_that_are_zero_must_be_zero() {
+        for at in [6, 7, 52, 53, 54, 55] {
+            let mut bad = encode_connect(&token());
+            bad[at] = 0x5b;
+            assert_eq!(decode_connect(&bad), Err(Malformed::NotZero), "byte {at}");
+        }
+        for at in [6, 7] {
+            let mut bad = encode_proof(&token());
+            bad[at] = 0x34;
+            assert_eq!(decode_proof(&bad), Err(Malformed::NotZero), "byte {at}");
+            let mut bad = encode_reject();
+            bad[at] = 1;
+            assert!(!is_refusal(&bad), "byte {at}");
+        }
     }
 
     #[test]

@@ -231,6 +231,65 @@ impl Token {
     }
 }
 
+/// Why an `x-amz-rdma-token` header's value was refused ([`parse_header`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    /// The 88 digits before any suffix are not a token.
+    #[error("malformed token ({0})")]
+    Token(#[from] TokenError),
+    /// The suffix is not `:<addr>:<size>` of two numbers; says which part.
+    #[error("malformed token suffix ({0})")]
+    Suffix(&'static str),
+    /// The suffix's size is not the token's length.
+    #[error("the suffix's size {size} is not the token's length {length}")]
+    Size {
+        /// The suffix's size.
+        size: u64,
+        /// The token's length.
+        length: u64,
+    },
+}
+
+/// Parses an `x-amz-rdma-token` header's value as a server receives it: 88
+/// hex digits, optionally followed by `:<addr>:<size>` (what the original's
+/// clients send), each a decimal or `0x` hex number, whose size must be the
+/// token's length. The token's own address is authoritative; the suffix's
+/// is only checked to be a number.
+pub fn parse_header(value: &[u8]) -> Result<Token, HeaderError> {
+    let mut parts = value.split(|&b| b == b':');
+    let hex = parts.next().unwrap_or_default();
+    let token = Token::parse_hex(hex)?;
+    match (parts.next(), parts.next(), parts.next()) {
+        (None, _, _) => Ok(token),
+        (Some(addr), Some(size), None) => {
+            suffix_number(addr).ok_or(HeaderError::Suffix("address"))?;
+            let size = suffix_number(size).ok_or(HeaderError::Suffix("size"))?;
+            if size != token.length {
+                return Err(HeaderError::Size {
+                    size,
+                    length: token.length,
+                });
+            }
+            Ok(token)
+        }
+        _ => Err(HeaderError::Suffix("expected :<addr>:<size>")),
+    }
+}
+
+/// A decimal or `0x`-hex number of a token suffix: digits only, no sign or
+/// space, within 64 bits.
+fn suffix_number(text: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(text).ok()?;
+    match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+        Some(hex) if !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            u64::from_str_radix(hex, 16).ok()
+        }
+        Some(_) => None,
+        None if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => text.parse().ok(),
+        None => None,
+    }
+}
+
 /// Copies the `N` bytes of the field that starts at `at`.
 fn field<const N: usize>(bytes: &[u8; TOKEN_BYTES], at: usize) -> [u8; N] {
     let mut out = [0u8; N];
@@ -402,5 +461,56 @@ mod tests {
             }
             prop_assert_eq!(Token::parse_hex(&text).unwrap().to_bytes(), raw);
         }
+    }
+
+    fn of_4096() -> Token {
+        Token {
+            length: 4096,
+            ..rc_cm()
+        }
+    }
+
+    fn rc_cm_hex() -> String {
+        String::from_utf8(of_4096().to_hex().to_vec()).unwrap()
+    }
+
+    #[test]
+    fn a_token_alone_or_with_the_originals_suffix_parses() {
+        assert_eq!(parse_header(rc_cm_hex().as_bytes()), Ok(of_4096()));
+        for suffix in [":140737488355328:4096", ":0x7fff0000:4096", ":1:0x1000"] {
+            let value = format!("{}{suffix}", rc_cm_hex());
+            assert_eq!(parse_header(value.as_bytes()), Ok(of_4096()), "{suffix}");
+        }
+    }
+
+    #[test]
+    fn a_suffix_must_be_well_formed_and_its_size_the_tokens_length() {
+        for suffix in [
+            ":1:4097",
+            ":1:4095",
+            ":1",
+            ":1:4096:9",
+            "::4096",
+            ":1:",
+            ":x:4096",
+            ":1:-4096",
+            ":1: 4096",
+            ":0x:4096",
+        ] {
+            let value = format!("{}{suffix}", rc_cm_hex());
+            assert!(
+                parse_header(value.as_bytes()).is_err(),
+                "{suffix} was accepted"
+            );
+        }
+        let size = parse_header(format!("{}:1:4097", rc_cm_hex()).as_bytes()).unwrap_err();
+        assert_eq!(
+            size,
+            HeaderError::Size {
+                size: 4097,
+                length: 4096
+            }
+        );
+        assert!(parse_header(b"zz").is_err());
     }
 }

@@ -12,6 +12,7 @@
 //! finish and exits 0.
 
 mod cli;
+mod range;
 mod rdma;
 mod s3;
 

@@ -33,13 +33,14 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use futures::StreamExt;
-use hipobj::core::token::{Token, Transport};
+use hipobj::core::token::{parse_header, Token, Transport};
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use s3s::dto::*;
 use s3s::{s3_error, S3Error, S3Request, S3Response, S3Result, S3};
 use s3s_fs::FileSystem;
 
+use crate::range;
 use crate::rdma::{Failure, Label, Rdma, TakeError};
 
 /// The TCP peer of an HTTP request, put into its extensions by the
@@ -71,43 +72,6 @@ enum Ask {
     Rdma(Token, Arc<Rdma>, Option<IpAddr>),
 }
 
-/// Parses an `x-amz-rdma-token` value: 88 hex digits, optionally followed
-/// by `:<addr>:<size>` (the original's clients), whose size must be the
-/// token's length.
-pub fn parse_token(value: &[u8]) -> Result<Token, String> {
-    let mut parts = value.split(|&b| b == b':');
-    let hex = parts.next().unwrap_or_default();
-    let token = Token::parse_hex(hex).map_err(|e| format!("malformed token ({e:?})"))?;
-    match (parts.next(), parts.next(), parts.next()) {
-        (None, _, _) => Ok(token),
-        (Some(addr), Some(size), None) => {
-            number(addr).ok_or("malformed token suffix (address)")?;
-            let size = number(size).ok_or("malformed token suffix (size)")?;
-            if size != token.length {
-                return Err(format!(
-                    "the suffix's size {size} is not the token's length {}",
-                    token.length
-                ));
-            }
-            Ok(token)
-        }
-        _ => Err("malformed token suffix (expected :<addr>:<size>)".into()),
-    }
-}
-
-/// A decimal or `0x`-hex number of a token suffix.
-fn number(text: &[u8]) -> Option<u64> {
-    let text = std::str::from_utf8(text).ok()?;
-    match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
-        Some(hex) if !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
-            u64::from_str_radix(hex, 16).ok()
-        }
-        Some(_) => None,
-        None if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => text.parse().ok(),
-        None => None,
-    }
-}
-
 impl RdmaS3 {
     /// The operations over `fs`; `rdma` is `None` when RDMA is off.
     pub fn new(fs: FileSystem, rdma: Option<Arc<Rdma>>, region: String) -> RdmaS3 {
@@ -126,14 +90,54 @@ impl RdmaS3 {
         }
     }
 
+    /// GetObject from the backend, with a suffix range resolved first
+    /// (`range::for_backend`).
+    async fn backend_get(
+        &self,
+        mut req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        if let Some(range @ Range::Suffix { .. }) = req.input.range {
+            let head = S3Request {
+                input: HeadObjectInput {
+                    bucket: req.input.bucket.clone(),
+                    key: req.input.key.clone(),
+                    ..HeadObjectInput::default()
+                },
+                method: req.method.clone(),
+                uri: req.uri.clone(),
+                headers: req.headers.clone(),
+                extensions: http::Extensions::new(),
+                credentials: req.credentials.clone(),
+                region: req.region.clone(),
+                service: req.service.clone(),
+                trailing_headers: None,
+            };
+            let len = self
+                .fs
+                .head_object(head)
+                .await?
+                .output
+                .content_length
+                .and_then(|n| u64::try_from(n).ok())
+                .ok_or_else(|| s3_error!(InternalError, "the backend gave no content length"))?;
+            req.input.range = Some(range::for_backend(range, len).ok_or_else(|| {
+                s3_error!(
+                    InvalidRange,
+                    "the range selects none of the object's {len} bytes"
+                )
+            })?);
+        }
+        self.fs.get_object(req).await
+    }
+
     /// What the request's `x-amz-rdma-token` asks for. A decline is logged.
     fn ask<T>(&self, req: &S3Request<T>, what: &str) -> Ask {
         let Some(value) = req.headers.get(TOKEN) else {
             return Ask::Plain;
         };
         let source = req.extensions.get::<Peer>().map(|p| p.0.ip());
-        let why = match parse_token(value.as_bytes()) {
-            Err(e) => e,
+        let why = match parse_header(value.as_bytes()) {
+            Err(e) => e.to_string(),
             Ok(token) if token.transport != Transport::RcCm => format!(
                 "transport {:#04x}: this server connects through RDMA CM (0x02) only",
                 token.transport.to_byte()
@@ -162,7 +166,7 @@ impl RdmaS3 {
         source: Option<IpAddr>,
         what: String,
     ) -> S3Result<S3Response<GetObjectOutput>> {
-        let mut resp = self.fs.get_object(req).await.map_err(echo_status)?;
+        let mut resp = self.backend_get(req).await.map_err(echo_status)?;
         let length = resp
             .output
             .content_length
@@ -384,8 +388,8 @@ macro_rules! rdma_s3 {
                 self.check_region(&req)?;
                 let what = object(&req.input.bucket, &req.input.key);
                 match self.ask(&req, &format!("GET {what}")) {
-                    Ask::Plain => self.fs.get_object(req).await,
-                    Ask::Decline(_) => match self.fs.get_object(req).await {
+                    Ask::Plain => self.backend_get(req).await,
+                    Ask::Decline(_) => match self.backend_get(req).await {
                         Ok(mut resp) => {
                             resp.headers.insert(REPLY, HeaderValue::from(501u16));
                             Ok(resp)
@@ -473,61 +477,4 @@ rdma_s3! {
     list_parts: ListPartsInput => ListPartsOutput;
     complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput;
     abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn token() -> Token {
-        Token {
-            transport: Transport::RcCm,
-            qp_num: 17,
-            gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 0, 2, 1],
-            rkey: 0x1234,
-            addr: 0x7f00_0000_0000,
-            length: 4096,
-            port: 0,
-            lid: 4791,
-            secret: 7,
-        }
-    }
-
-    fn hex() -> String {
-        String::from_utf8(token().to_hex().to_vec()).unwrap()
-    }
-
-    #[test]
-    fn a_token_alone_or_with_the_originals_suffix_parses() {
-        assert_eq!(parse_token(hex().as_bytes()), Ok(token()));
-        for suffix in [":140737488355328:4096", ":0x7fff0000:4096", ":1:0x1000"] {
-            let value = format!("{}{suffix}", hex());
-            assert_eq!(parse_token(value.as_bytes()), Ok(token()), "{suffix}");
-        }
-    }
-
-    #[test]
-    fn a_suffix_must_be_well_formed_and_its_size_the_tokens_length() {
-        for suffix in [
-            ":1:4097",
-            ":1:4095",
-            ":1",
-            ":1:4096:9",
-            "::4096",
-            ":1:",
-            ":x:4096",
-            ":1:-4096",
-            ":1: 4096",
-            ":0x:4096",
-        ] {
-            let value = format!("{}{suffix}", hex());
-            assert!(
-                parse_token(value.as_bytes()).is_err(),
-                "{suffix} was accepted"
-            );
-        }
-        let size = parse_token(format!("{}:1:4097", hex()).as_bytes()).unwrap_err();
-        assert!(size.contains("4097") && size.contains("4096"), "{size}");
-        assert!(parse_token(b"zz").is_err());
-    }
 }

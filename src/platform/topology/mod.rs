@@ -23,7 +23,7 @@
 
 #![forbid(unsafe_code)]
 
-mod parse;
+pub mod parse;
 
 use std::fs::{self, File};
 use std::io::{ErrorKind, Read};

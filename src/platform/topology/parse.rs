@@ -16,7 +16,7 @@ const IB_PORT_ACTIVE: u32 = 4;
 /// The lowercased PCI address `text` names (`dddd:bb:dd.f`), or `None` if it
 /// is not one. The domain may be longer than four digits: the kernel prints
 /// it with `%04x`, and Intel VMD domains start at `10000`.
-pub(super) fn pci_address(text: &str) -> Option<String> {
+pub fn pci_address(text: &str) -> Option<String> {
     let address = text.to_ascii_lowercase();
     let (domain, rest) = address.split_once(':')?;
     let (bus, rest) = rest.split_once(':')?;
@@ -34,7 +34,7 @@ pub(super) fn pci_address(text: &str) -> Option<String> {
 /// A directory entry named by a plain decimal number (`ports/1`,
 /// `gids/12`); `"+1"` or `"01x"` are not numbers here, though `FromStr`
 /// accepts the first.
-pub(super) fn number<T: FromStr>(name: &str) -> Option<T> {
+pub fn number<T: FromStr>(name: &str) -> Option<T> {
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -43,7 +43,7 @@ pub(super) fn number<T: FromStr>(name: &str) -> Option<T> {
 
 /// `state`: `"4: ACTIVE"` (`"%d: %s"` of `enum ib_port_state`). The number
 /// decides; a bare name is accepted too.
-pub(super) fn port_state(text: &str) -> PortState {
+pub fn port_state(text: &str) -> PortState {
     let active = match text.split_once(':') {
         Some((number, _)) => number.trim().parse::<u32>().ok() == Some(IB_PORT_ACTIVE),
         None => text == "ACTIVE",
@@ -57,7 +57,7 @@ pub(super) fn port_state(text: &str) -> PortState {
 
 /// `active_mtu`: `"4096 (5)"`, the bytes then the `enum ib_mtu` value; the
 /// bytes decide.
-pub(super) fn mtu(text: &str) -> Option<Mtu> {
+pub fn mtu(text: &str) -> Option<Mtu> {
     let bytes: u32 = text.split_whitespace().next()?.parse().ok()?;
     (1..=5)
         .filter_map(Mtu::from_ibv)
@@ -66,7 +66,7 @@ pub(super) fn mtu(text: &str) -> Option<Mtu> {
 
 /// `link_layer`: `"Ethernet"` or `"InfiniBand"`; the kernel writes
 /// `"Unknown"` for anything else.
-pub(super) fn link_layer(text: &str) -> Option<LinkLayer> {
+pub fn link_layer(text: &str) -> Option<LinkLayer> {
     match text {
         "Ethernet" => Some(LinkLayer::Ethernet),
         "InfiniBand" => Some(LinkLayer::InfiniBand),
@@ -75,13 +75,13 @@ pub(super) fn link_layer(text: &str) -> Option<LinkLayer> {
 }
 
 /// `gids/<i>`: eight groups of four hex digits (`%pI6`).
-pub(super) fn gid(text: &str) -> Option<Gid> {
+pub fn gid(text: &str) -> Option<Gid> {
     Ipv6Addr::from_str(text).ok().map(|addr| addr.octets())
 }
 
 /// `gid_attrs/types/<i>` on an Ethernet port: `"IB/RoCE v1"` or
 /// `"RoCE v2"` (`ib_cache_gid_type_str`).
-pub(super) fn gid_kind(text: &str) -> GidKind {
+pub fn gid_kind(text: &str) -> GidKind {
     match text {
         "IB/RoCE v1" => GidKind::RoceV1,
         "RoCE v2" => GidKind::RoceV2,
@@ -91,7 +91,7 @@ pub(super) fn gid_kind(text: &str) -> GidKind {
 
 /// `numa_node`: `"%d"`, `-1` (`NUMA_NO_NODE`) when the firmware does not
 /// say.
-pub(super) fn numa_node(text: &str) -> Option<i32> {
+pub fn numa_node(text: &str) -> Option<i32> {
     text.parse().ok().filter(|node: &i32| *node >= 0)
 }
 

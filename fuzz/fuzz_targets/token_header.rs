@@ -1,0 +1,27 @@
+//! `parse_header`: the `x-amz-rdma-token` header's value as an S3 server
+//! receives it, with the original clients' `:<addr>:<size>` suffix. What
+//! parses is the token of its first 88 digits, and a suffix's size is the
+//! token's length.
+#![no_main]
+
+use hipobj::core::token::{parse_header, Token, TOKEN_HEX_LEN};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(token) = parse_header(data) else {
+        return;
+    };
+    assert_eq!(Token::parse_hex(&data[..TOKEN_HEX_LEN]), Ok(token));
+    let suffix = &data[TOKEN_HEX_LEN..];
+    if !suffix.is_empty() {
+        let parts: Vec<&[u8]> = suffix[1..].split(|&b| b == b':').collect();
+        assert_eq!(suffix[0], b':');
+        assert_eq!(parts.len(), 2);
+        let size = std::str::from_utf8(parts[1]).unwrap();
+        let size = match size.strip_prefix("0x").or_else(|| size.strip_prefix("0X")) {
+            Some(hex) => u64::from_str_radix(hex, 16).unwrap(),
+            None => size.parse::<u64>().unwrap(),
+        };
+        assert_eq!(size, token.length);
+    }
+});
