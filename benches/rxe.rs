@@ -29,11 +29,20 @@
 //! failures on stderr. A missing device or a failed transfer or check ends
 //! the run with status 1.
 //!
+//! Many processes on one host: `processes get|put BYTES PROCS THREADS`
+//! starts PROCS copies of this program, each with its own instance, its own
+//! server side and THREADS streams (`throughput ... --gate`), lets them all
+//! start at once when every one has checked its bytes, and reports their
+//! aggregate throughput, from the start to the last one's end.
+//!
 //! Run (inside the VM, as root): `rxe [latency | throughput get|put BYTES
-//! STREAMS] [--volume-mib N] [--latency-iters N] [--handshake-iters N]`:
-//! everything, only the latency figures (with the handshakes and the
-//! verbs), or one throughput configuration, so that a script can alternate
-//! them with perftest's.
+//! STREAMS [--gate] | processes get|put BYTES PROCS THREADS] [--volume-mib
+//! N] [--latency-iters N] [--handshake-iters N]`: everything, only the
+//! latency figures (with the handshakes and the verbs), one throughput
+//! configuration, or one split of streams over processes, so that a script
+//! can alternate them with perftest's. `--gate` (for `processes`): after
+//! the check, print `ready` and wait for a line on stdin before timing;
+//! print `done` when the timed transfers end.
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::process::ExitCode;
@@ -74,6 +83,14 @@ enum What {
     Latency,
     /// One throughput configuration.
     Throughput { op: Op, size: usize, streams: usize },
+    /// One throughput configuration over `procs` processes of `threads`
+    /// streams each.
+    Processes {
+        op: Op,
+        size: usize,
+        procs: usize,
+        threads: usize,
+    },
 }
 
 /// Command-line settings.
@@ -86,6 +103,8 @@ struct Settings {
     latency_iters: usize,
     /// Timed 8-byte GETs, each on a fresh connection.
     handshake_iters: usize,
+    /// Start the timed transfers on a line from stdin (`--gate`).
+    gate: bool,
 }
 
 fn parse_args() -> Outcome<Settings> {
@@ -94,6 +113,7 @@ fn parse_args() -> Outcome<Settings> {
         volume: 64 << 20,
         latency_iters: 2000,
         handshake_iters: 40,
+        gate: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -110,27 +130,41 @@ fn parse_args() -> Outcome<Settings> {
             "--volume-mib" => settings.volume = value("a size")? << 20,
             "--latency-iters" => settings.latency_iters = to_usize(value("a count")?)?,
             "--handshake-iters" => settings.handshake_iters = to_usize(value("a count")?)?,
+            "--gate" => settings.gate = true,
             "latency" => settings.what = What::Latency,
-            "throughput" => {
+            mode @ ("throughput" | "processes") => {
                 let op = match args.next().as_deref() {
                     Some("get") => Op::Get,
                     Some("put") => Op::Put,
-                    other => return Err(format!("throughput: get or put, not {other:?}")),
+                    other => return Err(format!("{mode}: get or put, not {other:?}")),
                 };
                 let mut value = |what: &str| -> Outcome<usize> {
-                    let text = args.next().ok_or(format!("throughput needs {what}"))?;
+                    let text = args.next().ok_or(format!("{mode} needs {what}"))?;
                     text.parse::<usize>()
-                        .map_err(|_| format!("throughput: {text:?} is not a {what}"))
+                        .map_err(|_| format!("{mode}: {text:?} is not a {what}"))
                 };
                 let size = value("size in bytes")?;
-                let streams = value("stream count")?;
                 if size == 0 || size > u32::MAX as usize {
-                    return Err(format!("throughput: {size} bytes is out of range"));
+                    return Err(format!("{mode}: {size} bytes is out of range"));
                 }
-                if !(1..=STREAMS).contains(&streams) {
-                    return Err(format!("throughput: 1 to {STREAMS} streams, not {streams}"));
+                let (procs, streams) = match mode {
+                    "processes" => (value("process count")?, value("thread count")?),
+                    _ => (1, value("stream count")?),
+                };
+                if !(1..=STREAMS).contains(&streams) || !(1..=STREAMS).contains(&procs) {
+                    return Err(format!(
+                        "{mode}: 1 to {STREAMS} processes and streams, not {procs} and {streams}"
+                    ));
                 }
-                settings.what = What::Throughput { op, size, streams };
+                settings.what = match mode {
+                    "processes" => What::Processes {
+                        op,
+                        size,
+                        procs,
+                        threads: streams,
+                    },
+                    _ => What::Throughput { op, size, streams },
+                };
             }
             _ => return Err(format!("unknown argument {arg:?}")),
         }
@@ -522,9 +556,12 @@ fn throughput(
     size: usize,
     count: usize,
     seed: u64,
+    gate: bool,
 ) -> Outcome<()> {
     let n = streams.len();
     let barrier = Barrier::new(n);
+    let gate_passed = Barrier::new(n);
+    let gate_failure = std::sync::Mutex::new(None::<String>);
     let before = counters();
     /// A thread's start and end, its transfers, and its time on a CPU and
     /// waiting for one meanwhile.
@@ -539,15 +576,28 @@ fn throughput(
             .iter_mut()
             .enumerate()
             .map(|(i, stream)| {
-                let barrier = &barrier;
+                let (barrier, gate_passed, gate_failure) = (&barrier, &gate_passed, &gate_failure);
                 s.spawn(move || -> Outcome<Run> {
                     let local = stream.local.clone();
                     let mut app = App::new(side, &local, op);
                     let checked = stream.checked(&mut app, size, seed ^ ((i as u64 + 1) << 32));
-                    // Every thread reaches the barrier, even after a
+                    // Every thread reaches the barriers, even after a
                     // failure, so that the others are not left waiting.
                     barrier.wait();
+                    if gate && i == 0 {
+                        if let Err(e) = wait_at_gate() {
+                            *gate_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                        }
+                    }
+                    gate_passed.wait();
                     checked?;
+                    if let Some(e) = gate_failure
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone()
+                    {
+                        return Err(e);
+                    }
                     let (cpu, waited) = sched_times()?;
                     let start = Instant::now();
                     let mut times = Vec::with_capacity(count);
@@ -565,6 +615,9 @@ fn throughput(
             .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
             .collect()
     });
+    if gate {
+        println!("done");
+    }
     let runs = runs.into_iter().collect::<Outcome<Vec<Run>>>()?;
     let start = runs.iter().map(|r| r.0).min().ok_or("no stream")?;
     let end = runs.iter().map(|r| r.1).max().ok_or("no stream")?;
@@ -829,6 +882,137 @@ fn handshake(
     Ok(())
 }
 
+// ------------------------------------------------------------ processes
+
+/// `--gate`: tells the parent this process is ready, and waits for its go.
+fn wait_at_gate() -> Outcome<()> {
+    use std::io::{BufRead, Write};
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready")
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("gate: {e}"))?;
+    drop(out);
+    let mut line = String::new();
+    match std::io::stdin().lock().read_line(&mut line) {
+        Ok(0) => Err("gate: the parent closed stdin".into()),
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("gate: {e}")),
+    }
+}
+
+/// Reads `child`'s stdout up to a line `want`; the lines before it are
+/// returned.
+fn read_until(out: &mut impl std::io::BufRead, want: &str, child: usize) -> Outcome<Vec<String>> {
+    let mut seen = Vec::new();
+    loop {
+        let mut line = String::new();
+        match out.read_line(&mut line) {
+            Ok(0) => return Err(format!("process {child} ended before {want:?}")),
+            Ok(_) if line.trim_end() == want => return Ok(seen),
+            Ok(_) => seen.push(line.trim_end().to_owned()),
+            Err(e) => return Err(format!("process {child}: {e}")),
+        }
+    }
+}
+
+/// `procs` processes of `threads` streams each, all timed from one start:
+/// the aggregate throughput is every process's bytes over the time from
+/// the go to the last `done`.
+fn processes(
+    settings: &Settings,
+    op: Op,
+    size: usize,
+    procs: usize,
+    threads: usize,
+) -> Outcome<()> {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    let exe = std::env::current_exe().map_err(|e| format!("this program: {e}"))?;
+    let volume_mib = (settings.volume >> 20).div_ceil(procs as u64).max(1);
+    let mut children = Vec::with_capacity(procs);
+    for _ in 0..procs {
+        let child = Command::new(&exe)
+            .args([
+                "throughput",
+                op_name(op),
+                &size.to_string(),
+                &threads.to_string(),
+            ])
+            .args(["--volume-mib", &volume_mib.to_string(), "--gate"])
+            .env("HIPOBJ_MAX_TRANSFERS", threads.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", exe.display()))?;
+        children.push(child);
+    }
+    let outcome = (|| -> Outcome<()> {
+        let mut outs = Vec::with_capacity(procs);
+        for (i, child) in children.iter_mut().enumerate() {
+            let mut out = BufReader::new(child.stdout.take().ok_or("no stdout")?);
+            read_until(&mut out, "ready", i)?;
+            outs.push(out);
+        }
+        let start = Instant::now();
+        for child in &mut children {
+            let stdin = child.stdin.as_mut().ok_or("no stdin")?;
+            stdin
+                .write_all(b"go\n")
+                .and_then(|()| stdin.flush())
+                .map_err(|e| format!("go: {e}"))?;
+        }
+        for (i, out) in outs.iter_mut().enumerate() {
+            read_until(out, "done", i)?;
+        }
+        let wall = start.elapsed().as_secs_f64();
+        let mut transfers = 0.0;
+        for (i, out) in outs.iter_mut().enumerate() {
+            let lines: Vec<String> = out
+                .lines()
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?;
+            let count = lines
+                .iter()
+                .filter_map(|l| {
+                    let mut f = l.split_whitespace();
+                    let name = f.next()?;
+                    name.ends_with("_transfers")
+                        .then(|| f.next()?.parse::<f64>().ok())?
+                })
+                .next()
+                .ok_or(format!("process {i} reported no transfers"))?;
+            transfers += count;
+        }
+        let name = format!("{}_{}_p{procs}x{threads}", op_name(op), size_name(size));
+        report(
+            &format!("{name}_throughput"),
+            transfers * size as f64 / wall / f64::from(1 << 20),
+            "MiB/s",
+        );
+        report(&format!("{name}_transfers"), transfers, "count");
+        report(&format!("{name}_seconds"), wall, "s");
+        Ok(())
+    })();
+    // Every child is waited for; on a failure the others are stopped.
+    let mut failed = Vec::new();
+    for (i, mut child) in children.into_iter().enumerate() {
+        if outcome.is_err() {
+            let _ = child.kill();
+        }
+        match child.wait() {
+            Ok(status) if status.success() => {}
+            Ok(status) => failed.push(format!("process {i}: {status}")),
+            Err(e) => failed.push(format!("process {i}: {e}")),
+        }
+    }
+    outcome?;
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("; "))
+    }
+}
+
 // ------------------------------------------------------------ main
 
 fn run(settings: &Settings) -> Outcome<()> {
@@ -872,6 +1056,7 @@ fn run(settings: &Settings) -> Outcome<()> {
             What::All => (STREAMS, SIZES[SIZES.len() - 1]),
             What::Latency => (1, SMALL),
             What::Throughput { size, streams, .. } => (streams, size),
+            What::Processes { .. } => return Err("processes runs in the parent".into()),
         };
         let mut streams = (0..count)
             .map(|_| Stream::new(&side, len))
@@ -890,7 +1075,7 @@ fn run(settings: &Settings) -> Outcome<()> {
                 .flat_map(|op| SIZES.into_iter().map(move |size| (op, size)))
                 .flat_map(|(op, size)| [(op, size, 1), (op, size, STREAMS)])
                 .collect(),
-            What::Latency => Vec::new(),
+            What::Latency | What::Processes { .. } => Vec::new(),
             What::Throughput { op, size, streams } => vec![(op, size, streams)],
         };
         for (seed, (op, size, n)) in (1..).zip(configs) {
@@ -900,7 +1085,15 @@ fn run(settings: &Settings) -> Outcome<()> {
                 op_name(op),
                 size_name(size)
             );
-            throughput(&side, &mut streams[..n], op, size, count, seed)?;
+            throughput(
+                &side,
+                &mut streams[..n],
+                op,
+                size,
+                count,
+                seed,
+                settings.gate,
+            )?;
         }
         Ok(())
     })();
@@ -922,7 +1115,16 @@ fn main() -> ExitCode {
     };
     // One connection per stream. No other thread runs yet.
     std::env::set_var("HIPOBJ_MAX_TRANSFERS", STREAMS.to_string());
-    match run(&settings) {
+    let outcome = match settings.what {
+        What::Processes {
+            op,
+            size,
+            procs,
+            threads,
+        } => processes(&settings, op, size, procs, threads),
+        _ => run(&settings),
+    };
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bench: FAILED: {e}");

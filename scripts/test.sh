@@ -23,6 +23,9 @@ HIPOBJ_TEST_SANITIZE=address,undefined cargo test --locked --test c_api
 echo "== tests (with the S3 server: its own tests and the examples' HTTP paths)"
 cargo test --locked --features s3-server
 
+echo "== loom: every interleaving of the free list, the mailbox and the command queue"
+bash scripts/loom.sh
+
 echo "== fuzz targets, short runs (docs/reliability.md; the seeds and every regression)"
 HIPOBJ_FUZZ_SECONDS=60 bash scripts/fuzz.sh 1000000
 

@@ -419,6 +419,120 @@ fn get_and_put_move_bytes_over_soft_roce() {
     assert_eq!(hipObjShutdown().opError, hipObjOpError_t::hipObjSuccess);
 }
 
+/// The device's count of packets it sent (both sides of every transfer
+/// here: the client and the server side share rxe0).
+fn sent_packets() -> u64 {
+    let path = "/sys/class/infiniband/rxe0/ports/1/hw_counters/sent_pkts";
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    text.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{path}: {text:?}: {e}"))
+}
+
+/// The lane boots at a path MTU (`scripts/vm/guest.sh --mtu`: 4096 with a
+/// 9000-byte netdev, as RoCE fabrics run, and 1024 with a 1500-byte one):
+/// the port runs at it, and whole GETs and PUTs on a kept connection move
+/// their data in packets of that size, the server side's CM connection
+/// included (a QP left at 1024 would send four times the packets at 4096).
+#[test]
+fn transfers_move_in_packets_of_the_lanes_path_mtu() {
+    let expected: u32 = std::env::var("HIPOBJ_LANE_PATH_MTU")
+        .expect("HIPOBJ_LANE_PATH_MTU: set by the lane's guest (scripts/vm/guest.sh)")
+        .parse()
+        .expect("HIPOBJ_LANE_PATH_MTU is a number");
+    let platform = platform::system();
+    let verbs = platform.verbs().expect("libibverbs");
+    let ctx = verbs.open(DEVICE).expect("the server's context");
+    assert_eq!(
+        ctx.query_port(1).expect("port 1").active_mtu.bytes(),
+        expected,
+        "rxe0's active MTU"
+    );
+    let pd = ctx.alloc_pd().expect("PD");
+    let len = 1usize << 20;
+    let mut store: Vec<u8> = (0..len).map(|i| (i * 13 % 251).to_le_bytes()[0]).collect();
+    let mr = pd
+        .reg_mr(store.as_mut_ptr() as usize, len, Access::LOCAL_WRITE)
+        .expect("server MR");
+    let local = hipobj::server::LocalBuf {
+        addr: mr.addr(),
+        mr,
+    };
+    let mut app = App {
+        side: in_process_server(&platform, ctx, pd),
+        local,
+        op: hipobj::server::Op::Get,
+        reply: Vec::new(),
+    };
+    let hint = std::ffi::CString::new(DEVICE).unwrap();
+    let mut config = gpu_less_config(&hint);
+    // SAFETY: a valid config whose strings outlive the call.
+    let init = unsafe { hipObjInit(&mut config) };
+    assert_eq!(init.opError, hipObjOpError_t::hipObjSuccess);
+    let mut buf = vec![0u8; len];
+    let mut ops = hipObjOps_t {
+        sendRequest: Some(send_request),
+        recvReply: Some(recv_reply),
+    };
+    let ctx_ptr: *mut std::ffi::c_void = (&mut app as *mut App).cast();
+    let transfer =
+        |op: hipobj::server::Op, size: usize, buf: &mut Vec<u8>, ops: &mut hipObjOps_t| {
+            // SAFETY: ctx_ptr is the App above, which outlives the call, as
+            // do the buffer (registered below) and the ops.
+            unsafe {
+                (*ctx_ptr.cast::<App>()).op = op;
+                let r = match op {
+                    hipobj::server::Op::Get => hipObjGet(
+                        std::ptr::null_mut(),
+                        buf.as_mut_ptr().cast(),
+                        size,
+                        0,
+                        ops,
+                        ctx_ptr,
+                    ),
+                    hipobj::server::Op::Put => hipObjPut(
+                        std::ptr::null_mut(),
+                        buf.as_ptr().cast(),
+                        size,
+                        0,
+                        ops,
+                        ctx_ptr,
+                    ),
+                };
+                assert_eq!(
+                    r.opError,
+                    hipObjOpError_t::hipObjSuccess,
+                    "{op:?} of {size} bytes"
+                );
+            }
+        };
+    // SAFETY: the buffer outlives its registration, deregistered below.
+    let reg = unsafe { hipObjBufRegisterHost(buf.as_mut_ptr().cast(), len) };
+    assert_eq!(reg.opError, hipObjOpError_t::hipObjSuccess);
+    // The connection is made by a first small GET, outside the counts.
+    transfer(hipobj::server::Op::Get, 4096, &mut buf, &mut ops);
+    let data = u64::try_from(len).unwrap() / u64::from(expected);
+    for op in [hipobj::server::Op::Get, hipobj::server::Op::Put] {
+        let before = sent_packets();
+        transfer(op, len, &mut buf, &mut ops);
+        let sent = sent_packets() - before;
+        // The data's packets, rxe's acknowledgements (one per 64 packets
+        // at most) and the proof, grant, final message and their ACKs.
+        assert!(
+            (data..=data + data / 16 + 32).contains(&sent),
+            "{op:?} of {len} bytes at path MTU {expected}: {sent} packets sent, {data} of data"
+        );
+    }
+    assert_eq!(buf, store, "the GET's bytes, PUT back");
+    // SAFETY: registered above.
+    let dereg = unsafe { hipObjBufDeregister(buf.as_mut_ptr().cast()) };
+    assert_eq!(dereg.opError, hipObjOpError_t::hipObjSuccess);
+    assert_eq!(hipObjShutdown().opError, hipObjOpError_t::hipObjSuccess);
+    // The server side (and its registration of the store) goes first.
+    drop(app);
+    drop(store);
+}
+
 // ---------------------------------------------------------------- hostile servers
 //
 // The attacks of `tests/hostile.rs` that rxe can show, on real queue pairs:

@@ -162,6 +162,22 @@ for rep in $(seq "$repeats"); do
             done
         done
     done
+    # Many processes on one host: 16 streams as 1 process of 16 threads, 4
+    # of 4 and 16 of 1, each split right after perftest's 16 QPs (one
+    # process), whose figures are named _rpN_<split>. ib_read_bw -q 16 at 16 MiB
+    # stalls on rxe (below): that split has no reference.
+    for size in 1048576 16777216; do
+        for op in get put; do
+            tool=ib_write_bw
+            [[ $op == get ]] || tool=ib_read_bw
+            for split in 1x16 4x4 16x1; do
+                if ((size != 16777216)) || [[ $op == get ]]; then
+                    bw "p${rep}_$split" "$tool" "$size" 16
+                fi
+                library "_rp$rep" processes "$op" "$size" "${split%x*}" "${split#*x}"
+            done
+        done
+    done
 done
 
 echo "bench-guest: perftest_write_lat_8B" >&2

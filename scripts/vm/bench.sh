@@ -6,9 +6,10 @@
 # perftest's on the same device, with each goal met or missed. Takes
 # /tmp/hipobj-vm.lock itself (do not wrap it in flock); run as root.
 #
-# Usage: bash scripts/vm/bench.sh [VOLUME_MIB [REPEATS]] (defaults 64 and 1:
-# 10 to 13 minutes in all; each more repetition adds 6 to 10; see
-# bench-guest.sh)
+# Usage: bash scripts/vm/bench.sh [VOLUME_MIB [REPEATS [NETDEV_MTU]]]
+# (defaults 64, 1 and 9000: 10 to 13 minutes in all; each more repetition
+# adds 6 to 10; see bench-guest.sh). NETDEV_MTU 9000 runs rxe at path MTU
+# 4096, as RoCE fabrics run; 1500 at 1024, as the lane did before.
 # Outputs under target/vm/out/bench: machine.txt, perftest.txt, library.txt
 # (`name value unit` lines), failed.txt (perftest runs that failed),
 # host-load.txt, table.md, console.log, raw/ (each tool's output and the
@@ -18,8 +19,9 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 volume_mib=${1:-64}
 repeats=${2:-1}
-for n in "$volume_mib" "$repeats"; do
-    [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "vm/bench: VOLUME_MIB and REPEATS are positive integers" >&2; exit 2; }
+netdev_mtu=${3:-9000}
+for n in "$volume_mib" "$repeats" "$netdev_mtu"; do
+    [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "vm/bench: VOLUME_MIB, REPEATS and NETDEV_MTU are positive integers" >&2; exit 2; }
 done
 
 bash scripts/vm/setup.sh
@@ -41,7 +43,7 @@ echo "before $(cat /proc/loadavg)" >"$out/host-load.txt"
 status=0
 # timeout kills its whole process group, QEMU included, if the device hangs.
 flock /tmp/hipobj-vm.lock timeout -k 30 1800 \
-    bash scripts/vm/run.sh bash scripts/vm/bench-guest.sh "$binary" "$out" "$volume_mib" "$repeats" 2>&1 |
+    bash scripts/vm/run.sh --mtu "$netdev_mtu" bash scripts/vm/bench-guest.sh "$binary" "$out" "$volume_mib" "$repeats" 2>&1 |
     tee "$out/console.log" || status=$?
 echo "after $(cat /proc/loadavg)" >>"$out/host-load.txt"
 if ((status != 0)) || [[ ! -s "$out/library.txt" ]]; then
@@ -130,6 +132,33 @@ for op, tool in (("get", "write_bw"), ("put", "read_bw")):
                   and f"perftest_{tool}_{size}_x1_depth1_r{r}" in perf]
             print(f"| {op.upper()} {size} | {n} | {spread(mine, 1)} | {shown} | "
                   f"{ratio} | {goal} | {spread(d1, 2) if d1 else ''} |")
+
+print()
+print("Many processes on one host: 16 streams split over processes (processes × threads), "
+      "each split right after `-q 16` of perftest (one process).")
+print()
+print("| transfer | processes × threads | library MiB/s | perftest MiB/s (-q 16) | ratio | goal |")
+print("|---|---|---|---|---|---|")
+for op, tool in (("get", "write_bw"), ("put", "read_bw")):
+    for size in ("1MiB", "16MiB"):
+        for procs, threads in ((1, 16), (4, 4), (16, 1)):
+            name = f"{op}_{size}_p{procs}x{threads}_throughput"
+            mine = [lib[f"{name}_rp{r}"] for r in range(1, repeats + 1) if f"{name}_rp{r}" in lib]
+            ratios, refs = [], []
+            for r in range(1, repeats + 1):
+                ref = f"perftest_{tool}_{size}_x16_rp{r}_{procs}x{threads}"
+                if ref in perf:
+                    refs.append(perf[ref])
+                    if f"{name}_rp{r}" in lib:
+                        ratios.append(lib[f"{name}_rp{r}"] / perf[ref])
+            if ratios:
+                goal = f"≥ 0.90: {verdict(median(ratios) >= 0.90)}"
+                print(f"| {op.upper()} {size} | {procs} × {threads} | {spread(mine, 1)} | "
+                      f"{spread(refs, 1)} | {spread(ratios, 3)} | {goal} |")
+            else:
+                print(f"| {op.upper()} {size} | {procs} × {threads} | "
+                      f"{spread(mine, 1) if mine else 'failed'} | did not finish | — | "
+                      f"≥ 0.90: no reference |")
 
 print()
 total = lib["latency_get_8B_median"]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Boots the lane's VM (software emulation: the host's KVM backend cannot run
 # a stock kernel) with the project tree shared at the same path, runs
-# `scripts/vm/guest.sh COMMAND...` inside, and exits with its status.
+# `scripts/vm/guest.sh [--mtu BYTES] COMMAND...` inside (--mtu: the rxe
+# netdev's MTU, see guest.sh), and exits with its status.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 vm="$root/target/vm"
@@ -11,6 +12,6 @@ export PATH="$vm/venv/bin:$PATH"
 quoted=$(printf '%q ' "$@")
 # Through a pipe: QEMU reopens its standard output and error, which for a file
 # would start writing again at offset 0 over what the caller logged before.
-"$vm/venv/bin/vng" --run "$kernel" --disable-kvm --cpus 2 --memory 2G \
+"$vm/venv/bin/vng" --run "$kernel" --disable-kvm --cpus 2 --memory "${HIPOBJ_VM_MEMORY:-12G}" \
     --rwdir "$vm/out" --cwd "$root" \
     --exec "bash scripts/vm/guest.sh $quoted" </dev/null 2>&1 | cat

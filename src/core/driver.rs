@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use super::sync::Mutex;
 
 use super::conn::{
     refuse, wr_parts, Armed, Conn, Cooling, Env, Mode, RecvBuffers, Timers, IDLE_EPOCH, QP_CAPS,
@@ -136,12 +136,12 @@ impl Commands {
         Ok(())
     }
 
-    fn take(&self) -> VecDeque<Command> {
+    pub(crate) fn take(&self) -> VecDeque<Command> {
         std::mem::take(&mut self.queue.lock().commands)
     }
 
     /// No command is accepted any more; those queued are answered `why`.
-    fn kill(&self, why: &Error) {
+    pub(crate) fn kill(&self, why: &Error) {
         let left = {
             let mut queue = self.queue.lock();
             queue.dead.get_or_insert_with(|| why.clone());

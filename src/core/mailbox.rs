@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use parking_lot::{Condvar, Mutex};
+use super::sync::{Condvar, Mutex};
 
 use super::error::{Error, Result};
 use crate::platform::Gid;

@@ -17,8 +17,12 @@ pub mod options;
 pub mod pool;
 pub mod protocol;
 pub mod reply;
+pub mod sync;
 pub mod token;
 pub mod transfer;
+
+#[cfg(all(test, loom))]
+mod loom_models;
 
 pub use error::{Code, Error, Result};
 pub use instance::{Config, Current, Instance, CURRENT};

@@ -13,7 +13,7 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use parking_lot::{Condvar, Mutex};
+use super::sync::{Condvar, Mutex};
 
 use super::driver::{Command, Commands};
 use super::error::{Error, Result};
@@ -55,12 +55,16 @@ pub struct Pool {
     commands: Arc<Commands>,
 }
 
-thread_local! {
+// Not `const` initializers: loom's `thread_local!` (under `--cfg loom`,
+// core/sync.rs) does not take them.
+super::sync::thread_local! {
     /// Leases this thread holds, of any pool: a thread that holds one and
     /// finds none free gets `Busy` rather than waiting for itself.
-    static HELD: Cell<usize> = const { Cell::new(0) };
+    #[allow(clippy::missing_const_for_thread_local)]
+    static HELD: Cell<usize> = Cell::new(0);
     /// The server GID of this thread's last transfer.
-    static LAST_PEER: Cell<Option<Gid>> = const { Cell::new(None) };
+    #[allow(clippy::missing_const_for_thread_local)]
+    static LAST_PEER: Cell<Option<Gid>> = Cell::new(None);
 }
 
 /// Remembers the server this thread's transfer used.
