@@ -74,6 +74,8 @@ static void usage(FILE *out, const char *prog, enum ex_program program) {
     }
     fputs("  --threads T        T threads, each with its own buffer; thread i uses KEY.i when T > 1\n"
           "  --iterations I     transfers per thread (default 1)\n"
+          "  --stall-seconds S  fail an exchange that sends or receives nothing for S s\n"
+          "                     (default 300; an RDMA transfer's response waits for its data)\n"
           "  --no-rdma          plain HTTP only, without libhipobj\n"
           "  --help             this text\n"
           "Prints one line: OP BUCKET/KEY: N bytes in T ms (R MiB/s) via rdma|fallback (REASON).\n"
@@ -130,6 +132,7 @@ int ex_parse_args(struct ex_options *o, enum ex_program program, int argc, char 
     o->gpu = -1;
     o->threads = 1;
     o->iterations = 1;
+    o->stall_seconds = 300;
 
     const char *positional[2] = {NULL, NULL};
     int npos = 0;
@@ -219,6 +222,11 @@ int ex_parse_args(struct ex_options *o, enum ex_program program, int argc, char 
                 return bad_args(o->prog, "--iterations takes a positive count, not '%s'", value);
             }
             o->iterations = (unsigned)n;
+        } else if (strcmp(name, "--stall-seconds") == 0) {
+            if (parse_u64(value, &n) != 0 || n == 0 || n > 86400) {
+                return bad_args(o->prog, "--stall-seconds takes 1 to 86400, not '%s'", value);
+            }
+            o->stall_seconds = (unsigned)n;
         } else {
             return bad_args(o->prog, "unknown option '%s'", name);
         }
@@ -721,7 +729,7 @@ int ex_s3_perform(struct ex_s3 *s3, const struct ex_request *rq, struct ex_respo
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 10L);
     /* No overall deadline (objects may be large), but no hang either. */
     curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 300L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, (long)s3->opt->stall_seconds);
     curl_easy_setopt(c, CURLOPT_AWS_SIGV4, s3->sigv4);
     curl_easy_setopt(c, CURLOPT_USERNAME, s3->opt->access_key);
     curl_easy_setopt(c, CURLOPT_PASSWORD, s3->opt->secret_key);

@@ -76,6 +76,7 @@ struct ex_options {
     unsigned parts;         /* put: 0 = a single PutObject */
     unsigned threads;
     unsigned iterations;
+    unsigned stall_seconds; /* longest silence of an HTTP exchange */
     int no_rdma;
     const char *bucket;
     const char *key;

@@ -15,7 +15,7 @@
 //!    fails, by connecting to the client's listener with the token as the
 //!    connect request's private data (the accept is the grant);
 //! 3. moves the bytes in WRITEs (GET) or READs (PUT) of at most the
-//!    device's `max_msg_sz` each, a few in flight;
+//!    device's `max_msg_sz` (and 1 GiB) each, a few in flight;
 //! 4. sends the final message (a zero-length SEND with immediate derived
 //!    from the secret) and waits for it, before the S3 reply may go out.
 //!
@@ -198,6 +198,12 @@ const CAPS: QpCaps = QpCaps {
 /// Data work requests in flight at most on one connection.
 const DATA_IN_FLIGHT: usize = 8;
 
+/// The largest work request this side posts, whatever the device's
+/// `max_msg_sz`: ConnectX devices' own limit. rxe advertises 2 GiB, but a
+/// 3 GiB PUT READ in chunks of 2 GiB never completed on the lane, where
+/// chunks of 1 GiB do.
+const MAX_WR_BYTES: u64 = 1 << 30;
+
 /// How long a failed transfer waits, after its connection was moved to
 /// ERR, for the flush completions of WRITEs or READs still outstanding:
 /// the proof that the NIC no longer touches the server's buffer.
@@ -261,7 +267,7 @@ pub struct ServerSide {
     closed: AtomicBool,
     /// When connections whose client disconnected were last forgotten.
     last_sweep: Mutex<Instant>,
-    /// The device's `max_msg_sz` (port 1).
+    /// The device's `max_msg_sz` (port 1), at most 1 GiB.
     max_msg_sz: u64,
     /// How it behaves.
     pub config: ServerConfig,
@@ -297,7 +303,8 @@ impl ServerSide {
     ) -> ServerSide {
         let max_msg_sz = ctx
             .query_port(1)
-            .map_or(1 << 30, |p| u64::from(p.max_msg_sz).max(1));
+            .map_or(MAX_WR_BYTES, |p| u64::from(p.max_msg_sz).max(1))
+            .min(MAX_WR_BYTES);
         ServerSide {
             cm,
             ctx,
@@ -315,7 +322,8 @@ impl ServerSide {
         &self.pd
     }
 
-    /// The largest message one work request carries.
+    /// The largest message one work request carries: the device's
+    /// `max_msg_sz`, at most 1 GiB.
     pub fn max_msg_sz(&self) -> u64 {
         self.max_msg_sz
     }

@@ -27,17 +27,19 @@ if ((${#binaries[@]} != 2)); then
 fi
 # One line: run.sh passes it through printf %q, whose $'...' form of a
 # newline the guest's shell does not read.
-# A test binary that outlives 20 minutes (a process stuck in the kernel's
+# A test binary that outlives 30 minutes (a process stuck in the kernel's
 # rxe teardown, say) is killed and fails the lane, with the kernel's rxe
 # messages shown.
-each='status=0; for test in "$@"; do echo "== $test"; timeout -k 10 1200 "$test" --test-threads=1 || { status=1; dmesg | grep -i rxe | tail -20; }; done; exit $status'
+each='status=0; for test in "$@"; do echo "== $test"; timeout -k 10 1800 "$test" --test-threads=1 || { status=1; dmesg | grep -i rxe | tail -20; }; done; exit $status'
 # One boot at a RoCE fabric's path MTU (4096, a 9000-byte netdev) runs them
 # all; a second at 1024 (a 1500-byte netdev) runs tests/rxe.rs again, so
 # that both paths stay tested. The lane fails if any test fails.
 echo "== Soft-RoCE lane, path MTU 4096: ${binaries[*]}"
 status=0
-bash scripts/vm/run.sh --mtu 9000 bash -c "$each" lane "${binaries[@]}" || status=1
+# A boot is bounded as a whole too (timeout kills QEMU): a process stuck in
+# the guest's kernel outlives any timeout inside it.
+timeout -k 30 2700 bash scripts/vm/run.sh --mtu 9000 bash -c "$each" lane "${binaries[@]}" || status=1
 rxe=$(printf '%s\n' "${binaries[@]}" | grep '/rxe-')
 echo "== Soft-RoCE lane, path MTU 1024: $rxe"
-bash scripts/vm/run.sh --mtu 1500 bash -c "$each" lane "$rxe" || status=1
+timeout -k 30 1200 bash scripts/vm/run.sh --mtu 1500 bash -c "$each" lane "$rxe" || status=1
 exit "$status"

@@ -32,6 +32,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use futures::StreamExt;
 use hipobj::core::token::{parse_header, Token, Transport};
 use http::header::CONTENT_TYPE;
@@ -236,7 +237,9 @@ impl RdmaS3 {
     }
 
     /// Drains a PUT's (empty) body, which checks its signed hash, then READs
-    /// the token's range from the client: the object's bytes.
+    /// the token's range from the client: the object's bytes, in the
+    /// transfer's own buffer (no copy), which goes back to the memory budget
+    /// once the backend has stored them.
     async fn read_by_rdma(
         &self,
         body: Option<StreamingBlob>,
@@ -244,7 +247,7 @@ impl RdmaS3 {
         rdma: Arc<Rdma>,
         source: Option<IpAddr>,
         what: String,
-    ) -> S3Result<Vec<u8>> {
+    ) -> S3Result<Bytes> {
         if let Some(mut body) = body {
             while let Some(chunk) = body.next().await {
                 let chunk = chunk.map_err(|e| {
@@ -277,17 +280,49 @@ impl RdmaS3 {
                 object: &what,
                 source,
             };
-            let (outcome, kept) = rdma.read_from_client(&token, buf, &label);
-            // A successful transfer always gives its buffer back.
-            let data = kept.as_ref().map(|buf| buf.bytes()[..len].to_vec());
-            if let Some(buf) = kept {
-                rdma.give_back(buf);
+            match rdma.read_from_client(&token, buf, &label) {
+                (Ok(()), Some(buf)) => Ok(Bytes::from_owner(Lent {
+                    buf: Some(buf),
+                    rdma: rdma.clone(),
+                    len,
+                })),
+                // A successful transfer always gives its buffer back.
+                (Ok(()), None) => Err(failed("the transfer kept its buffer".to_owned())),
+                (Err(e), kept) => {
+                    if let Some(buf) = kept {
+                        rdma.give_back(buf);
+                    }
+                    Err(transfer_failed(e))
+                }
             }
-            outcome.map_err(transfer_failed)?;
-            data.ok_or_else(|| failed("the transfer kept its buffer".to_owned()))
         })
         .await
         .map_err(failed)?
+    }
+}
+
+/// A PUT's bytes as they arrived, in the transfer's registered buffer, lent
+/// to the backend; the buffer goes back to the server's memory budget when
+/// the backend lets go of them.
+struct Lent {
+    buf: Option<crate::rdma::RegBuf>,
+    rdma: Arc<Rdma>,
+    len: usize,
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        self.buf
+            .as_ref()
+            .map_or(&[], |buf| &buf.bytes()[..self.len])
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            self.rdma.give_back(buf);
+        }
     }
 }
 
