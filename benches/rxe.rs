@@ -939,7 +939,6 @@ fn processes(
                 &threads.to_string(),
             ])
             .args(["--volume-mib", &volume_mib.to_string(), "--gate"])
-            .env("HIPOBJ_MAX_TRANSFERS", threads.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
