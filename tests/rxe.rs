@@ -420,13 +420,21 @@ fn get_and_put_move_bytes_over_soft_roce() {
 }
 
 /// The device's count of packets it sent (both sides of every transfer
-/// here: the client and the server side share rxe0).
+/// here: the client and the server side share rxe0). The kernel answers
+/// from a copy it refreshes at most once per the counters' `lifespan`
+/// (milliseconds), so this waits a lifespan first: two reads closer
+/// together than that see the same count.
 fn sent_packets() -> u64 {
-    let path = "/sys/class/infiniband/rxe0/ports/1/hw_counters/sent_pkts";
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    text.trim()
-        .parse()
-        .unwrap_or_else(|e| panic!("{path}: {text:?}: {e}"))
+    let dir = "/sys/class/infiniband/rxe0/ports/1/hw_counters";
+    let read = |name: &str| -> u64 {
+        let path = format!("{dir}/{name}");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        text.trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{path}: {text:?}: {e}"))
+    };
+    std::thread::sleep(Duration::from_millis(read("lifespan") + 20));
+    read("sent_pkts")
 }
 
 /// The lane boots at a path MTU (`scripts/vm/guest.sh --mtu`: 4096 with a
