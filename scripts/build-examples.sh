@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the C examples (get-object, put-object, token-get) against an
+# Builds the C examples (get-object, put-object, token-get), and the fault
+# soak's client (tests/soak/soak.c), against an
 # installed libhipobj, as an application would: through pkg-config (hipobj,
 # libcurl).
 #
@@ -117,5 +118,11 @@ for prog in get-object put-object token-get; do
         ${pkg_libs[@]+"${pkg_libs[@]}"} -pthread -ldl -Wl,-rpath,"$prefix/lib" ||
         die "compiling examples/$prog.c failed"
 done
+# The fault soak's client (scripts/vm/soak.sh), an application of the same
+# kind: built the same way, beside them.
+"${cc[@]}" "${flags[@]}" ${pkg_cflags[@]+"${pkg_cflags[@]}"} -I"$src" \
+    -o "$out/soak" "$root/tests/soak/soak.c" "$out/s3common.o" \
+    ${pkg_libs[@]+"${pkg_libs[@]}"} -pthread -ldl -Wl,-rpath,"$prefix/lib" ||
+    die "compiling tests/soak/soak.c failed"
 rm -f "$out/s3common.o"
-printf 'Built get-object, put-object and token-get in %s (libhipobj from %s)\n' "$out" "$prefix"
+printf 'Built get-object, put-object, token-get and soak in %s (libhipobj from %s)\n' "$out" "$prefix"

@@ -322,16 +322,17 @@ unsafe extern "C" fn recv_reply(
     0
 }
 
-#[test]
-fn get_and_put_move_bytes_over_soft_roce() {
-    let platform = platform::system();
+/// The application of the transfer tests below: the server side on a
+/// context of its own on rxe0, serving GETs from and PUTs into `store`
+/// (registered here), and the library initialized GPU-less on rxe0. Returns
+/// the application and the callbacks that reach it.
+fn app_serving(
+    platform: &std::sync::Arc<dyn hipobj::platform::Platform>,
+    store: &mut [u8],
+) -> (App, hipObjOps_t) {
     let verbs = platform.verbs().expect("libibverbs");
     let ctx = verbs.open(DEVICE).expect("the server's context");
     let pd = ctx.alloc_pd().expect("PD");
-    let mut store = vec![0u8; 1 << 20];
-    for (i, byte) in store.iter_mut().enumerate() {
-        *byte = (i * 7 % 253).to_le_bytes()[0];
-    }
     let mr = pd
         .reg_mr(
             store.as_mut_ptr() as usize,
@@ -343,24 +344,33 @@ fn get_and_put_move_bytes_over_soft_roce() {
         addr: mr.addr(),
         mr,
     };
-    let side = in_process_server(&platform, ctx, pd);
-    let mut app = App {
-        side,
+    let app = App {
+        side: in_process_server(platform, ctx, pd),
         local,
         op: hipobj::server::Op::Get,
         reply: Vec::new(),
     };
-
     let hint = std::ffi::CString::new(DEVICE).unwrap();
     let mut config = gpu_less_config(&hint);
     // SAFETY: a valid config whose strings outlive the call.
     let init = unsafe { hipObjInit(&mut config) };
     assert_eq!(init.opError, hipObjOpError_t::hipObjSuccess);
-    let mut buf = vec![0u8; 1 << 20];
-    let mut ops = hipObjOps_t {
+    let ops = hipObjOps_t {
         sendRequest: Some(send_request),
         recvReply: Some(recv_reply),
     };
+    (app, ops)
+}
+
+#[test]
+fn get_and_put_move_bytes_over_soft_roce() {
+    let platform = platform::system();
+    let mut store = vec![0u8; 1 << 20];
+    for (i, byte) in store.iter_mut().enumerate() {
+        *byte = (i * 7 % 253).to_le_bytes()[0];
+    }
+    let (mut app, mut ops) = app_serving(&platform, &mut store);
+    let mut buf = vec![0u8; 1 << 20];
     let ctx_ptr: *mut std::ffi::c_void = (&mut app as *mut App).cast();
     // SAFETY: the buffer, ops and ctx outlive every call below.
     unsafe {
@@ -449,39 +459,18 @@ fn transfers_move_in_packets_of_the_lanes_path_mtu() {
         .parse()
         .expect("HIPOBJ_LANE_PATH_MTU is a number");
     let platform = platform::system();
-    let verbs = platform.verbs().expect("libibverbs");
-    let ctx = verbs.open(DEVICE).expect("the server's context");
-    assert_eq!(
-        ctx.query_port(1).expect("port 1").active_mtu.bytes(),
-        expected,
-        "rxe0's active MTU"
-    );
-    let pd = ctx.alloc_pd().expect("PD");
+    let port = platform
+        .verbs()
+        .expect("libibverbs")
+        .open(DEVICE)
+        .expect("a context")
+        .query_port(1)
+        .expect("port 1");
+    assert_eq!(port.active_mtu.bytes(), expected, "rxe0's active MTU");
     let len = 1usize << 20;
     let mut store: Vec<u8> = (0..len).map(|i| (i * 13 % 251).to_le_bytes()[0]).collect();
-    let mr = pd
-        .reg_mr(store.as_mut_ptr() as usize, len, Access::LOCAL_WRITE)
-        .expect("server MR");
-    let local = hipobj::server::LocalBuf {
-        addr: mr.addr(),
-        mr,
-    };
-    let mut app = App {
-        side: in_process_server(&platform, ctx, pd),
-        local,
-        op: hipobj::server::Op::Get,
-        reply: Vec::new(),
-    };
-    let hint = std::ffi::CString::new(DEVICE).unwrap();
-    let mut config = gpu_less_config(&hint);
-    // SAFETY: a valid config whose strings outlive the call.
-    let init = unsafe { hipObjInit(&mut config) };
-    assert_eq!(init.opError, hipObjOpError_t::hipObjSuccess);
+    let (mut app, mut ops) = app_serving(&platform, &mut store);
     let mut buf = vec![0u8; len];
-    let mut ops = hipObjOps_t {
-        sendRequest: Some(send_request),
-        recvReply: Some(recv_reply),
-    };
     let ctx_ptr: *mut std::ffi::c_void = (&mut app as *mut App).cast();
     let transfer =
         |op: hipobj::server::Op, size: usize, buf: &mut Vec<u8>, ops: &mut hipObjOps_t| {

@@ -3,7 +3,8 @@
 # (tests/rxe.rs: verbs, CM and the library on rxe0; tests/e2e.rs: the S3
 # server and the C examples end to end), builds the examples against the
 # installed library, boots the VM and runs every test binary there against
-# the kernel's rdma_rxe at path MTU 4096, then tests/rxe.rs again at 1024.
+# the kernel's rdma_rxe at path MTU 4096, then tests/rxe.rs again at 1024,
+# then the fault soak's short form (scripts/vm/soak.sh).
 # Fails if any test fails or the VM cannot start.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -42,4 +43,8 @@ timeout -k 30 2700 bash scripts/vm/run.sh --mtu 9000 bash -c "$each" lane "${bin
 rxe=$(printf '%s\n' "${binaries[@]}" | grep '/rxe-')
 echo "== Soft-RoCE lane, path MTU 1024: $rxe"
 timeout -k 30 1200 bash scripts/vm/run.sh --mtu 1500 bash -c "$each" lane "$rxe" || status=1
+# A third boot, on a fabric that packets cross (guest.sh --veth): the fault
+# soak's short form (docs/reliability.md).
+echo "== Soft-RoCE lane, the fault soak (short form)"
+bash scripts/vm/soak.sh || status=1
 exit "$status"

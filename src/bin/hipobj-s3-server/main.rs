@@ -115,6 +115,12 @@ fn run(options: Options) -> Result<(), String> {
     runtime.shutdown_timeout(Duration::from_secs(1));
     if let Ok(rdma) = &rdma {
         rdma.shutdown();
+        // What no transfer gave back: buffers the NIC might still have used
+        // when their transfer failed (each said so when it happened).
+        eprintln!(
+            "hipobj-s3-server: stopped; {} bytes of the RDMA memory budget still held",
+            rdma.memory_in_use()
+        );
     }
     outcome
 }

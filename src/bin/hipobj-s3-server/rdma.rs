@@ -42,11 +42,74 @@ pub struct Rdma {
     timeout: Duration,
     max_bytes: u64,
     pool: Mutex<Pool>,
-    /// Bytes of the buffers taken (in use by transfers), at most
-    /// `memory_bytes`.
+    budget: Arc<Budget>,
+    memory_bytes: u64,
+}
+
+/// The bytes of the buffers taken (in use by transfers), at most `limit`.
+/// Each taken buffer carries its [`Charge`], which gives its bytes back
+/// when dropped: a request whose handler is dropped half way (its client
+/// went away: hyper drops the future) frees its buffer and its share of
+/// the budget alike, as one given back does.
+struct Budget {
     in_use: Mutex<u64>,
     returned: Condvar,
-    memory_bytes: u64,
+    limit: u64,
+}
+
+impl Budget {
+    fn new(limit: u64) -> Arc<Budget> {
+        Arc::new(Budget {
+            in_use: Mutex::new(0),
+            returned: Condvar::new(),
+            limit,
+        })
+    }
+
+    /// `bytes` of the budget, waiting until `deadline` for room; `None`
+    /// when there was none by then.
+    fn charge(self: &Arc<Budget>, bytes: u64, deadline: Instant) -> Option<Charge> {
+        let mut in_use = self.in_use.lock();
+        while in_use.saturating_add(bytes) > self.limit {
+            if self.returned.wait_until(&mut in_use, deadline).timed_out() {
+                return None;
+            }
+        }
+        *in_use += bytes;
+        Some(Charge {
+            budget: Arc::clone(self),
+            bytes,
+        })
+    }
+
+    fn in_use(&self) -> u64 {
+        *self.in_use.lock()
+    }
+}
+
+/// A share of the [`Budget`], given back when dropped. A buffer that the
+/// NIC may still use is forgotten (`std::mem::forget`) with its charge:
+/// memory the server cannot free stays counted.
+struct Charge {
+    budget: Arc<Budget>,
+    bytes: u64,
+}
+
+impl Charge {
+    /// `more` bytes on top (a pooled buffer larger than asked).
+    fn grow(&mut self, more: u64) {
+        *self.budget.in_use.lock() += more;
+        self.bytes += more;
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        let mut in_use = self.budget.in_use.lock();
+        *in_use = in_use.saturating_sub(self.bytes);
+        drop(in_use);
+        self.budget.returned.notify_all();
+    }
 }
 
 /// Why a buffer could not be had.
@@ -60,7 +123,7 @@ pub enum TakeError {
     Failed(String),
 }
 
-/// Registered buffers not in use.
+/// Registered buffers not in use (and charged to no one).
 #[derive(Default)]
 struct Pool {
     free: Vec<RegBuf>,
@@ -73,6 +136,8 @@ pub struct RegBuf {
     // Declared first, so deregistered before the memory below is freed.
     mr: Arc<dyn Mr>,
     mem: Box<[u8]>,
+    /// Its share of the budget while a transfer holds it; `None` in the pool.
+    charge: Option<Charge>,
 }
 
 impl RegBuf {
@@ -182,8 +247,7 @@ impl Rdma {
             timeout,
             max_bytes: limits.max_bytes,
             pool: Mutex::new(Pool::default()),
-            in_use: Mutex::new(0),
-            returned: Condvar::new(),
+            budget: Budget::new(limits.memory_bytes),
             memory_bytes: limits.memory_bytes,
         })
     }
@@ -221,32 +285,24 @@ impl Rdma {
                 self.memory_bytes
             )));
         }
-        {
-            let deadline = Instant::now() + self.timeout;
-            let mut in_use = self.in_use.lock();
-            while *in_use + charge > self.memory_bytes {
-                if self.returned.wait_until(&mut in_use, deadline).timed_out() {
-                    return Err(TakeError::Busy(format!(
-                        "the transfers in progress hold the whole memory budget \
-                         (--rdma-memory-bytes {})",
-                        self.memory_bytes
-                    )));
-                }
-            }
-            *in_use += charge;
-        }
-        self.take_charged(len, size)
-            .inspect_err(|_| self.release(charge))
+        let deadline = Instant::now() + self.timeout;
+        let Some(charge) = self.budget.charge(charge, deadline) else {
+            return Err(TakeError::Busy(format!(
+                "the transfers in progress hold the whole memory budget \
+                 (--rdma-memory-bytes {})",
+                self.memory_bytes
+            )));
+        };
+        // A failure drops the charge, and so gives it back.
+        self.take_charged(len, size, charge)
     }
 
-    fn release(&self, bytes: u64) {
-        let mut in_use = self.in_use.lock();
-        *in_use = in_use.saturating_sub(bytes);
-        drop(in_use);
-        self.returned.notify_all();
-    }
-
-    fn take_charged(&self, len: usize, size: usize) -> Result<RegBuf, TakeError> {
+    fn take_charged(
+        &self,
+        len: usize,
+        size: usize,
+        mut charge: Charge,
+    ) -> Result<RegBuf, TakeError> {
         {
             let mut pool = self.pool.lock();
             let best = pool
@@ -257,11 +313,12 @@ impl Rdma {
                 .min_by_key(|(_, b)| b.mem.len())
                 .map(|(i, _)| i);
             if let Some(i) = best {
-                let buf = pool.free.swap_remove(i);
+                let mut buf = pool.free.swap_remove(i);
                 pool.bytes -= buf.mem.len();
                 // Charged for what it is, which may be more than asked.
                 let extra = buf.mem.len().saturating_sub(size);
-                *self.in_use.lock() += u64::try_from(extra).unwrap_or(0);
+                charge.grow(u64::try_from(extra).unwrap_or(0));
+                buf.charge = Some(charge);
                 return Ok(buf);
             }
         }
@@ -272,13 +329,18 @@ impl Rdma {
             .pd()
             .reg_mr(addr, size, Access::LOCAL_WRITE)
             .map_err(|e| TakeError::Failed(format!("registering {size} bytes: {e}")))?;
-        Ok(RegBuf { mr, mem })
+        Ok(RegBuf {
+            mr,
+            mem,
+            charge: Some(charge),
+        })
     }
 
     /// Returns a buffer to the pool (or frees it, past the pool's size),
-    /// and its bytes to the budget.
-    pub fn give_back(&self, buf: RegBuf) {
-        let bytes = u64::try_from(buf.mem.len()).unwrap_or(u64::MAX);
+    /// and its bytes to the budget. Dropping a taken buffer instead frees
+    /// it and gives its bytes back as well.
+    pub fn give_back(&self, mut buf: RegBuf) {
+        let charge = buf.charge.take();
         {
             let mut pool = self.pool.lock();
             if pool.bytes + buf.mem.len() <= POOL_BYTES {
@@ -286,7 +348,12 @@ impl Rdma {
                 pool.free.push(buf);
             }
         }
-        self.release(bytes);
+        drop(charge);
+    }
+
+    /// Bytes of the budget that transfers hold now.
+    pub fn memory_in_use(&self) -> u64 {
+        self.budget.in_use()
     }
 
     /// Serves a GET: WRITEs the first `len` bytes of `buf` to the start of
@@ -407,6 +474,31 @@ fn list(names: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dropped_charge_gives_its_bytes_back_and_wakes_a_waiter() {
+        let budget = Budget::new(100);
+        let soon = || Instant::now() + Duration::from_millis(50);
+        let held = budget.charge(60, soon()).expect("room");
+        let mut grown = budget.charge(30, soon()).expect("room");
+        grown.grow(10);
+        assert_eq!(budget.in_use(), 100);
+        assert!(budget.charge(1, soon()).is_none(), "the budget is full");
+        // Dropped, as a request's buffer is when its handler is dropped.
+        drop(grown);
+        assert_eq!(budget.in_use(), 60);
+        let waiter = {
+            let budget = Arc::clone(&budget);
+            std::thread::spawn(move || {
+                let charge = budget.charge(80, Instant::now() + Duration::from_secs(10));
+                charge.map(|c| c.bytes)
+            })
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        drop(held);
+        assert_eq!(waiter.join().unwrap(), Some(80), "woken by the drop");
+        assert_eq!(budget.in_use(), 0, "the waiter's charge went with it");
+    }
 
     #[test]
     fn buffers_round_up_to_powers_of_two_then_to_whole_mebibytes() {

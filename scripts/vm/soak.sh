@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The fault soak on Soft-RoCE in one command on the host: builds the RDMA S3
+# server, the release library and the soak's client (tests/soak/soak.c),
+# boots the VM with the veth fabric (guest.sh --veth: rxe0 and rxe1 on the
+# two ends of a veth pair, so that faults on the link reach the RDMA
+# traffic) at path MTU 4096, and runs scripts/vm/soak-guest.sh there: 16
+# threads of mixed transfers while the server is killed, stopped, cut off
+# and the link loses, delays and reorders packets. Takes /tmp/hipobj-vm.lock
+# itself (do not wrap it in flock); run as root.
+#
+# Usage: bash scripts/vm/soak.sh [FAULT_SECONDS [CALM_SECONDS]]
+# Defaults 150 and 45: the lane's short form, about 5 minutes with the
+# boot. The long form: bash scripts/vm/soak.sh 1800 120.
+# Outputs under target/vm/out/soak: console.log, faults.log, client.out
+# (the tally), client.err, server.log.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+fault_seconds=${1:-150}
+calm_seconds=${2:-45}
+for n in "$fault_seconds" "$calm_seconds"; do
+    [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "vm/soak: FAULT_SECONDS and CALM_SECONDS are positive integers" >&2; exit 2; }
+done
+bash scripts/vm/setup.sh
+bash scripts/build-examples.sh >/dev/null
+# The server as the lane's tests build it (same features: nothing rebuilt).
+cargo build --locked --features vm-lane,s3-server --bin hipobj-s3-server
+server="$root/target/debug/hipobj-s3-server"
+soak="$root/target/examples/soak"
+out="$root/target/vm/out/soak"
+rm -rf "$out"
+mkdir -p "$out"
+echo "== Soft-RoCE fault soak: $fault_seconds s of faults, $calm_seconds s calm"
+status=0
+# Bounded as a whole: a process stuck in the guest's kernel outlives any
+# timeout inside it.
+flock /tmp/hipobj-vm.lock timeout -k 30 "$((fault_seconds + calm_seconds + 900))" \
+    bash scripts/vm/run.sh --mtu 9000 --veth bash scripts/vm/soak-guest.sh \
+    "$server" "$soak" "$out" "$fault_seconds" "$calm_seconds" 2>&1 |
+    tee "$out/console.log" || status=$?
+if ((status != 0)); then
+    echo "vm/soak: failed (status $status); see $out" >&2
+fi
+exit "$status"
