@@ -9,13 +9,15 @@
 #   stop     SIGSTOP it for 25 s (past the client's 10 s HTTP stall limit and
 #            5 s completion wait, and the server's own 10 s transfer
 #            deadline), then SIGCONT
-#   link     veth1 (the server's) down for 4-8 s, then up; when the kernel
-#            left rxe1's GSI QP in ERR (below), the server is killed, rxe1
-#            re-created and the server started again
-#   loss     netem on both veths: 2% loss and 1 ms delay, 15-25 s
-#   delay    netem on both veths: 20 ms delay with 5 ms jitter, 15-25 s
-#   reorder  netem on both veths: 1% duplicates and 10% reordered (2 ms
-#            delay for the rest), 15-25 s
+#   link     veth1 (the server's) down for 4-8 s, then up
+#
+# After any fault that left rxe1's GSI QP in ERR (below), the server is
+# killed, rxe1 re-created and the server started again, counted.
+#   loss     netem on the bridge's two ports (both directions): 2% loss
+#            and 1 ms delay, 15-25 s
+#   delay    netem there: 20 ms delay with 5 ms jitter, 15-25 s
+#   reorder  netem there: 1% duplicates and 10% reordered (2 ms delay for
+#            the rest), 15-25 s
 #
 # Then it tells the client that the faults are over (the client goes on for
 # CALM_SECONDS and must end every thread on good transfers), stops the
@@ -64,17 +66,20 @@ start_server() {
 t0=$SECONDS
 note() { echo "soak-guest: +$((SECONDS - t0))s $*" | tee -a "$out/faults.log" >&2; }
 
-# netem's queue is deep enough never to overflow: rxe takes a packet the
-# qdisc drops on sending as a failed send and moves the QP to ERR, even its
-# GSI QP (the CM's), which the kernel never brings back. A qdisc's own
-# drops (netem's loss) are not seen by the sender and are the loss wanted.
+# netem sits on the bridge's ports, the switch between the hosts (port0
+# sends to the client, port1 to the server), never on rxe's own netdevs:
+# rxe takes a packet that its netdev's qdisc drops, or a qdisc being
+# replaced, as a failed send and moves the QP to ERR, even its GSI QP (the
+# CM's), which the kernel never brings back. What the switch drops the
+# sender never hears of: that is the loss wanted. Its queue is deep enough
+# not to overflow under the delays.
 netem_all() {
-    local end
-    for end in veth0 veth1; do tc qdisc replace dev "$end" root netem limit 100000 "$@"; done
+    local port
+    for port in port0 port1; do tc qdisc replace dev "$port" root netem limit 100000 "$@"; done
 }
 netem_off() {
-    local end
-    for end in veth0 veth1; do tc qdisc del dev "$end" root 2>/dev/null || true; done
+    local port
+    for port in port0 port1; do tc qdisc del dev "$port" root 2>/dev/null || true; done
 }
 link_up() {
     ip link set veth1 up
@@ -103,8 +108,8 @@ gsi_dead() { rdma resource show qp link "$1/1" 2>/dev/null | grep -q 'type GSI s
 # server's operator would restart it on a reset NIC; so does this, counted.
 revive_server_device() {
     gsi_dead rxe1 || return 0
-    note "link: rxe1's GSI QP is in ERR after the link came back: the server restarts on a new rxe1"
-    injected[gsi]=$((${injected[gsi]:-0} + 1))
+    note "$1: rxe1's GSI QP is in ERR: the server restarts on a new rxe1"
+    injected[gsi-$1]=$((${injected[gsi-$1]:-0} + 1))
     kill -KILL "$server_pid"
     wait "$server_pid" 2>/dev/null || true
     rdma link delete rxe1
@@ -115,7 +120,7 @@ revive_server_device() {
         sleep 0.1
     done
     start_server
-    note "link: server restarted on the new rxe1, pid $server_pid"
+    note "$1: server restarted on the new rxe1, pid $server_pid"
 }
 
 start_server
@@ -164,7 +169,6 @@ while ((SECONDS - t0 < fault_seconds)) && kill -0 "$client" 2>/dev/null; do
             hold 4 8
             link_up
             note "link: veth1 up"
-            revive_server_device
             ;;
         loss)
             note "loss: netem loss 2% delay 1ms"
@@ -188,11 +192,13 @@ while ((SECONDS - t0 < fault_seconds)) && kill -0 "$client" 2>/dev/null; do
             note "reorder: off"
             ;;
     esac
+    revive_server_device "$fault"
     if gsi_dead rxe0; then
         # The client's port never goes down (the bridge keeps its carrier):
         # this would be new.
-        note "after $fault: rxe0's GSI QP is in ERR: the client can make no connection again"
+        note "after $fault: rxe0's GSI QP is in ERR: the client can make no connection again; no more faults"
         injected[client-gsi]=$((${injected[client-gsi]:-0} + 1))
+        break
     fi
 done
 netem_off
@@ -217,7 +223,9 @@ budget=$(awk '/listening on/ { leaked = 0 }
 
 echo "== faults injected in $fault_seconds s:"
 for fault in "${faults[@]}"; do echo "soak: fault $fault ${injected[$fault]:-0}"; done
-echo "soak: fault link, then rxe1 re-created (its GSI QP left in ERR) ${injected[gsi]:-0}"
+for fault in "${faults[@]}"; do
+    echo "soak: fault $fault, then rxe1 re-created (its GSI QP left in ERR) ${injected[gsi-$fault]:-0}"
+done
 echo "soak: rxe0's GSI QP found in ERR ${injected[client-gsi]:-0}"
 echo "== the client (exit status $status):"
 cat "$out/client.out"
