@@ -118,14 +118,7 @@ static int put_range(struct ex_thread *t, const char *query, unsigned part, size
 static int object_request(struct ex_thread *t, const char *method, const char *query,
                           const char *body, struct ex_response *rs, const char *what) {
     struct ex_request rq;
-    memset(&rq, 0, sizeof rq);
-    rq.method = method;
-    rq.query = query;
-    if (body != NULL) {
-        rq.body = (const unsigned char *)body;
-        rq.body_len = strlen(body);
-        rq.content_type = "application/xml";
-    }
+    ex_xml_request(&rq, method, query, body);
     if (ex_s3_perform(t->s3, &rq, rs) != 0 || rs->status < 200 || rs->status > 299 ||
         strstr(rs->text, "<Error>") != NULL) {
         if (what != NULL) {

@@ -511,6 +511,17 @@ int ex_url_encode(char *out, size_t cap, size_t *len, const char *text, int keep
     return 0;
 }
 
+void ex_xml_request(struct ex_request *rq, const char *method, const char *query, const char *xml) {
+    memset(rq, 0, sizeof *rq);
+    rq->method = method;
+    rq->query = query;
+    if (xml != NULL) {
+        rq->body = (const unsigned char *)xml;
+        rq->body_len = strlen(xml);
+        rq->content_type = "application/xml";
+    }
+}
+
 struct ex_s3 *ex_s3_new(const struct ex_options *o, const char *key) {
     struct ex_s3 *s3 = calloc(1, sizeof *s3);
     if (s3 == NULL) {

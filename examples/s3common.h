@@ -177,6 +177,13 @@ int ex_url_encode(char *out, size_t cap, size_t *len, const char *text, int keep
 /* Copies the text of the first <tag>...</tag> of `xml` into out; 0 if none. */
 int ex_xml_value(const char *xml, const char *tag, char *out, size_t cap);
 
+/*
+ * Clears *rq and makes it `method` on the object with `query` (or NULL) and,
+ * when `xml` is not NULL, that NUL-terminated XML document as its body (the
+ * multipart calls).
+ */
+void ex_xml_request(struct ex_request *rq, const char *method, const char *query, const char *xml);
+
 /* A new handle for `key` (the object this thread works on); NULL on failure. */
 struct ex_s3 *ex_s3_new(const struct ex_options *o, const char *key);
 

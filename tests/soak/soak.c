@@ -350,14 +350,7 @@ static int plain(struct worker *w, struct object *o, const char *method, const c
                  const char *body, unsigned char *sink, size_t cap, struct ex_response *rs,
                  const char *op) {
     struct ex_request rq;
-    memset(&rq, 0, sizeof rq);
-    rq.method = method;
-    rq.query = query;
-    if (body != NULL) {
-        rq.body = (const unsigned char *)body;
-        rq.body_len = strlen(body);
-        rq.content_type = "application/xml";
-    }
+    ex_xml_request(&rq, method, query, body);
     rq.sink = sink;
     rq.sink_cap = cap;
     double t0 = ex_now();

@@ -43,7 +43,6 @@ pub struct Rdma {
     max_bytes: u64,
     pool: Mutex<Pool>,
     budget: Arc<Budget>,
-    memory_bytes: u64,
 }
 
 /// The bytes of the buffers taken (in use by transfers), at most `limit`.
@@ -248,7 +247,6 @@ impl Rdma {
             max_bytes: limits.max_bytes,
             pool: Mutex::new(Pool::default()),
             budget: Budget::new(limits.memory_bytes),
-            memory_bytes: limits.memory_bytes,
         })
     }
 
@@ -279,10 +277,10 @@ impl Rdma {
         }
         let size = buffer_size(len);
         let charge = u64::try_from(size).unwrap_or(u64::MAX);
-        if charge > self.memory_bytes {
+        if charge > self.budget.limit {
             return Err(TakeError::TooLarge(format!(
                 "{len} bytes is more than --rdma-memory-bytes {}",
-                self.memory_bytes
+                self.budget.limit
             )));
         }
         let deadline = Instant::now() + self.timeout;
@@ -290,7 +288,7 @@ impl Rdma {
             return Err(TakeError::Busy(format!(
                 "the transfers in progress hold the whole memory budget \
                  (--rdma-memory-bytes {})",
-                self.memory_bytes
+                self.budget.limit
             )));
         };
         // A failure drops the charge, and so gives it back.
