@@ -8,7 +8,7 @@ bash scripts/setup.sh
 echo "== format, lints, docs"
 cargo fmt --check
 cargo fmt --check --manifest-path fuzz/Cargo.toml
-cargo clippy --locked --all-targets --features vm-lane,s3-server -- -D warnings
+cargo clippy --locked --all-targets --features vm-lane,s3-server,cuda-device -- -D warnings
 cargo clippy --locked --all-targets --manifest-path fuzz/Cargo.toml -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --features server
 
@@ -22,6 +22,9 @@ HIPOBJ_TEST_SANITIZE=address,undefined cargo test --locked --test c_api
 
 echo "== tests (with the S3 server: its own tests and the examples' HTTP paths)"
 cargo test --locked --features s3-server
+
+echo "== the GPU tests build (tests/cuda.rs runs on a GPU machine: scripts/gpu/test.sh, docs/gpu.md)"
+cargo test --locked --features cuda-device --test cuda --no-run
 
 echo "== loom: every interleaving of the free list, the mailbox and the command queue"
 bash scripts/loom.sh

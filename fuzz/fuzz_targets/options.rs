@@ -9,9 +9,10 @@ use std::os::unix::ffi::OsStringExt;
 use std::time::Duration;
 
 use hipobj::core::options::{Options, MAX_TRANSFERS_LIMIT, STAGE_TIMEOUT_LIMIT_MS};
+use hipobj::platform::GpuRuntime;
 use libfuzzer_sys::fuzz_target;
 
-const NAMES: [&str; 9] = [
+const NAMES: [&str; 10] = [
     "HIPOBJ_MAX_TRANSFERS",
     "HIPOBJ_STAGE_TIMEOUT_MS",
     "HIPOBJ_DMABUF",
@@ -21,6 +22,7 @@ const NAMES: [&str; 9] = [
     "HIPOBJ_TOKEN_TIMEOUT_MS",
     "HIPOBJ_IDLE_TIMEOUT_MS",
     "HIPOBJ_NIC_HINT",
+    "HIPOBJ_GPU_RUNTIME",
 ];
 
 fuzz_target!(|data: &[u8]| {
@@ -43,5 +45,12 @@ fuzz_target!(|data: &[u8]| {
     if let Some(hint) = &options.nic_hint {
         assert!(!hint.trim().is_empty());
     }
+    let runtime = values.get(9).map(|v| v.to_ascii_lowercase());
+    let expected = match runtime.as_deref() {
+        Some(b"hip") => GpuRuntime::Hip,
+        Some(b"cuda") => GpuRuntime::Cuda,
+        _ => GpuRuntime::Auto,
+    };
+    assert_eq!(options.gpu_runtime, expected);
     assert_eq!(Options::from_lookup(lookup), options);
 });

@@ -6,10 +6,12 @@
 # perftest's on the same device, with each goal met or missed. Takes
 # /tmp/hipobj-vm.lock itself (do not wrap it in flock); run as root.
 #
-# Usage: bash scripts/vm/bench.sh [VOLUME_MIB [REPEATS [NETDEV_MTU]]]
-# (defaults 64, 1 and 9000: 10 to 13 minutes in all; each more repetition
-# adds 6 to 10; see bench-guest.sh). NETDEV_MTU 9000 runs rxe at path MTU
-# 4096, as RoCE fabrics run; 1500 at 1024, as the lane did before.
+# Usage: bash scripts/vm/bench.sh [VOLUME_MIB [REPEATS [NETDEV_MTU
+# [SECTIONS]]]] (defaults 64, 1, 9000 and all: 13 to 16 minutes in all;
+# each more repetition adds 8 to 12; see bench-guest.sh). NETDEV_MTU 9000
+# runs rxe at path MTU 4096, as RoCE fabrics run; 1500 at 1024, as the lane
+# did before. SECTIONS `processes`: only the many-processes table (about
+# 4 minutes a repetition).
 # Outputs under target/vm/out/bench: machine.txt, perftest.txt, library.txt
 # (`name value unit` lines), failed.txt (perftest runs that failed),
 # host-load.txt, table.md, console.log, raw/ (each tool's output and the
@@ -20,6 +22,8 @@ cd "$root"
 volume_mib=${1:-64}
 repeats=${2:-1}
 netdev_mtu=${3:-9000}
+sections=${4:-all}
+[[ $sections == all || $sections == processes ]] || { echo "vm/bench: SECTIONS is all or processes" >&2; exit 2; }
 for n in "$volume_mib" "$repeats" "$netdev_mtu"; do
     [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "vm/bench: VOLUME_MIB, REPEATS and NETDEV_MTU are positive integers" >&2; exit 2; }
 done
@@ -43,7 +47,7 @@ echo "before $(cat /proc/loadavg)" >"$out/host-load.txt"
 status=0
 # timeout kills its whole process group, QEMU included, if the device hangs.
 flock /tmp/hipobj-vm.lock timeout -k 30 1800 \
-    bash scripts/vm/run.sh --mtu "$netdev_mtu" bash scripts/vm/bench-guest.sh "$binary" "$out" "$volume_mib" "$repeats" 2>&1 |
+    bash scripts/vm/run.sh --mtu "$netdev_mtu" bash scripts/vm/bench-guest.sh "$binary" "$out" "$volume_mib" "$repeats" "$sections" 2>&1 |
     tee "$out/console.log" || status=$?
 echo "after $(cat /proc/loadavg)" >>"$out/host-load.txt"
 if ((status != 0)) || [[ ! -s "$out/library.txt" ]]; then
@@ -75,6 +79,7 @@ machine = dict(
 load = open(f"{out}/host-load.txt").read().split("\n")
 failed = [line.split()[0] for line in open(f"{out}/failed.txt") if line.strip()]
 repeats = int(machine.get("repeats", "1"))
+everything = machine.get("sections", "all") == "all"
 
 
 def verdict(met):
@@ -110,7 +115,7 @@ print()
 print("| transfer | streams | library MiB/s | perftest MiB/s (GET: ib_write_bw, PUT: "
       "ib_read_bw; -q streams) | ratio | goal | ratio to perftest with 1 in flight |")
 print("|---|---|---|---|---|---|---|")
-for op, tool in (("get", "write_bw"), ("put", "read_bw")):
+for op, tool in (("get", "write_bw"), ("put", "read_bw")) if everything else ():
     for size in ("64KiB", "1MiB", "16MiB"):
         for n in (1, 16):
             name = f"{op}_{size}_x{n}_throughput"
@@ -134,8 +139,9 @@ for op, tool in (("get", "write_bw"), ("put", "read_bw")):
                   f"{ratio} | {goal} | {spread(d1, 2) if d1 else ''} |")
 
 print()
-print("Many processes on one host: 16 streams split over processes (processes × threads), "
-      "each split right after `-q 16` of perftest (one process).")
+print("Many processes on one host: 16 streams split over processes (processes × threads) "
+      "served by one server process, each split right after `-q 16` of perftest (one "
+      f"process), at least {machine.get('processes_volume_mib', '?')} MiB each.")
 print()
 print("| transfer | processes × threads | library MiB/s | perftest MiB/s (-q 16) | ratio | goal |")
 print("|---|---|---|---|---|---|")
@@ -160,6 +166,8 @@ for op, tool in (("get", "write_bw"), ("put", "read_bw")):
                       f"{spread(mine, 1) if mine else 'failed'} | did not finish | — | "
                       f"≥ 0.90: no reference |")
 
+if not everything:
+    sys.exit(0)
 print()
 total = lib["latency_get_8B_median"]
 callbacks = lib["latency_get_8B_callbacks_median"]

@@ -25,7 +25,7 @@ use super::nic::{self, GpuPlace, NicChoice};
 use super::options::Options;
 use super::pool::Pool;
 use super::transfer::Direction;
-use crate::platform::{Cm, Context, Gid, Gpu, Pd, Platform, PortState};
+use crate::platform::{Cm, Context, Gid, Gpu, GpuRuntime, Pd, Platform, PortState};
 
 /// What `hipObjInit` was given, copied out of the caller's `hipObjConfig_t`.
 /// The access and secret keys are never stored.
@@ -163,7 +163,7 @@ impl Instance {
             }
         }
         let verbs = platform.verbs()?;
-        let gpu = resolve_gpu(&*platform, &config)?;
+        let gpu = resolve_gpu(&*platform, &config, options.gpu_runtime)?;
         let present = verbs.device_names()?;
         if !present
             .iter()
@@ -301,9 +301,13 @@ impl Drop for Instance {
 
 /// Finds the GPU to serve. Having none at all is acceptable only with a NIC
 /// hint, which then names the device to open.
-fn resolve_gpu(platform: &dyn Platform, config: &Config) -> Result<Option<GpuChoice>> {
+fn resolve_gpu(
+    platform: &dyn Platform,
+    config: &Config,
+    runtime: GpuRuntime,
+) -> Result<Option<GpuChoice>> {
     let gpu_less_ok = !config.nic_hint.is_empty();
-    let gpu = match platform.gpu() {
+    let gpu = match platform.gpu(runtime) {
         Ok(gpu) => gpu,
         Err(_) if gpu_less_ok => return Ok(None),
         Err(e) => return Err(e),

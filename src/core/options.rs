@@ -6,6 +6,8 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
+use crate::platform::GpuRuntime;
+
 /// The library's settings (ABI spec, section 7; README).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Options {
@@ -32,6 +34,8 @@ pub struct Options {
     /// `HIPOBJ_NIC_HINT`: the NIC hint used when `hipObjConfig_t.nicHint`
     /// is NULL (the original's later versions read it themselves).
     pub nic_hint: Option<String>,
+    /// `HIPOBJ_GPU_RUNTIME`: `hip`, `cuda` or `auto` (any case).
+    pub gpu_runtime: GpuRuntime,
 }
 
 impl Default for Options {
@@ -46,6 +50,7 @@ impl Default for Options {
             token_timeout: Duration::from_millis(30_000),
             idle_timeout: Duration::from_millis(60_000),
             nic_hint: None,
+            gpu_runtime: GpuRuntime::Auto,
         }
     }
 }
@@ -85,8 +90,23 @@ impl Options {
             nic_hint: lookup("HIPOBJ_NIC_HINT")
                 .and_then(|v| v.into_string().ok())
                 .filter(|v| !v.trim().is_empty()),
+            gpu_runtime: value("HIPOBJ_GPU_RUNTIME")
+                .and_then(|v| runtime(&v))
+                .unwrap_or(defaults.gpu_runtime),
         }
     }
+}
+
+/// `hip`, `cuda` or `auto`, in any case; anything else is no choice.
+fn runtime(text: &[u8]) -> Option<GpuRuntime> {
+    [
+        (&b"auto"[..], GpuRuntime::Auto),
+        (b"hip", GpuRuntime::Hip),
+        (b"cuda", GpuRuntime::Cuda),
+    ]
+    .into_iter()
+    .find(|(name, _)| text.eq_ignore_ascii_case(name))
+    .map(|(_, runtime)| runtime)
 }
 
 /// A duration in milliseconds from 1 to 24 hours, else `default`.
@@ -166,6 +186,20 @@ mod tests {
         assert_eq!(t("86400000"), Duration::from_secs(86_400));
         for bad in ["0", "86400001", "1e3", "1.5", "", "-5", " 10"] {
             assert_eq!(t(bad), Duration::from_secs(30), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn gpu_runtime_is_hip_cuda_or_auto_in_any_case() {
+        let r = |v| with(&[("HIPOBJ_GPU_RUNTIME", v)]).gpu_runtime;
+        assert_eq!(Options::default().gpu_runtime, GpuRuntime::Auto);
+        assert_eq!(r("hip"), GpuRuntime::Hip);
+        assert_eq!(r("HIP"), GpuRuntime::Hip);
+        assert_eq!(r("cuda"), GpuRuntime::Cuda);
+        assert_eq!(r("Cuda"), GpuRuntime::Cuda);
+        assert_eq!(r("auto"), GpuRuntime::Auto);
+        for bad in ["", "rocm", " cuda", "cuda ", "hipp", "nvidia"] {
+            assert_eq!(r(bad), GpuRuntime::Auto, "{bad:?}");
         }
     }
 

@@ -13,7 +13,7 @@
 //! a destroy that fails is logged, counted and leaked, never a panic.
 
 pub mod cm;
-mod dl;
+pub(crate) mod dl;
 pub mod gpu;
 pub mod system;
 pub mod topology;
@@ -39,9 +39,10 @@ pub trait Platform: Send + Sync {
     fn verbs(&self) -> Result<Arc<dyn Verbs>>;
     /// librdmacm, or `Error::Rdma` naming what could not be loaded.
     fn cm(&self) -> Result<Arc<dyn Cm>>;
-    /// The HIP runtime, or `Error::HipMissing` (reported with
+    /// The GPU runtime `runtime` names (for [`GpuRuntime::Auto`], the one
+    /// that owns the GPU), or `Error::HipMissing` (reported with
     /// `hipErrorNoDevice`) when the runtime library itself is missing.
-    fn gpu(&self) -> Result<Arc<dyn Gpu>>;
+    fn gpu(&self, runtime: GpuRuntime) -> Result<Arc<dyn Gpu>>;
     /// The NIC and PCI topology.
     fn topology(&self) -> Result<Arc<dyn Topology>>;
 }
@@ -365,7 +366,21 @@ pub trait CmConnection: Send + Sync {
 
 // ---------------------------------------------------------------- GPU
 
-/// HIP's result: the value, or a `hipError_t`.
+/// Which runtime serves the GPU (`HIPOBJ_GPU_RUNTIME`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GpuRuntime {
+    /// HIP when it sees a GPU, else CUDA when it does, else whichever of
+    /// them loads (HIP first).
+    #[default]
+    Auto,
+    /// The HIP runtime (`libamdhip64`), for AMD GPUs.
+    Hip,
+    /// The CUDA driver (`libcuda.so.1`), for NVIDIA GPUs.
+    Cuda,
+}
+
+/// HIP's result: the value, or a `hipError_t` (for the CUDA driver, its
+/// `CUresult`, numbered as HIP numbers the same errors).
 pub type HipResult<T> = std::result::Result<T, i32>;
 
 /// The GPU runtime (HIP, and HSA for dma-buf export).

@@ -288,7 +288,8 @@ impl Fabric {
     /// without peer-memory support, and lets `reg_dmabuf_mr` recognise the
     /// fake GPU's dma-buf fds.
     pub fn set_device_memory(&self, memory: Arc<dyn DeviceMemory>) {
-        *self.device_memory.lock() = Some(memory);
+        *self.device_memory.lock() = Some(Arc::clone(&memory));
+        self.state.lock().device_memory = Some(memory);
     }
 
     /// The verbs of a host that sees the devices `device_names` (those
@@ -455,6 +456,8 @@ pub(crate) struct DeviceInfo {
 
 #[derive(Default)]
 struct State {
+    /// What moves the bytes of device spans ([`Fabric::set_device_memory`]).
+    device_memory: Option<Arc<dyn DeviceMemory>>,
     devices: Vec<Device>,
     next_id: u64,
     contexts: HashMap<u64, CtxRec>,
@@ -717,14 +720,21 @@ fn to_usize(n: u32) -> usize {
     usize::try_from(n).unwrap_or(usize::MAX)
 }
 
-/// Copies `len` bytes; `false` if a side is missing or out of its span.
-fn transfer(dst: Option<Place>, src: Option<Place>, len: u32) -> bool {
+/// Copies `len` bytes, through `runtime` where a side is a real GPU's
+/// memory; `false` if a side is missing or out of its span.
+fn transfer(
+    runtime: Option<&dyn DeviceMemory>,
+    dst: Option<Place>,
+    src: Option<Place>,
+    len: u32,
+) -> bool {
     if len == 0 {
         return true;
     }
+    let via = |d: usize, s: usize, n: usize| runtime.is_some_and(|r| r.copy(d, s, n));
     match (dst, src) {
         (Some((dst, dst_off)), Some((src, src_off))) => {
-            memory::copy(dst, dst_off, src, src_off, to_usize(len))
+            memory::copy_via(&via, dst, dst_off, src, src_off, to_usize(len))
         }
         _ => false,
     }
@@ -1253,8 +1263,10 @@ impl State {
 
         // Execute.
         let copied = match wr.kind {
-            Kind::Write { .. } | Kind::WriteImm { .. } => transfer(target, local, len),
-            Kind::Read { .. } => transfer(local, target, len),
+            Kind::Write { .. } | Kind::WriteImm { .. } => {
+                transfer(self.device_memory.as_deref(), target, local, len)
+            }
+            Kind::Read { .. } => transfer(self.device_memory.as_deref(), local, target, len),
             Kind::Send { .. } => {
                 let recv = first_recv.map(|r| (r.wr_id, r.sge));
                 let Some((recv_id, recv_sge)) = recv else {
@@ -1276,7 +1288,7 @@ impl State {
                         fail_recv(self, WcStatus::LocProtErr);
                         return Outcome::Fail(WcStatus::RemOpErr);
                     };
-                    transfer(Some(dst), local, len)
+                    transfer(self.device_memory.as_deref(), Some(dst), local, len)
                 } else {
                     true
                 }
@@ -1885,13 +1897,22 @@ impl Pd for FakePd {
         }
         check_mr_access(access).map_err(fail)?;
         let memory = self.fabric.device_memory.lock().clone();
-        let Some((base, size)) = memory.and_then(|m| m.dmabuf_range(dmabuf)) else {
+        let Some((memory, (base, size))) =
+            memory.and_then(|m| m.dmabuf_range(dmabuf).map(|range| (m, range)))
+        else {
             return Err(fail("Bad file descriptor (not a dma-buf of the fake GPU)"));
         };
         let start = usize::try_from(offset)
             .ok()
             .filter(|o| o.checked_add(len).is_some_and(|end| end <= size));
-        let span = start.and_then(|o| Span::new(base.checked_add(o)?, len));
+        let span = start.and_then(|o| {
+            let addr = base.checked_add(o)?;
+            if memory.host_accessible() {
+                Span::new(addr, len)
+            } else {
+                Span::device(addr, len)
+            }
+        });
         let Some(span) = span.filter(|_| iova.checked_add(to_u64(len)).is_some()) else {
             return Err(fail("Invalid argument (range outside the dma-buf)"));
         };

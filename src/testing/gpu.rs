@@ -306,7 +306,7 @@ impl Memory {
 }
 
 /// `(st_dev, st_ino)` of the file `fd` refers to.
-fn identity(fd: &OwnedFd) -> Option<(u64, u64)> {
+pub(crate) fn identity(fd: &OwnedFd) -> Option<(u64, u64)> {
     let meta = File::from(fd.try_clone().ok()?).metadata().ok()?;
     Some((meta.dev(), meta.ino()))
 }
@@ -651,10 +651,14 @@ impl Gpu for FakeGpu {
         }))
     }
 
-    /// Returns at once: queued copies are the test's to complete.
+    /// Completes the queued copies first (all of them: the fake does not
+    /// tell devices' queues apart), as a real device synchronization
+    /// returns only once the work queued before it is done. Copies of
+    /// [`CopyMode::Never`] are not queued: a real GPU would hang here.
     fn synchronize(&self, device: i32) -> HipResult<()> {
         self.inner.fault("hipDeviceSynchronize")?;
         self.device(device)?;
+        self.complete_all();
         self.synchronized.lock().push(device);
         Ok(())
     }

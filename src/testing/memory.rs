@@ -16,20 +16,61 @@ use std::ptr;
 pub(crate) struct Span {
     addr: usize,
     len: usize,
+    /// Memory of a real GPU that the host cannot touch: bytes reach it
+    /// only through the GPU runtime's copies ([`copy_via`]).
+    device: bool,
 }
 
 impl Span {
     /// The range `[addr, addr + len)`, or `None` when it is empty, starts at
     /// address 0 or wraps around the address space.
     pub(crate) fn new(addr: usize, len: usize) -> Option<Span> {
-        (addr != 0 && len != 0 && addr.checked_add(len).is_some()).then_some(Span { addr, len })
+        (addr != 0 && len != 0 && addr.checked_add(len).is_some()).then_some(Span {
+            addr,
+            len,
+            device: false,
+        })
     }
+
+    /// As [`Span::new`], for memory of a real GPU.
+    pub(crate) fn device(addr: usize, len: usize) -> Option<Span> {
+        Span::new(addr, len).map(|span| Span {
+            device: true,
+            ..span
+        })
+    }
+}
+
+/// As [`copy`], except that a copy with a device span on either side is
+/// handed to `runtime` (destination address, source address, length), as
+/// the bounds allow, and its answer returned.
+pub(crate) fn copy_via(
+    runtime: &dyn Fn(usize, usize, usize) -> bool,
+    dst: Span,
+    dst_offset: usize,
+    src: Span,
+    src_offset: usize,
+    len: usize,
+) -> bool {
+    if !(dst.device || src.device) {
+        return copy(dst, dst_offset, src, src_offset, len);
+    }
+    let inside =
+        |span: Span, offset: usize| offset.checked_add(len).is_some_and(|end| end <= span.len);
+    if !inside(dst, dst_offset) || !inside(src, src_offset) {
+        return false;
+    }
+    len == 0 || runtime(dst.addr + dst_offset, src.addr + src_offset, len)
 }
 
 /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`;
 /// the ranges may overlap (a QP may loop back into its own region). Returns
 /// `false`, copying nothing, when either range does not lie inside its span.
 pub(crate) fn copy(dst: Span, dst_offset: usize, src: Span, src_offset: usize, len: usize) -> bool {
+    if dst.device || src.device {
+        // The host cannot touch it; only `copy_via` can.
+        return false;
+    }
     let inside =
         |span: Span, offset: usize| offset.checked_add(len).is_some_and(|end| end <= span.len);
     if !inside(dst, dst_offset) || !inside(src, src_offset) {
@@ -71,5 +112,30 @@ mod tests {
         assert!(Span::new(0, 4).is_none());
         assert!(Span::new(usize::MAX, 2).is_none());
         assert!(Span::new(16, 0).is_none());
+    }
+
+    #[test]
+    fn device_spans_are_copied_only_through_the_runtime() {
+        let mut host = vec![5u8; 16];
+        let sh = Span::new(host.as_mut_ptr() as usize, host.len()).expect("span");
+        // An address the host must never touch.
+        let sd = Span::device(0x1000, 64).expect("span");
+        assert!(!copy(sd, 0, sh, 0, 8), "never by the host");
+        let seen = std::cell::Cell::new(None);
+        let runtime = |dst: usize, src: usize, len: usize| {
+            seen.set(Some((dst, src, len)));
+            true
+        };
+        assert!(copy_via(&runtime, sd, 8, sh, 4, 12));
+        assert_eq!(seen.get(), Some((0x1008, host.as_ptr() as usize + 4, 12)));
+        seen.set(None);
+        assert!(
+            !copy_via(&runtime, sd, 60, sh, 0, 8),
+            "past the device span"
+        );
+        assert_eq!(seen.get(), None, "refused before the runtime");
+        assert!(copy_via(&runtime, sh, 0, sh, 8, 8), "host to host is plain");
+        assert_eq!(seen.get(), None);
+        assert_eq!(host[0], 5);
     }
 }

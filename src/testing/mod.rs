@@ -18,9 +18,11 @@
 pub mod c_world;
 pub mod cm;
 pub mod contract;
+pub mod cuda_lab;
 pub mod fabric;
 pub mod faults;
 pub mod gpu;
+pub mod real_gpu;
 pub mod topology;
 pub mod world;
 
@@ -39,4 +41,16 @@ pub trait DeviceMemory: Send + Sync {
     /// The range `(addr, len)` of device memory that `fd`, a dma-buf from
     /// the fake GPU's export, stands for; `None` for any other fd.
     fn dmabuf_range(&self, fd: &OwnedFd) -> Option<(usize, usize)>;
+    /// Whether the host can read and write the device memory itself (the
+    /// fake GPU's is host memory). When it cannot (a real GPU's), the bytes
+    /// of a dma-buf registration move through [`DeviceMemory::copy`].
+    fn host_accessible(&self) -> bool {
+        true
+    }
+    /// Copies `len` bytes from `src` to `dst`, either of them device
+    /// memory, through the GPU runtime, and returns once they are there;
+    /// `false` if the runtime refused.
+    fn copy(&self, _dst: usize, _src: usize, _len: usize) -> bool {
+        false
+    }
 }

@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 
 use super::fabric::{DeviceSpec, Fabric};
 use super::gpu::{FakeGpu, FakeGpuDevice};
+use super::real_gpu::RealGpu;
 use super::topology::{roce_nic, FakeTopology};
 use super::{Counters, Faults};
 use crate::core::error::HIP_ERROR_NO_DEVICE;
@@ -21,8 +22,8 @@ use crate::core::token::{Token, TOKEN_HEX_LEN};
 use crate::core::transfer::S3Client;
 use crate::core::{Error, Result};
 use crate::platform::{
-    Access, Cm, Gpu, Mr, Mtu, Platform, QpAttr, QpCaps, QpState, SendOp, SendWr, Sge, Topology,
-    Verbs, WcStatus,
+    Access, Cm, Gpu, GpuRuntime, Mr, Mtu, Platform, QpAttr, QpCaps, QpState, SendOp, SendWr, Sge,
+    Topology, Verbs, WcStatus,
 };
 use crate::server::{ClientQp, DialPolicy, LocalBuf, Op, ServerConfig, ServerSide};
 
@@ -64,6 +65,9 @@ pub struct FakePlatform {
     cm: Arc<dyn Cm>,
     /// What is missing.
     pub absent: Mutex<Absent>,
+    /// A real GPU runtime that serves instead of [`FakePlatform::gpu`]
+    /// ([`World::use_real_gpu`]).
+    pub real_gpu: Mutex<Option<Arc<RealGpu>>>,
 }
 
 impl Platform for FakePlatform {
@@ -83,9 +87,12 @@ impl Platform for FakePlatform {
         Ok(self.cm.clone())
     }
 
-    fn gpu(&self) -> Result<Arc<dyn Gpu>> {
+    fn gpu(&self, _runtime: GpuRuntime) -> Result<Arc<dyn Gpu>> {
         if self.absent.lock().gpu {
             return Err(Error::HipMissing("libamdhip64.so.6 (fake)".into()));
+        }
+        if let Some(real) = self.real_gpu.lock().as_ref() {
+            return Ok(real.clone());
         }
         Ok(self.gpu.clone())
     }
@@ -172,6 +179,7 @@ impl World {
             gpu,
             topology,
             absent: Mutex::new(Absent::default()),
+            real_gpu: Mutex::new(None),
         });
         let server = Arc::new(TestServer::new(
             &fabric,
@@ -194,6 +202,14 @@ impl World {
     /// second server process on the same node, behind the same CM.
     pub fn add_server_beside(&self, device: &str, bytes: usize) -> Arc<TestServer> {
         Arc::new(TestServer::new(&self.platform.fabric, device, bytes))
+    }
+
+    /// Serves the client's GPU calls from `real` (a real runtime) instead
+    /// of the fake GPU, and lets the fabric reach its memory as a NIC
+    /// would (see [`RealGpu`]). For instances built after the call.
+    pub fn use_real_gpu(&self, real: Arc<RealGpu>) {
+        self.platform.fabric.set_device_memory(real.clone());
+        *self.platform.real_gpu.lock() = Some(real);
     }
 
     /// The platform as the trait object `Current::init_with` takes.

@@ -40,7 +40,7 @@ pub fn release_failures() -> u64 {
     RELEASE_FAILURES.load(Ordering::Relaxed)
 }
 
-fn release_failed(call: &str, code: HipError) {
+pub(crate) fn release_failed(call: &str, code: HipError) {
     RELEASE_FAILURES.fetch_add(1, Ordering::Relaxed);
     eprintln!("hipobj: {call} failed with hipError_t {code}; the object is leaked");
 }
@@ -261,7 +261,7 @@ impl Backoff {
     }
 
     /// Takes the next pause, sleeping no longer than `remaining`.
-    fn pause(&mut self, remaining: Duration) {
+    pub(crate) fn pause(&mut self, remaining: Duration) {
         match self.next_pause() {
             Pause::Spin => std::hint::spin_loop(),
             Pause::Yield => thread::yield_now(),

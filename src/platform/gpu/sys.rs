@@ -206,6 +206,8 @@ macro_rules! fn_table {
     };
 }
 
+pub(crate) use fn_table;
+
 fn_table! {
     /// The HIP runtime functions this library calls, with the prototypes of
     /// `<hip/hip_runtime_api.h>`.

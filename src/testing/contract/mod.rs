@@ -24,6 +24,7 @@
 //! sides or on neither.
 
 pub(crate) mod cm;
+mod gpu;
 mod support;
 mod topology;
 mod verbs;
@@ -34,6 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use cm::*;
+pub use gpu::*;
 pub use topology::*;
 pub use verbs::*;
 pub use windows::*;

@@ -1,0 +1,263 @@
+//! On a machine with an NVIDIA GPU and its driver (`--features
+//! cuda-device`; the lane has no GPU, so CI builds this and runs it only
+//! where `scripts/gpu/test.sh` runs it): the GPU contract checks against
+//! the CUDA driver, and whole transfers of device memory through the
+//! library on the fake fabric with the real runtime (`testing::real_gpu`):
+//! staged, through a real dma-buf export, and a staging copy that misses
+//! its deadline behind real GPU work. Without a driver or a GPU every test
+//! fails.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hipobj::core::args::{BufferRange, Slice, SyncDirection};
+use hipobj::core::transfer::Direction;
+use hipobj::core::{Code, Config, Current, Instance, Options};
+use hipobj::platform::gpu::cuda::{
+    LoadedCuda, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED,
+    CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, SONAMES,
+};
+use hipobj::platform::Gpu;
+use hipobj::server::Op;
+use hipobj::testing::contract::{GpuEnv, GPU_BUSY};
+use hipobj::testing::real_gpu::RealGpu;
+use hipobj::testing::world::{World, WorldSpec, CLIENT_NIC};
+
+mod contract {
+    hipobj::gpu_contract_tests!(hipobj::testing::contract::GpuEnv::cuda);
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            i.to_le_bytes()[0].wrapping_mul(13).wrapping_add(seed) ^ (i >> 16).to_le_bytes()[0]
+        })
+        .collect()
+}
+
+/// What the driver says, printed for the record (`docs/gpu.md`).
+#[test]
+fn the_driver_reports_its_devices_and_what_they_support() {
+    let cuda = LoadedCuda::open(SONAMES).expect("the CUDA driver");
+    let n = cuda.device_count().expect("a GPU");
+    assert!(n >= 1);
+    for device in 0..n {
+        let bus = cuda.pci_bus_id(device).expect("bus id");
+        let dmabuf = cuda
+            .device_attribute(device, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)
+            .expect("DMA_BUF_SUPPORTED");
+        let gdr = cuda
+            .device_attribute(device, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED)
+            .expect("GPU_DIRECT_RDMA_SUPPORTED");
+        println!("cuda device {device}: {bus} dma_buf_supported {dmabuf} gpu_direct_rdma_supported {gdr}");
+    }
+    println!("cuda dmabuf_export_symbol {}", cuda.has_dmabuf_export());
+    let env = GpuEnv::cuda();
+    let managed = env.lab.managed_alloc(1 << 20).expect("managed memory");
+    println!(
+        "cuda managed raw_attributes {:?} kind {:?} export {:?}",
+        cuda.raw_attributes(managed.addr()),
+        cuda.pointer_kind(managed.addr()),
+        cuda.export_dmabuf(managed.addr(), 1 << 20)
+            .map(|r| r.map(|(_, o)| o))
+    );
+    let device = env.lab.device_alloc(0, 1 << 20);
+    println!(
+        "cuda device raw_attributes {:?}",
+        cuda.raw_attributes(device.addr())
+    );
+}
+
+fn options(dmabuf: bool) -> Options {
+    Options {
+        completion_timeout: Duration::from_secs(5),
+        max_transfers: 4,
+        dmabuf,
+        ..Options::default()
+    }
+}
+
+/// A fake world whose client GPU is the real one; its instance, on GPU 0.
+struct Setup {
+    world: World,
+    real: Arc<RealGpu>,
+    env: GpuEnv,
+    current: Current,
+}
+
+impl Setup {
+    fn new(options: Options) -> Setup {
+        let env = GpuEnv::cuda();
+        let real = Arc::new(RealGpu::new(env.gpu.clone()));
+        let world = World::with(WorldSpec {
+            server_bytes: 64 << 20,
+            ..WorldSpec::default()
+        });
+        world.use_real_gpu(real.clone());
+        let current = Current::new();
+        let config = Config {
+            gpu_device: 0,
+            nic_hint: vec![CLIENT_NIC.to_owned()],
+            ..Config::default()
+        };
+        current
+            .init_with(world.platform(), config, options)
+            .expect("init with the real GPU");
+        Setup {
+            world,
+            real,
+            env,
+            current,
+        }
+    }
+
+    fn instance(&self) -> Arc<Instance> {
+        self.current.instance().expect("an instance")
+    }
+
+    fn get(&self, base: usize, len: usize) -> hipobj::core::Result<()> {
+        let slice = Slice::new(base, len, 0)?;
+        self.instance().transfer(
+            Direction::Get,
+            slice,
+            &mut self.world.server.session(Op::Get),
+        )
+    }
+
+    fn put(&self, base: usize, len: usize) -> hipobj::core::Result<()> {
+        let slice = Slice::new(base, len, 0)?;
+        self.instance().transfer(
+            Direction::Put,
+            slice,
+            &mut self.world.server.session(Op::Put),
+        )
+    }
+}
+
+const LEN: usize = 16 << 20;
+
+#[test]
+fn staged_get_and_put_of_device_memory_are_byte_exact() {
+    let s = Setup::new(options(false));
+    let mem = s.env.lab.device_alloc(0, LEN);
+    s.instance()
+        .register(BufferRange::new(mem.addr(), LEN).unwrap(), false)
+        .expect("registration");
+    assert_eq!(
+        s.world.platform.faults.calls("ibv_reg_dmabuf_mr"),
+        0,
+        "staged, not dma-buf"
+    );
+    assert_eq!(s.real.exports(), 0);
+    let data = pattern(LEN, 1);
+    s.world.server.set_object(&data);
+    s.get(mem.addr(), LEN).expect("GET");
+    assert!(
+        s.env.lab.read(mem.addr(), LEN) == data,
+        "the GPU has the object"
+    );
+    let back = pattern(LEN, 2);
+    s.env.lab.write(mem.addr(), &back);
+    s.put(mem.addr(), LEN).expect("PUT");
+    assert!(
+        s.world.server.object(LEN) == back,
+        "the server has the GPU's bytes"
+    );
+    s.instance().deregister(mem.addr()).expect("deregistration");
+}
+
+#[test]
+fn dmabuf_registration_moves_the_bytes_through_the_real_export() {
+    let s = Setup::new(options(true));
+    let mem = s.env.lab.device_alloc(0, LEN);
+    // Past the allocation's first page, at an address no page starts at.
+    let (base, len) = (mem.addr() + 4096 + 512, LEN - 8192);
+    s.instance()
+        .register(BufferRange::new(base, len).unwrap(), false)
+        .expect("registration");
+    assert_eq!(s.world.platform.faults.calls("ibv_reg_dmabuf_mr"), 1);
+    assert_eq!(s.real.exports(), 1, "the driver exported a dma-buf");
+    let data = pattern(len, 3);
+    s.world.server.set_object(&data);
+    s.get(base, len).expect("GET");
+    assert!(s.env.lab.read(base, len) == data, "the GPU has the object");
+    let back = pattern(len, 4);
+    s.env.lab.write(base, &back);
+    s.put(base, len).expect("PUT");
+    assert!(
+        s.world.server.object(len) == back,
+        "the server has the GPU's bytes"
+    );
+    s.instance().deregister(base).expect("deregistration");
+}
+
+#[test]
+fn require_gpu_direct_takes_the_dmabuf_path_and_refuses_staging() {
+    let direct = Setup::new(Options {
+        require_gpu_direct: true,
+        ..options(true)
+    });
+    let mem = direct.env.lab.device_alloc(0, 1 << 20);
+    direct
+        .instance()
+        .register(BufferRange::new(mem.addr(), 1 << 20).unwrap(), false)
+        .expect("registration through dma-buf");
+    let data = pattern(1 << 20, 5);
+    direct.world.server.set_object(&data);
+    direct.get(mem.addr(), 1 << 20).expect("GET");
+    assert!(direct.env.lab.read(mem.addr(), 1 << 20) == data);
+
+    let refused = Setup::new(Options {
+        require_gpu_direct: true,
+        ..options(false)
+    });
+    let mem = refused.env.lab.device_alloc(0, 1 << 20);
+    let err = refused
+        .instance()
+        .register(BufferRange::new(mem.addr(), 1 << 20).unwrap(), false)
+        .expect_err("no dma-buf, no staging");
+    assert_eq!(err.code(), Code::Rdma);
+    assert_eq!(refused.instance().buffer_count(), 0);
+}
+
+#[test]
+fn a_staging_copy_behind_real_gpu_work_is_abandoned_then_released() {
+    let s = Setup::new(Options {
+        stage_timeout: Duration::from_millis(50),
+        ..options(false)
+    });
+    let mem = s.env.lab.device_alloc(0, LEN);
+    let inst = s.instance();
+    inst.register(BufferRange::new(mem.addr(), LEN).unwrap(), false)
+        .expect("registration");
+    let data = pattern(LEN, 6);
+    s.env.lab.write(mem.addr(), &data);
+    // The kernel runs on this thread's stream, where the PUT's staging
+    // copy to the host queues behind it.
+    s.env.lab.occupy(0);
+    let err = s
+        .put(mem.addr(), LEN)
+        .expect_err("the copy misses its deadline");
+    assert_eq!(err.code(), Code::Internal, "{err}");
+    assert_eq!(inst.abandoned_count(), 1);
+    assert_eq!(
+        s.world
+            .server
+            .requests
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
+    let slice = Slice::new(mem.addr(), LEN, 0).unwrap();
+    assert_eq!(
+        inst.buf_sync(slice, SyncDirection::ToHost)
+            .unwrap_err()
+            .code(),
+        Code::Busy,
+        "the buffer is held while its copy may run"
+    );
+    std::thread::sleep(GPU_BUSY + Duration::from_millis(200));
+    s.put(mem.addr(), LEN).expect("PUT once the GPU is free");
+    assert_eq!(inst.abandoned_count(), 0, "the finished copy was released");
+    assert!(s.world.server.object(LEN) == data);
+    inst.deregister(mem.addr()).expect("deregistration");
+}
