@@ -147,6 +147,39 @@ fn fake_world() {
     run_program("fake_world.c", &[]);
 }
 
+/// `HIPOBJ_STATS`: the same program's transfers, counted, in one line at
+/// `hipObjShutdown` (and none without it).
+#[test]
+fn fake_world_prints_its_stats_at_shutdown() {
+    let (_scratch, exe) = build_program("fake_world.c", &[]);
+    let mut cmd = common::command_without_hipobj_env(&exe);
+    let quiet = common::run_with_timeout(&mut cmd, TIMEOUT);
+    assert_passed("fake_world.c", &quiet);
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("hipobj-stats:"));
+    let mut cmd = common::command_without_hipobj_env(&exe);
+    cmd.env("HIPOBJ_STATS", "1");
+    let output = common::run_with_timeout(&mut cmd, TIMEOUT);
+    assert_passed("fake_world.c", &output);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("hipobj-stats: "))
+        .collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    for expected in [
+        " direct=3 ",
+        " staged=0 ",
+        " failed_s3=1 ",
+        " failed_other=3 ",
+        " handshakes=1 ",
+        " reused=3 ",
+        " failed_rdma=0 ",
+        " staging_copies=0 ",
+    ] {
+        assert!(lines[0].contains(expected), "{expected:?} in {}", lines[0]);
+    }
+}
+
 #[test]
 fn cxx_consumer() {
     run_program("cxx_consumer.cpp", &[]);

@@ -159,6 +159,17 @@ fn device_memory_the_nic_cannot_reach_is_staged_both_ways() {
     gpu.write(alloc.addr(), &back).unwrap();
     put(&inst, &up, alloc.addr(), back.len(), 0).unwrap();
     assert_eq!(up.world.server.object(back.len()), back);
+    let stats = inst.stats();
+    assert_eq!(
+        (
+            stats.staged,
+            stats.staged_bytes,
+            stats.direct,
+            stats.staging_copies
+        ),
+        (2, 2 * 128 * 1024, 0, 2),
+        "both transfers staged, each with its copy"
+    );
     inst.deregister(alloc.addr()).unwrap();
     assert_eq!(
         up.world.platform.counters.live("host_alloc"),
@@ -364,6 +375,29 @@ fn misbehaving(behaviour: Behaviour, expected: Code) {
     up.world.server.set_behaviour(Behaviour::Normal);
     get(&inst, &up, base, 32768, 0).unwrap();
     assert_eq!(&buf[..], &data[..]);
+    // Counted: one failure by its cause, then one direct success.
+    let stats = inst.stats();
+    let failures = [
+        stats.declined,
+        stats.failed_s3,
+        stats.failed_rdma,
+        stats.failed_busy,
+        stats.failed_staging,
+        stats.failed_other,
+    ];
+    assert_eq!(failures.iter().sum::<u64>(), 1, "{behaviour:?}: {stats:?}");
+    if let Behaviour::Status(_) = behaviour {
+        assert_eq!(
+            stats.declined, 1,
+            "a reply that is not a success is a decline"
+        );
+    }
+    match expected {
+        Code::Rdma => assert_eq!(stats.failed_rdma, 1, "{behaviour:?}"),
+        Code::S3 => assert_eq!(stats.declined + stats.failed_s3, 1, "{behaviour:?}"),
+        _ => {}
+    }
+    assert_eq!((stats.direct, stats.direct_bytes), (1, 32768));
 }
 
 #[test]
@@ -585,6 +619,16 @@ fn a_staging_copy_past_its_deadline_is_abandoned_and_holds_its_buffer() {
     assert_eq!(gpu.complete_all(), 1);
     inst.buf_sync(slice(), SyncDirection::ToHost).unwrap();
     assert_eq!(inst.abandoned_count(), 0);
+    let stats = inst.stats();
+    assert_eq!(
+        (
+            stats.abandoned_copies,
+            stats.staging_copies,
+            stats.failed_busy
+        ),
+        (1, 2, 1),
+        "one copy abandoned, one that finished, the PUT refused while it ran"
+    );
     inst.deregister(alloc.addr()).unwrap();
 }
 

@@ -4,6 +4,7 @@
 //! body, catches any panic so that none crosses into C, and turns the body's
 //! value into the C return value through [`ReturnValue`].
 
+use crate::core::log::{log, Level};
 use std::ffi::CStr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -28,7 +29,10 @@ pub(crate) fn enter<R: ReturnValue>(call: &'static str, body: impl FnOnce() -> R
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(result) => result.into_c(call),
         Err(_) => {
-            eprintln!("hipobj: {call}: internal panic caught at the C boundary");
+            log!(
+                Level::Error,
+                "{call}: internal panic caught at the C boundary"
+            );
             R::on_panic()
         }
     }
@@ -68,7 +72,7 @@ impl ReturnValue for Result<(), Error> {
                 // The code alone cannot say which library, device or call
                 // failed in the environment; argument errors stay quiet.
                 if error.is_environmental() {
-                    eprintln!("hipobj: {call}: {error}");
+                    log!(Level::Error, "{call}: {error}");
                 }
                 hipObjError_t {
                     opError: op_error(error.code()),

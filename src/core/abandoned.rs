@@ -12,6 +12,7 @@
 //! Handing a copy over must not fail, or a running copy would go
 //! untracked: each copy reserves room before it starts ([`Slot`]).
 
+use crate::core::log::{log, Level};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -155,9 +156,11 @@ impl Drop for AbandonedCopies {
             if let Some(staging) = &copy.entry.staging {
                 staging.leak();
             }
-            eprintln!(
-                "hipobj: leaking the staging buffer of {:#x} ({} bytes): its copy is still running",
-                copy.entry.base, copy.entry.len
+            log!(
+                Level::Error,
+                "leaking the staging buffer of {:#x} ({} bytes): its copy is still running",
+                copy.entry.base,
+                copy.entry.len
             );
         }
     }

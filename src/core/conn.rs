@@ -20,6 +20,7 @@
 //! and replaced. Only a success revokes in place (an invalidation), which
 //! keeps the connection for the next transfer to the same server.
 
+use crate::core::log::{log, Level};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -30,6 +31,7 @@ use super::error::{Error, Result};
 use super::mailbox::Mailbox;
 use super::pool::{Pool, SlotInfo};
 use super::protocol::{self, decode_proof, encode_reject, PROOF_LEN};
+use super::stats::Stats;
 use super::token::Token;
 use super::transfer::Direction;
 use crate::platform::{
@@ -286,6 +288,8 @@ impl Cooling {
 
 /// The driver's shared pieces that transitions use.
 pub struct Env<'a> {
+    /// The instance's counters.
+    pub stats: &'a Stats,
     /// Where free slots go.
     pub pool: &'a Pool,
     /// The pool's CQ (of every QP, and of a replacement QP).
@@ -534,12 +538,12 @@ impl Conn {
             Link::Connected { cm, .. } => {
                 env.by_cm.remove(&cm.id());
                 if let Err(e) = cm.disconnect() {
-                    eprintln!("hipobj: rdma_disconnect: {e}");
+                    log!(Level::Warn, "rdma_disconnect: {e}");
                 }
             }
             Link::Accepting { request, .. } => {
                 if let Err(e) = request.reject(&encode_reject()) {
-                    eprintln!("hipobj: rdma_reject: {e}");
+                    log!(Level::Warn, "rdma_reject: {e}");
                 }
             }
             Link::Idle => {}
@@ -550,7 +554,7 @@ impl Conn {
         }
         let outcome = self.reset_qp(env);
         if let Err(e) = outcome {
-            eprintln!("hipobj: retiring connection {}: {e}", self.index);
+            log!(Level::Warn, "retiring connection {}: {e}", self.index);
             // Nothing can reach the QP any more; a window that could not be
             // replaced is gone with it.
             self.link = Link::Retired;
@@ -598,8 +602,9 @@ impl Conn {
                 env.cooling.keep(old, Instant::now());
                 self.aimed = false;
             }
-            Err(e) => eprintln!(
-                "hipobj: connection {}: no new QP ({e}); QP {} serves again",
+            Err(e) => log!(
+                Level::Warn,
+                "connection {}: no new QP ({e}); QP {} serves again",
                 self.index,
                 self.qp.qp_num()
             ),
@@ -616,9 +621,11 @@ impl Conn {
     /// free list handed out.
     pub fn on_arm(&mut self, epoch: u64, armed: Box<Armed>, env: &mut Env<'_>) {
         if epoch != self.epoch || !matches!(self.job, Job::Free) {
-            eprintln!(
-                "hipobj: connection {}: an Arm of epoch {epoch} found epoch {}",
-                self.index, self.epoch
+            log!(
+                Level::Error,
+                "connection {}: an Arm of epoch {epoch} found epoch {}",
+                self.index,
+                self.epoch
             );
             armed.mailbox.fill(Err(Error::Internal(format!(
                 "connection {} was not leased at epoch {epoch}",
@@ -749,7 +756,11 @@ impl Conn {
     /// got a proof granted nothing and keeps its link; any other is reset.
     fn finish(&mut self, outcome: Result<()>, env: &mut Env<'_>) {
         if let (true, Err(e)) = (env.debug, &outcome) {
-            eprintln!("hipobj: QP {}: a transfer ends: {e}", self.qp.qp_num());
+            log!(
+                Level::Debug,
+                "QP {}: a transfer ends: {e}",
+                self.qp.qp_num()
+            );
         }
         let granted = matches!(&self.job, Job::Armed(_, phase) if !matches!(phase, Phase::Waiting));
         if granted || matches!(self.link, Link::Accepting { .. }) {
@@ -816,8 +827,9 @@ impl Conn {
             // Not waiting, another token, or a second request with a token
             // already proved: refused, and the job is not disturbed.
             if env.debug {
-                eprintln!(
-                    "hipobj: QP {}: refused a connect request: {}",
+                log!(
+                    Level::Debug,
+                    "QP {}: refused a connect request: {}",
                     self.qp.qp_num(),
                     self.why_not_proved(token)
                 );
@@ -840,7 +852,7 @@ impl Conn {
             Ok(peer) => peer,
             Err(e) => {
                 refuse(request);
-                eprintln!("hipobj: connecting QP {}: {e}", self.qp.qp_num());
+                log!(Level::Warn, "connecting QP {}: {e}", self.qp.qp_num());
                 return self.finish(Err(e), env);
             }
         };
@@ -910,6 +922,13 @@ impl Conn {
         };
         match request.accept(params) {
             Ok(cm) => {
+                env.stats.handshake();
+                log!(
+                    Level::Info,
+                    "QP {}: a server connected (connection {})",
+                    self.qp.qp_num(),
+                    self.index
+                );
                 env.by_cm.insert(cm.id(), self.index);
                 self.link = Link::Connected {
                     cm,
@@ -921,7 +940,7 @@ impl Conn {
                 }
             }
             Err(e) => {
-                eprintln!("hipobj: rdma_accept: {e}");
+                log!(Level::Warn, "rdma_accept: {e}");
                 self.finish(Err(e), env);
             }
         }
@@ -1056,13 +1075,15 @@ impl Conn {
             // The connected server was not sent this request: it gets
             // nothing, loses its connection, and the job waits for its
             // server's connect request.
-            eprintln!(
-                "hipobj: QP {}: the connected server's proof is not this transfer's token; \
+            log!(
+                Level::Warn,
+                "QP {}: the connected server's proof is not this transfer's token; \
                  disconnecting it",
                 self.qp.qp_num()
             );
             return self.reset(env);
         }
+        env.stats.reuse();
         let imm = protocol::grant_imm(armed.token.secret);
         let access = armed.direction.access();
         let outcome = match &armed.grant {
@@ -1208,8 +1229,9 @@ impl Conn {
                 Job::Armed(_, Phase::Granted) => "granted",
                 Job::Armed(_, Phase::Revoking { .. }) => "revoking",
             };
-            eprintln!(
-                "hipobj: QP {}: failed ({why}) while {phase}, link {:?}",
+            log!(
+                Level::Warn,
+                "QP {}: failed ({why}) while {phase}, link {:?}",
                 self.qp.qp_num(),
                 self.cm_id()
             );
@@ -1236,8 +1258,9 @@ impl Conn {
     /// A message from the connected server that the protocol has no place
     /// for: the server loses its connection; a job past its proof fails.
     fn on_garbage(&mut self, what: &str, env: &mut Env<'_>) {
-        eprintln!(
-            "hipobj: QP {}: unexpected message from the server ({what}); disconnecting it",
+        log!(
+            Level::Warn,
+            "QP {}: unexpected message from the server ({what}); disconnecting it",
             self.qp.qp_num()
         );
         self.on_qp_failed(what, env);
@@ -1289,7 +1312,7 @@ fn init_attr(port: u8, mode: Mode) -> QpAttr {
 /// The one rejection, whatever was wrong.
 pub fn refuse(request: Box<dyn CmRequest>) {
     if let Err(e) = request.reject(&encode_reject()) {
-        eprintln!("hipobj: rdma_reject: {e}");
+        log!(Level::Warn, "rdma_reject: {e}");
     }
 }
 

@@ -16,12 +16,14 @@
 //! fenced (ERR, bound windows deallocated), every waiting transfer and
 //! every later lease fails with the reason.
 
+use crate::core::log::{log, Level};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::stats::Stats;
 use super::sync::Mutex;
 
 use super::conn::{
@@ -177,7 +179,7 @@ impl Parts {
 }
 
 /// Settings the driver needs.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Settings {
     /// The IB port of every QP.
     pub port: u8,
@@ -187,6 +189,8 @@ pub struct Settings {
     pub idle_timeout: Duration,
     /// `HIPOBJ_RDMA_DEBUG`.
     pub debug: bool,
+    /// The instance's counters (handshakes, in-band proofs).
+    pub stats: Arc<Stats>,
 }
 
 /// Creates `count` connections on `ctx`: one CQ for all, a window each
@@ -214,8 +218,9 @@ pub fn build(
         {
             Ok(w) => Some(w),
             Err(e) => {
-                eprintln!(
-                    "hipobj: {}: allocating {count} memory windows failed ({e}); transfers \
+                log!(
+                    Level::Warn,
+                    "{}: allocating {count} memory windows failed ({e}); transfers \
                      register their ranges one by one instead",
                     ctx.name()
                 );
@@ -254,6 +259,7 @@ pub fn build(
         completion_timeout: settings.completion_timeout,
         idle_timeout: settings.idle_timeout,
         debug: settings.debug,
+        stats: &settings.stats,
     };
     let mut windows = windows.map(Vec::into_iter);
     let mut conns = Vec::with_capacity(count);
@@ -344,7 +350,7 @@ impl Drop for Driver {
         let _ = self.commands.send(Command::Stop, true);
         if let Some(thread) = self.thread.take() {
             if thread.join().is_err() {
-                eprintln!("hipobj: the connection driver thread panicked");
+                log!(Level::Error, "the connection driver thread panicked");
             }
         }
     }
@@ -389,6 +395,7 @@ impl Shared {
             completion_timeout: self.settings.completion_timeout,
             idle_timeout: self.settings.idle_timeout,
             debug: self.settings.debug,
+            stats: &self.settings.stats,
         }
     }
 
@@ -399,7 +406,7 @@ impl Shared {
             return Ok(false);
         };
         self.event_errors += 1;
-        eprintln!("hipobj: connection driver: {what}: {e}");
+        log!(Level::Warn, "connection driver: {what}: {e}");
         if self.event_errors >= MAX_EVENT_ERRORS {
             return Err(Error::Rdma(format!(
                 "{what} failed {} times in a row: {e}",
@@ -614,7 +621,7 @@ impl State {
                         Ok(token) => token,
                         Err(why) => {
                             if self.shared.settings.debug {
-                                eprintln!("hipobj: refused a connect request: {why}");
+                                log!(Level::Debug, "refused a connect request: {why}");
                             }
                             refuse(request);
                             continue;
@@ -631,9 +638,10 @@ impl State {
                 CmEvent::Established { .. } => {}
                 CmEvent::Disconnected { conn } => {
                     let index = self.shared.by_cm.get(&conn).copied();
-                    if self.shared.settings.debug {
-                        eprintln!("hipobj: CM connection {conn} disconnected (slot {index:?})");
-                    }
+                    log!(
+                        Level::Info,
+                        "CM connection {conn} disconnected (slot {index:?})"
+                    );
                     if let Some(c) = index.and_then(|i| self.conns.get_mut(i)) {
                         if c.cm_id() == Some(conn) {
                             c.on_disconnected(&mut self.shared.env());
@@ -677,7 +685,7 @@ impl State {
     /// transfer and every later lease with the reason.
     fn die(&mut self, why: &Error) {
         let why = Error::Rdma(format!("the connection driver stopped: {why}"));
-        eprintln!("hipobj: {why}; RDMA transfers fail from now on");
+        log!(Level::Error, "{why}; RDMA transfers fail from now on");
         self.shared.commands.kill(&why);
         self.shared.pool.kill(why);
         for conn in &mut self.conns {

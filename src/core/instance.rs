@@ -20,10 +20,12 @@ use super::buffers::BufferMap;
 use super::conn::Mode;
 use super::driver::{self, Commands, Driver, Settings};
 use super::error::{Error, Result, HIP_ERROR_NO_DEVICE};
+use super::log;
 use super::mailbox::Mailbox;
 use super::nic::{self, GpuPlace, NicChoice};
 use super::options::Options;
 use super::pool::Pool;
+use super::stats::{Snapshot, Stats};
 use super::transfer::Direction;
 use crate::platform::{Cm, Context, Gid, Gpu, GpuRuntime, Pd, Platform, PortState};
 
@@ -126,6 +128,8 @@ pub struct Instance {
     /// How access is granted on this device.
     pub mode: Mode,
     driver: Driver,
+    /// What moved the bytes, and what failed ([`Instance::stats`]).
+    pub(crate) stats: Arc<Stats>,
     pub(crate) tokens: Mutex<Vec<TokenRecord>>,
     pub(crate) abandoned: AbandonedCopies,
     pub(crate) buffers: BufferMap,
@@ -157,6 +161,7 @@ impl Instance {
         mut config: Config,
         options: Options,
     ) -> Result<Instance> {
+        log::set_level(options.log);
         if config.nic_hint.is_empty() {
             if let Some(hint) = &options.nic_hint {
                 config.nic_hint = Config::parse_nic_hint(hint);
@@ -219,8 +224,10 @@ impl Instance {
             completion_timeout: options.completion_timeout,
             idle_timeout: options.idle_timeout,
             debug: options.rdma_debug,
+            stats: Arc::new(Stats::default()),
         };
-        let parts = driver::build(&*ctx, &pd, count, &pool, settings)?;
+        let stats = settings.stats.clone();
+        let parts = driver::build(&*ctx, &pd, count, &pool, settings.clone())?;
         let mode = parts.mode();
         let listener_port = listener.port();
         let driver = Driver::start(
@@ -239,6 +246,7 @@ impl Instance {
             listener_port,
             mode,
             driver,
+            stats,
             tokens: Mutex::new(Vec::new()),
             abandoned: AbandonedCopies::new(),
             buffers: BufferMap::new(),
@@ -276,6 +284,11 @@ impl Instance {
     /// Registered buffers.
     pub fn buffer_count(&self) -> usize {
         self.buffers.len()
+    }
+
+    /// The instance's counters now.
+    pub fn stats(&self) -> Snapshot {
+        self.stats.snapshot()
     }
 
     /// Abandoned staging copies still listed.
@@ -392,6 +405,11 @@ impl Current {
         let old = self.instance.write().take();
         if let Some(instance) = &old {
             instance.close();
+            if instance.options.stats {
+                use std::io::Write;
+                // Not eprintln!, which panics if stderr cannot be written.
+                let _ = writeln!(std::io::stderr(), "hipobj-stats: {}", instance.stats());
+            }
         }
         // Dropped after the write lock is released: if this was the last
         // reference, teardown runs without any lock of ours held.

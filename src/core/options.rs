@@ -6,6 +6,7 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
+use super::log::Level;
 use crate::platform::GpuRuntime;
 
 /// The library's settings (ABI spec, section 7; README).
@@ -36,6 +37,11 @@ pub struct Options {
     pub nic_hint: Option<String>,
     /// `HIPOBJ_GPU_RUNTIME`: `hip`, `cuda` or `auto` (any case).
     pub gpu_runtime: GpuRuntime,
+    /// `HIPOBJ_LOG`: `error`, `warn`, `info` or `debug` (any case); unset
+    /// or invalid: `debug` with `HIPOBJ_RDMA_DEBUG`, else `warn`.
+    pub log: Level,
+    /// `HIPOBJ_STATS`: one `hipobj-stats:` line on stderr at shutdown.
+    pub stats: bool,
 }
 
 impl Default for Options {
@@ -51,6 +57,8 @@ impl Default for Options {
             idle_timeout: Duration::from_millis(60_000),
             nic_hint: None,
             gpu_runtime: GpuRuntime::Auto,
+            log: Level::Warn,
+            stats: false,
         }
     }
 }
@@ -70,6 +78,15 @@ impl Options {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<OsString>) -> Options {
         let defaults = Options::default();
         let value = |name: &str| lookup(name).map(|v| v.as_bytes().to_vec());
+        let rdma_debug =
+            value("HIPOBJ_RDMA_DEBUG").map_or(defaults.rdma_debug, |v| v.first() != Some(&b'0'));
+        let log = value("HIPOBJ_LOG")
+            .and_then(|v| Level::parse(&v))
+            .unwrap_or(if rdma_debug {
+                Level::Debug
+            } else {
+                defaults.log
+            });
         Options {
             max_transfers: value("HIPOBJ_MAX_TRANSFERS")
                 .and_then(|v| decimal_in(&v, 1, u64::from(MAX_TRANSFERS_LIMIT)))
@@ -79,8 +96,10 @@ impl Options {
             dmabuf: value("HIPOBJ_DMABUF").map_or(defaults.dmabuf, |v| !starts_with_no(&v)),
             require_gpu_direct: value("HIPOBJ_REQUIRE_GPU_DIRECT")
                 .map_or(defaults.require_gpu_direct, |v| !starts_with_no(&v)),
-            rdma_debug: value("HIPOBJ_RDMA_DEBUG")
-                .map_or(defaults.rdma_debug, |v| v.first() != Some(&b'0')),
+            // The debug messages are the debug level's.
+            rdma_debug: log == Level::Debug,
+            log,
+            stats: value("HIPOBJ_STATS").is_some_and(|v| !starts_with_no(&v)),
             completion_timeout: millis(
                 value("HIPOBJ_COMPLETION_TIMEOUT_MS"),
                 defaults.completion_timeout,
@@ -187,6 +206,36 @@ mod tests {
         for bad in ["0", "86400001", "1e3", "1.5", "", "-5", " 10"] {
             assert_eq!(t(bad), Duration::from_secs(30), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn log_level_and_stats() {
+        let o = |vars: &[(&str, &str)]| {
+            let o = with(vars);
+            (o.log, o.rdma_debug, o.stats)
+        };
+        assert_eq!(o(&[]), (Level::Warn, false, false));
+        assert_eq!(o(&[("HIPOBJ_LOG", "ERROR")]), (Level::Error, false, false));
+        assert_eq!(o(&[("HIPOBJ_LOG", "info")]), (Level::Info, false, false));
+        assert_eq!(o(&[("HIPOBJ_LOG", "debug")]), (Level::Debug, true, false));
+        assert_eq!(
+            o(&[("HIPOBJ_RDMA_DEBUG", "1")]),
+            (Level::Debug, true, false)
+        );
+        assert_eq!(
+            o(&[("HIPOBJ_RDMA_DEBUG", "1"), ("HIPOBJ_LOG", "warn")]),
+            (Level::Warn, false, false),
+            "HIPOBJ_LOG decides"
+        );
+        assert_eq!(
+            o(&[("HIPOBJ_RDMA_DEBUG", "1"), ("HIPOBJ_LOG", "loud")]),
+            (Level::Debug, true, false),
+            "an invalid HIPOBJ_LOG leaves the default"
+        );
+        assert!(o(&[("HIPOBJ_STATS", "1")]).2);
+        assert!(o(&[("HIPOBJ_STATS", "")]).2, "set, empty");
+        assert!(!o(&[("HIPOBJ_STATS", "0")]).2);
+        assert!(!o(&[("HIPOBJ_STATS", "no")]).2);
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //!
 //! No lock is held across a callback, a verbs call or a HIP call.
 
+use crate::core::log::{log, Level};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,6 +26,7 @@ use super::instance::{Instance, TokenRecord};
 use super::mailbox::{late, Mailbox};
 use super::pool::{remember_peer, Lease, SlotInfo};
 use super::reply::{parse_reply, REPLY_BUFFER_LEN};
+use super::stats::DECLINED;
 use super::token::{Token, Transport, TOKEN_HEX_LEN};
 use crate::platform::{Access, PointerKind};
 
@@ -154,7 +156,11 @@ impl Instance {
                     });
                 }
                 Err(e) if self.options.rdma_debug => {
-                    eprintln!("hipobj: dma-buf registration of {:#x}: {e}", range.addr)
+                    log!(
+                        Level::Debug,
+                        "dma-buf registration of {:#x}: {e}",
+                        range.addr
+                    )
                 }
                 Err(_) => {}
             }
@@ -181,9 +187,11 @@ impl Instance {
         let mr = self
             .pd
             .reg_mr(staging.addr(), range.len, self.mr_access())?;
-        eprintln!(
-            "hipobj: {:#x} ({} bytes) is staged through host memory: transfers are not GPU-direct",
-            range.addr, range.len
+        log!(
+            Level::Warn,
+            "{:#x} ({} bytes) is staged through host memory: transfers are not GPU-direct",
+            range.addr,
+            range.len
         );
         Ok(BufEntry {
             base: range.addr,
@@ -275,9 +283,11 @@ impl Instance {
                 what: "hipMemcpyAsync failed",
                 hip,
             })?;
+        self.stats.staging_copy();
         match event.wait(Instant::now() + self.options.stage_timeout) {
             Ok(true) => Ok(()),
             Ok(false) => {
+                self.stats.abandoned_copy();
                 slot.add(event, entry.clone());
                 Err(Error::Staging {
                     what: "the copy did not finish within HIPOBJ_STAGE_TIMEOUT_MS",
@@ -285,6 +295,7 @@ impl Instance {
                 })
             }
             Err(hip) => {
+                self.stats.abandoned_copy();
                 slot.add(event, entry.clone());
                 Err(Error::Staging {
                     what: "hipEventQuery failed",
@@ -309,14 +320,37 @@ impl Instance {
 
     // ------------------------------------------------------------ transfers
 
-    /// `hipObjGet` / `hipObjPut` after the argument checks.
+    /// `hipObjGet` / `hipObjPut` after the argument checks; counted in
+    /// the instance's stats by outcome.
     pub fn transfer(
         &self,
         direction: Direction,
         slice: Slice,
         s3: &mut dyn S3Client,
     ) -> Result<()> {
+        let len = slice.len;
+        match self.transfer_uncounted(direction, slice, s3) {
+            Ok(staged) => {
+                self.stats.transferred(staged, len);
+                Ok(())
+            }
+            Err(e) => {
+                self.stats.failed(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// [`Instance::transfer`]; `Ok(true)` for a transfer through the
+    /// staging buffer.
+    fn transfer_uncounted(
+        &self,
+        direction: Direction,
+        slice: Slice,
+        s3: &mut dyn S3Client,
+    ) -> Result<bool> {
         let entry = self.lookup(&slice)?;
+        let staged = entry.staging.is_some();
         if direction == Direction::Put {
             self.stage(&entry, SyncDirection::ToHost, slice.offset, slice.len)?;
         }
@@ -353,12 +387,13 @@ impl Instance {
         outcome?;
         remember_peer(mailbox.peer());
         match direction {
-            Direction::Get if entry.staging.is_some() => {
+            Direction::Get if staged => {
                 self.stage(&entry, SyncDirection::ToDevice, slice.offset, slice.len)
             }
             Direction::Get => self.sync_device(&entry),
             Direction::Put => Ok(()),
         }
+        .map(|()| staged)
     }
 
     /// Mints the token of a transfer of `len` bytes at `offset` of `entry`
@@ -427,10 +462,7 @@ impl Instance {
         })?;
         let parsed = parse_reply(text).map_err(|e| Error::S3(format!("unparsable reply: {e}")))?;
         if !parsed.is_success() {
-            return Err(Error::S3(format!(
-                "the server replied {}",
-                parsed.http_code
-            )));
+            return Err(Error::S3(format!("{DECLINED}{}", parsed.http_code)));
         }
         Ok(())
     }

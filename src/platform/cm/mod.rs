@@ -37,6 +37,7 @@
 pub mod loader;
 pub mod sys;
 
+use crate::core::log::{log, Level};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::io::Write;
@@ -97,8 +98,7 @@ fn check(call: std::fmt::Arguments<'_>, rc: c_int) -> Result<()> {
 fn destroy_failed(call: std::fmt::Arguments<'_>) {
     let err = cm_error(call);
     LEAKED.fetch_add(1, Ordering::Relaxed);
-    // Not eprintln!, which panics if stderr cannot be written.
-    let _ = writeln!(std::io::stderr(), "hipobj: {err}; leaked");
+    log!(Level::Error, "{err}; leaked");
 }
 
 /// The name of an event type, for messages.

@@ -18,6 +18,7 @@
 //! concurrent calls on one event itself: `hip::Event::query` takes the
 //! event's own lock (ROCm's CLR, `hipamd/src/hip_event.cpp`).
 
+use crate::core::log::{log, Level};
 use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -42,7 +43,10 @@ pub fn release_failures() -> u64 {
 
 pub(crate) fn release_failed(call: &str, code: HipError) {
     RELEASE_FAILURES.fetch_add(1, Ordering::Relaxed);
-    eprintln!("hipobj: {call} failed with hipError_t {code}; the object is leaked");
+    log!(
+        Level::Error,
+        "{call} failed with hipError_t {code}; the object is leaked"
+    );
 }
 
 // ---------------------------------------------------------------- host buffer

@@ -20,8 +20,8 @@ pub mod loader;
 mod qp;
 pub mod sys;
 
+use crate::core::log::{log, Level};
 use std::ffi::c_int;
-use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::core::Error;
@@ -45,8 +45,7 @@ pub fn leaked_objects() -> u64 {
 fn destroy_failed(call: std::fmt::Arguments<'_>, rc: c_int) {
     let err = rc_error(call, rc);
     LEAKED.fetch_add(1, Ordering::Relaxed);
-    // Not eprintln!, which panics if stderr cannot be written.
-    let _ = writeln!(std::io::stderr(), "hipobj: {err}; leaked");
+    log!(Level::Error, "{err}; leaked");
 }
 
 /// Why a verb that returns an `int` failed: 0 is success and anything else
