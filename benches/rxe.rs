@@ -33,7 +33,8 @@
 //! starts PROCS copies of this program, each with its own instance and
 //! THREADS streams (`throughput ... --gate --server SOCKET`), lets them all
 //! start at once when every one has checked its bytes, and reports their
-//! aggregate throughput, from the start to the last one's end. The parent
+//! aggregate throughput, from the start to the last one's end, and each
+//! per-transfer mean of theirs (where the time went) averaged over them. The parent
 //! is their one server, as an S3 server is for a host's processes: one
 //! context and one server side, a thread per stream, reached over a Unix
 //! socket per stream that carries the token and the verdict (`--server`).
@@ -1203,11 +1204,24 @@ fn run_children(
         }
         let wall = start.elapsed().as_secs_f64();
         let mut transfers = 0.0;
+        // Each child's per-transfer means (where the time went), by the
+        // part of their names after `get_1MiB_xN_`, to be averaged.
+        let mut means: Vec<(String, f64, String)> = Vec::new();
         for (i, out) in outs.iter_mut().enumerate() {
             let lines: Vec<String> = out
                 .lines()
                 .collect::<Result<_, _>>()
                 .map_err(|e| e.to_string())?;
+            for line in &lines {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                let (Some(name), Some(value), Some(unit)) = (f.first(), f.get(1), f.get(2)) else {
+                    continue;
+                };
+                let part = name.splitn(4, '_').nth(3).filter(|p| p.ends_with("_mean"));
+                if let (Some(part), Ok(value)) = (part, value.parse::<f64>()) {
+                    means.push((part.to_owned(), value, (*unit).to_owned()));
+                }
+            }
             let count = lines
                 .iter()
                 .filter_map(|l| {
@@ -1228,6 +1242,15 @@ fn run_children(
         );
         report(&format!("{name}_transfers"), transfers, "count");
         report(&format!("{name}_seconds"), wall, "s");
+        let mut parts: Vec<&str> = means.iter().map(|m| m.0.as_str()).collect();
+        parts.sort_unstable();
+        parts.dedup();
+        for part in parts {
+            let values: Vec<&(String, f64, String)> =
+                means.iter().filter(|m| m.0 == part).collect();
+            let mean = values.iter().map(|m| m.1).sum::<f64>() / values.len() as f64;
+            report(&format!("{name}_{part}"), mean, &values[0].2);
+        }
         Ok(())
     })();
     // Every child is waited for; on a failure the others are stopped.

@@ -166,6 +166,23 @@ for op, tool in (("get", "write_bw"), ("put", "read_bw")):
                       f"{spread(mine, 1) if mine else 'failed'} | did not finish | — | "
                       f"≥ 0.90: no reference |")
 
+print()
+print("| mean per transfer, µs, averaged over the processes (median of the runs) | whole call | "
+      "server process (the socket's round trip included) | library's own | calling threads on a CPU | "
+      "calling threads waiting for a CPU |")
+print("|---|---|---|---|---|---|")
+for op in ("get", "put"):
+    for size in ("1MiB", "16MiB"):
+        for procs, threads in ((1, 16), (4, 4), (16, 1)):
+            k = f"{op}_{size}_p{procs}x{threads}"
+            cells = []
+            for part in ("transfer_mean", "server_side_mean", "library_mean", "on_cpu_mean",
+                         "runqueue_wait_mean"):
+                v = [lib[f"{k}_{part}_rp{r}"] for r in range(1, repeats + 1)
+                     if f"{k}_{part}_rp{r}" in lib]
+                cells.append(f"{median(v):.0f}" if v else "—")
+            print(f"| {op.upper()} {size} {procs} × {threads} | " + " | ".join(cells) + " |")
+
 if not everything:
     sys.exit(0)
 print()
