@@ -27,7 +27,7 @@ use super::options::Options;
 use super::pool::Pool;
 use super::stats::{Snapshot, Stats};
 use super::transfer::Direction;
-use crate::platform::{Cm, Context, Gid, Gpu, GpuRuntime, Pd, Platform, PortState};
+use crate::platform::{Cm, Context, Gid, Gpu, GpuCall, GpuRuntime, Pd, Platform, PortState};
 
 /// What `hipObjInit` was given, copied out of the caller's `hipObjConfig_t`.
 /// The access and secret keys are never stored.
@@ -196,7 +196,7 @@ impl Instance {
         let nics = topology.nics()?;
         let bus_id = match &gpu {
             Some(g) => Some(g.gpu.pci_bus_id(g.device).map_err(|code| Error::Hip {
-                call: "hipDeviceGetPCIBusId",
+                call: g.gpu.call_name(GpuCall::PciBusId),
                 code,
             })?),
             None => None,
@@ -328,12 +328,17 @@ fn resolve_gpu(
     let count = match gpu.device_count() {
         Ok(n) if n > 0 => n,
         Ok(_) | Err(_) if gpu_less_ok => return Ok(None),
-        Ok(_) => return Err(hip("hipGetDeviceCount", HIP_ERROR_NO_DEVICE)),
-        Err(code) => return Err(hip("hipGetDeviceCount", code)),
+        Ok(_) => {
+            return Err(hip(
+                gpu.call_name(GpuCall::DeviceCount),
+                HIP_ERROR_NO_DEVICE,
+            ))
+        }
+        Err(code) => return Err(hip(gpu.call_name(GpuCall::DeviceCount), code)),
     };
     let device = if config.gpu_device == -1 {
         gpu.current_device()
-            .map_err(|code| hip("hipGetDevice", code))?
+            .map_err(|code| hip(gpu.call_name(GpuCall::CurrentDevice), code))?
     } else if config.gpu_device >= count {
         return Err(Error::InvalidValue(
             "gpuDevice is not less than the GPU count",

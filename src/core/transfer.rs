@@ -28,7 +28,7 @@ use super::pool::{remember_peer, Lease, SlotInfo};
 use super::reply::{parse_reply, REPLY_BUFFER_LEN};
 use super::stats::DECLINED;
 use super::token::{Token, Transport, TOKEN_HEX_LEN};
-use crate::platform::{Access, PointerKind};
+use crate::platform::{Access, GpuCall, PointerKind};
 
 /// How much longer than its own deadline a thread waits for the driver's
 /// answer before it gives up on the driver (which never happens unless the
@@ -127,7 +127,7 @@ impl Instance {
             .gpu
             .allocation_range(range.addr)
             .map_err(|code| Error::Hip {
-                call: "hipMemGetAddressRange",
+                call: gpu.gpu.call_name(GpuCall::AllocationRange),
                 code,
             })?;
         let inside = range.addr >= base
@@ -181,7 +181,7 @@ impl Instance {
             )));
         }
         let staging = gpu.gpu.host_alloc(range.len).map_err(|code| Error::Hip {
-            call: "hipHostMalloc",
+            call: gpu.gpu.call_name(GpuCall::HostAlloc),
             code,
         })?;
         let mr = self
@@ -212,7 +212,7 @@ impl Instance {
             None => return Err(Error::DmabufNotSupported),
             Some(Err(code)) => {
                 return Err(Error::Hip {
-                    call: "hsa_amd_portable_export_dmabuf",
+                    call: gpu.gpu.call_name(GpuCall::ExportDmabuf),
                     code,
                 })
             }
@@ -310,7 +310,7 @@ impl Instance {
         match (entry.kind, &self.gpu) {
             (BufKind::Device { device, .. }, Some(gpu)) => {
                 gpu.gpu.synchronize(device).map_err(|code| Error::Hip {
-                    call: "hipDeviceSynchronize",
+                    call: gpu.gpu.call_name(GpuCall::Synchronize),
                     code,
                 })
             }

@@ -406,6 +406,58 @@ pub trait Gpu: Send + Sync {
     /// `addr` and the offset of `addr` inside it; `None` when the runtime
     /// has no such export.
     fn export_dmabuf(&self, addr: usize, len: usize) -> Option<HipResult<(OwnedFd, u64)>>;
+    /// The runtime's own name of the function behind `call`, for messages
+    /// (HIP's unless the runtime says otherwise).
+    fn call_name(&self, call: GpuCall) -> &'static str {
+        call.hip_name()
+    }
+}
+
+/// The [`Gpu`] calls whose failures the library reports by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuCall {
+    /// [`Gpu::device_count`]
+    DeviceCount,
+    /// [`Gpu::current_device`]
+    CurrentDevice,
+    /// [`Gpu::pci_bus_id`]
+    PciBusId,
+    /// [`Gpu::allocation_range`]
+    AllocationRange,
+    /// [`Gpu::host_alloc`]
+    HostAlloc,
+    /// [`Gpu::export_dmabuf`]
+    ExportDmabuf,
+    /// [`Gpu::synchronize`]
+    Synchronize,
+}
+
+impl GpuCall {
+    /// The HIP (and HSA) function.
+    pub fn hip_name(self) -> &'static str {
+        match self {
+            GpuCall::DeviceCount => "hipGetDeviceCount",
+            GpuCall::CurrentDevice => "hipGetDevice",
+            GpuCall::PciBusId => "hipDeviceGetPCIBusId",
+            GpuCall::AllocationRange => "hipMemGetAddressRange",
+            GpuCall::HostAlloc => "hipHostMalloc",
+            GpuCall::ExportDmabuf => "hsa_amd_portable_export_dmabuf",
+            GpuCall::Synchronize => "hipDeviceSynchronize",
+        }
+    }
+
+    /// The CUDA driver function.
+    pub fn cuda_name(self) -> &'static str {
+        match self {
+            GpuCall::DeviceCount => "cuDeviceGetCount",
+            GpuCall::CurrentDevice => "cuCtxGetDevice",
+            GpuCall::PciBusId => "cuDeviceGetPCIBusId",
+            GpuCall::AllocationRange => "cuMemGetAddressRange",
+            GpuCall::HostAlloc => "cuMemHostAlloc",
+            GpuCall::ExportDmabuf => "cuMemGetHandleForAddressRange",
+            GpuCall::Synchronize => "cuCtxSynchronize",
+        }
+    }
 }
 
 /// Pinned host memory from [`Gpu::host_alloc`], freed on drop unless leaked.

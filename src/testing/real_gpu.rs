@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 
 use super::gpu::identity;
 use super::DeviceMemory;
-use crate::platform::{Gpu, GpuEvent, HipResult, HostBuffer, PointerKind};
+use crate::platform::{Gpu, GpuCall, GpuEvent, HipResult, HostBuffer, PointerKind};
 
 /// How long one fabric copy through the runtime may take.
 const COPY_PATIENCE: Duration = Duration::from_secs(30);
@@ -76,6 +76,10 @@ impl Gpu for RealGpu {
 
     fn synchronize(&self, device: i32) -> HipResult<()> {
         self.gpu.synchronize(device)
+    }
+
+    fn call_name(&self, call: GpuCall) -> &'static str {
+        self.gpu.call_name(call)
     }
 
     /// The runtime's export; the fd's size is its length (a dma-buf's

@@ -66,7 +66,7 @@ use super::owners::{release_failed, Backoff};
 use super::sys::fn_table;
 use crate::core::{Error, Result};
 use crate::platform::dl::{self, Loaded};
-use crate::platform::{Gpu, GpuEvent, HipResult, HostBuffer, PointerKind};
+use crate::platform::{Gpu, GpuCall, GpuEvent, HipResult, HostBuffer, PointerKind};
 
 /// `CUresult`.
 pub type CuResult = c_int;
@@ -582,6 +582,10 @@ impl Gpu for LoadedCuda {
             let fd = unsafe { OwnedFd::from_raw_fd(fd) };
             Ok((fd, (addr - start) as u64))
         })())
+    }
+
+    fn call_name(&self, call: GpuCall) -> &'static str {
+        call.cuda_name()
     }
 }
 
