@@ -710,17 +710,7 @@ impl RecordedEvent {
 
 impl GpuEvent for RecordedEvent {
     fn wait(&self, deadline: Instant) -> HipResult<bool> {
-        let mut backoff = Backoff::new();
-        loop {
-            if self.query()? {
-                return Ok(true);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(false);
-            }
-            backoff.pause(deadline - now);
-        }
+        Backoff::poll_until(deadline, || self.query())
     }
 
     fn leak(&self) {

@@ -180,17 +180,7 @@ impl GpuEvent for RecordedEvent {
     /// past `deadline`) until the event is done, fails, or the deadline
     /// passes.
     fn wait(&self, deadline: Instant) -> HipResult<bool> {
-        let mut backoff = Backoff::new();
-        loop {
-            if self.query()? {
-                return Ok(true);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(false);
-            }
-            backoff.pause(deadline - now);
-        }
+        Backoff::poll_until(deadline, || self.query())
     }
 
     fn leak(&self) {
@@ -264,8 +254,29 @@ impl Backoff {
         }
     }
 
+    /// Calls `query` at least once, then again after each pause of a new
+    /// schedule (never sleeping past `deadline`), until it says done
+    /// (`Ok(true)`), fails, or the deadline passes (`Ok(false)`): how both
+    /// runtimes' events are waited for, neither having a timed wait.
+    pub(crate) fn poll_until(
+        deadline: Instant,
+        mut query: impl FnMut() -> HipResult<bool>,
+    ) -> HipResult<bool> {
+        let mut backoff = Backoff::new();
+        loop {
+            if query()? {
+                return Ok(true);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            backoff.pause(deadline - now);
+        }
+    }
+
     /// Takes the next pause, sleeping no longer than `remaining`.
-    pub(crate) fn pause(&mut self, remaining: Duration) {
+    fn pause(&mut self, remaining: Duration) {
         match self.next_pause() {
             Pause::Spin => std::hint::spin_loop(),
             Pause::Yield => thread::yield_now(),
