@@ -22,6 +22,8 @@
 
 pub mod capi;
 /// cbindgen:ignore
+pub mod client;
+/// cbindgen:ignore
 pub mod core;
 /// cbindgen:ignore
 pub mod platform;

@@ -100,6 +100,9 @@ fn libamdhip64_so_5_loads_and_resolves_every_function_of_the_table() {
             "hipEventQuery",
             "hipEventDestroy",
             "hipDeviceSynchronize",
+            "hipMalloc",
+            "hipFree",
+            "hipRuntimeGetVersion",
         ]
     );
 }
@@ -147,6 +150,7 @@ fn without_a_gpu_every_other_call_fails_with_invalid_device() {
         ("hipHostMalloc", hip.host_alloc(4096).err()),
         ("hipMemcpyAsync", hip.copy_async(addr, addr + 32, 32).err()),
         ("hipDeviceSynchronize", hip.synchronize(0).err()),
+        ("hipMalloc", hip.device_alloc(0, 4096).err()),
     ];
     for (call, code) in results {
         println!("{call} without a GPU: {code:?}");
@@ -154,6 +158,22 @@ fn without_a_gpu_every_other_call_fails_with_invalid_device() {
     }
     // Zero bytes of pinned memory are refused before HIP is asked.
     assert_eq!(hip.host_alloc(0).err(), Some(sys::HIP_ERROR_INVALID_VALUE));
+}
+
+#[test]
+fn without_a_gpu_the_runtime_still_reports_its_version() {
+    assert_no_gpu();
+    let hip = open_hip5();
+    let info = hip.runtime();
+    println!("hipRuntimeGetVersion without a GPU: {info:?}");
+    let info = info.expect("hipRuntimeGetVersion needs no device");
+    assert_eq!((info.name, info.library), ("HIP", HIP5));
+    // Debian's ROCm 5.2: HIP_VERSION 5.2.21153 (<hip/hip_version.h>).
+    assert!(
+        info.version_text().starts_with("5.2."),
+        "{}",
+        info.version_text()
+    );
 }
 
 #[test]

@@ -47,6 +47,7 @@ pub unsafe extern "C" fn hipObjInit(config: *mut hipObjConfig_t) -> hipObjError_
                     .as_deref()
                     .map(Config::parse_nic_hint)
                     .unwrap_or_default(),
+                no_gpu: false,
             }
         };
         // Test builds may run on the fake world (src/testing/c_world.rs).

@@ -115,6 +115,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// The status of a server reply that was not a success (the server
+    /// declined or failed the transfer), for an error that is one.
+    pub fn declined(&self) -> Option<u16> {
+        match self {
+            Error::S3(why) => why.strip_prefix(super::stats::DECLINED)?.parse().ok(),
+            _ => None,
+        }
+    }
+
     /// The frozen result code the C ABI reports for this error.
     pub fn code(&self) -> Code {
         match self {

@@ -41,6 +41,10 @@ pub struct Config {
     pub gpu_device: i32,
     /// RDMA device names allowed (empty: any).
     pub nic_hint: Vec<String>,
+    /// No GPU at all: host memory only, whatever runtime is installed and
+    /// without a NIC hint (the Rust API's choice; a C program cannot ask
+    /// for it, and gets a GPU-less instance only with a hint).
+    pub no_gpu: bool,
 }
 
 impl Config {
@@ -259,6 +263,17 @@ impl Instance {
         })
     }
 
+    /// Builds an instance of its own, outside any [`Current`] (the Rust
+    /// API's): call [`Instance::close`] when done with it, as
+    /// [`Current::shutdown`] does.
+    pub fn open(
+        platform: Arc<dyn Platform>,
+        config: Config,
+        options: Options,
+    ) -> Result<Arc<Instance>> {
+        Ok(Arc::new(Instance::build(platform, config, options)?))
+    }
+
     /// The port servers connect to.
     pub fn listener_port(&self) -> u16 {
         self.listener_port
@@ -279,6 +294,17 @@ impl Instance {
     /// hand it to a server that tries it.
     pub fn registration_rkey(&self, base: usize) -> Option<u32> {
         self.buffers.find(base).ok().map(|e| e.mr.rkey())
+    }
+
+    /// How the buffer at `base` was registered, if it is.
+    pub fn buffer_kind(&self, base: usize) -> Option<crate::core::buffers::BufKind> {
+        self.buffers.find(base).ok().map(|e| e.kind)
+    }
+
+    /// Whether an abandoned staging copy of the buffer at `base` may still
+    /// run (its memory must not be freed yet).
+    pub fn copy_running(&self, base: usize) -> bool {
+        self.abandoned.is_running(base)
     }
 
     /// Registered buffers.
@@ -319,6 +345,9 @@ fn resolve_gpu(
     config: &Config,
     runtime: GpuRuntime,
 ) -> Result<Option<GpuChoice>> {
+    if config.no_gpu {
+        return Ok(None);
+    }
     let gpu_less_ok = !config.nic_hint.is_empty();
     let gpu = match platform.gpu(runtime) {
         Ok(gpu) => gpu,
@@ -398,7 +427,7 @@ impl Current {
         if self.is_initialized() {
             return Err(Error::AlreadyInitialized);
         }
-        let instance = Arc::new(Instance::build(platform, config, options)?);
+        let instance = Instance::open(platform, config, options)?;
         *self.instance.write() = Some(instance);
         Ok(())
     }

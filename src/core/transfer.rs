@@ -63,6 +63,16 @@ impl From<TokenOp> for Direction {
     }
 }
 
+/// How a transfer's bytes went between the NIC and the buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Route {
+    /// The NIC read or wrote the buffer itself (host memory, or GPU memory
+    /// registered directly).
+    Direct,
+    /// Through a pinned host buffer and a GPU copy.
+    Staged,
+}
+
 /// The application's S3 client: the two callbacks of `hipObjOps_t`.
 pub trait S3Client {
     /// `sendRequest`: `token` is 88 hex digits followed by a NUL. Returns the
@@ -328,11 +338,21 @@ impl Instance {
         slice: Slice,
         s3: &mut dyn S3Client,
     ) -> Result<()> {
+        self.transfer_routed(direction, slice, s3).map(drop)
+    }
+
+    /// [`Instance::transfer`], saying how the bytes went.
+    pub fn transfer_routed(
+        &self,
+        direction: Direction,
+        slice: Slice,
+        s3: &mut dyn S3Client,
+    ) -> Result<Route> {
         let len = slice.len;
         match self.transfer_uncounted(direction, slice, s3) {
             Ok(staged) => {
                 self.stats.transferred(staged, len);
-                Ok(())
+                Ok(if staged { Route::Staged } else { Route::Direct })
             }
             Err(e) => {
                 self.stats.failed(&e);

@@ -406,6 +406,12 @@ pub trait Gpu: Send + Sync {
     /// `addr` and the offset of `addr` inside it; `None` when the runtime
     /// has no such export.
     fn export_dmabuf(&self, addr: usize, len: usize) -> Option<HipResult<(OwnedFd, u64)>>;
+    /// `hipMalloc` of `len` bytes of `device`'s memory, freed when the
+    /// last `Arc` drops. The library never allocates device memory for a C
+    /// program; the Rust API and the command do, for buffers of their own.
+    fn device_alloc(&self, device: i32, len: usize) -> HipResult<Arc<dyn DeviceBuffer>>;
+    /// Which runtime this is, where it was loaded from, and its version.
+    fn runtime(&self) -> HipResult<RuntimeInfo>;
     /// The runtime's own name of the function behind `call`, for messages
     /// (HIP's unless the runtime says otherwise).
     fn call_name(&self, call: GpuCall) -> &'static str {
@@ -430,6 +436,10 @@ pub enum GpuCall {
     ExportDmabuf,
     /// [`Gpu::synchronize`]
     Synchronize,
+    /// [`Gpu::device_alloc`]
+    DeviceAlloc,
+    /// [`Gpu::runtime`]
+    Version,
 }
 
 impl GpuCall {
@@ -443,6 +453,8 @@ impl GpuCall {
             GpuCall::HostAlloc => "hipHostMalloc",
             GpuCall::ExportDmabuf => "hsa_amd_portable_export_dmabuf",
             GpuCall::Synchronize => "hipDeviceSynchronize",
+            GpuCall::DeviceAlloc => "hipMalloc",
+            GpuCall::Version => "hipRuntimeGetVersion",
         }
     }
 
@@ -456,6 +468,8 @@ impl GpuCall {
             GpuCall::HostAlloc => "cuMemHostAlloc",
             GpuCall::ExportDmabuf => "cuMemGetHandleForAddressRange",
             GpuCall::Synchronize => "cuCtxSynchronize",
+            GpuCall::DeviceAlloc => "cuMemAlloc",
+            GpuCall::Version => "cuDriverGetVersion",
         }
     }
 }
@@ -470,6 +484,51 @@ pub trait HostBuffer: Send + Sync {
     fn len(&self) -> usize;
     /// Gives the memory up without freeing it: a copy may still write it.
     fn leak(&self);
+    /// Copies `data` into the buffer from `offset`; `false`, copying
+    /// nothing, when that would pass its end. For a caller that orders this
+    /// against the GPU's copies of the same bytes (it waited for them).
+    fn write(&self, offset: usize, data: &[u8]) -> bool;
+    /// Copies `out.len()` bytes from `offset` into `out`; `false`, copying
+    /// nothing, when that would pass its end. Ordered as [`HostBuffer::write`].
+    fn read(&self, offset: usize, out: &mut [u8]) -> bool;
+}
+
+/// Device memory from [`Gpu::device_alloc`], freed on drop (a failed free
+/// is logged and leaked). Never empty, so no `is_empty`.
+#[allow(clippy::len_without_is_empty)]
+pub trait DeviceBuffer: Send + Sync {
+    /// First byte (a device address, which the host cannot dereference).
+    fn addr(&self) -> usize;
+    /// Bytes.
+    fn len(&self) -> usize;
+    /// The device it belongs to.
+    fn device(&self) -> i32;
+}
+
+/// What a GPU runtime says of itself ([`Gpu::runtime`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeInfo {
+    /// `HIP` or `CUDA` (the fakes say `fake`).
+    pub name: &'static str,
+    /// The library it was loaded from (its soname).
+    pub library: &'static str,
+    /// The version as the runtime encodes it: `hipRuntimeGetVersion`
+    /// (`HIP_VERSION`: `major * 10000000 + minor * 100000 + patch`,
+    /// `<hip/hip_version.h>`) or `cuDriverGetVersion` (`major * 1000 +
+    /// minor * 10`, `<cuda.h>`).
+    pub version: i32,
+}
+
+impl RuntimeInfo {
+    /// The version decoded the runtime's way: `5.2.21153`, `13.0`.
+    pub fn version_text(&self) -> String {
+        let v = self.version;
+        match self.name {
+            "CUDA" => format!("{}.{}", v / 1000, (v % 1000) / 10),
+            "HIP" => format!("{}.{}.{}", v / 10_000_000, (v / 100_000) % 100, v % 100_000),
+            _ => v.to_string(),
+        }
+    }
 }
 
 /// A recorded event after an async copy.

@@ -54,7 +54,9 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex};
 
 use super::{Counters, DeviceMemory, Faults};
-use crate::platform::{Gpu, GpuEvent, HipResult, HostBuffer, PointerKind};
+use crate::platform::{
+    DeviceBuffer, Gpu, GpuEvent, HipResult, HostBuffer, PointerKind, RuntimeInfo,
+};
 
 /// `hipErrorInvalidValue`
 pub const HIP_ERROR_INVALID_VALUE: i32 = 1;
@@ -670,6 +672,25 @@ impl Gpu for FakeGpu {
             _ => Some(self.export(addr, len, mode)),
         }
     }
+
+    /// [`FakeGpu::alloc_device`]; `hipErrorInvalidValue` for `len == 0`,
+    /// as the real owners refuse an empty buffer.
+    fn device_alloc(&self, device: i32, len: usize) -> HipResult<Arc<dyn DeviceBuffer>> {
+        self.inner.fault("hipMalloc")?;
+        if len == 0 {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        Ok(Arc::new(self.alloc_device(device, len)?))
+    }
+
+    fn runtime(&self) -> HipResult<RuntimeInfo> {
+        self.inner.fault("hipRuntimeGetVersion")?;
+        Ok(RuntimeInfo {
+            name: "fake",
+            library: "fake GPU",
+            version: 1,
+        })
+    }
 }
 
 impl DeviceMemory for FakeGpu {
@@ -728,6 +749,20 @@ impl DeviceAlloc {
     }
 }
 
+impl DeviceBuffer for DeviceAlloc {
+    fn addr(&self) -> usize {
+        self.addr
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn device(&self) -> i32 {
+        self.device
+    }
+}
+
 impl Drop for DeviceAlloc {
     fn drop(&mut self) {
         self.inner.free(self.addr);
@@ -762,6 +797,26 @@ impl HostBuffer for FakeHostBuffer {
             region.mem.leak();
         }
         self.inner.counters.created("host_alloc_leaked");
+    }
+
+    fn write(&self, offset: usize, data: &[u8]) -> bool {
+        offset
+            .checked_add(data.len())
+            .is_some_and(|end| end <= self.len)
+            && self.inner.memory.lock().write(self.addr + offset, data)
+    }
+
+    fn read(&self, offset: usize, out: &mut [u8]) -> bool {
+        let fits = offset
+            .checked_add(out.len())
+            .is_some_and(|end| end <= self.len);
+        match self.inner.memory.lock().read(self.addr + offset, out.len()) {
+            Some(bytes) if fits => {
+                out.copy_from_slice(&bytes);
+                true
+            }
+            _ => false,
+        }
     }
 }
 

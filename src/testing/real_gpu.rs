@@ -17,7 +17,9 @@ use parking_lot::Mutex;
 
 use super::gpu::identity;
 use super::DeviceMemory;
-use crate::platform::{Gpu, GpuCall, GpuEvent, HipResult, HostBuffer, PointerKind};
+use crate::platform::{
+    DeviceBuffer, Gpu, GpuCall, GpuEvent, HipResult, HostBuffer, PointerKind, RuntimeInfo,
+};
 
 /// How long one fabric copy through the runtime may take.
 const COPY_PATIENCE: Duration = Duration::from_secs(30);
@@ -76,6 +78,14 @@ impl Gpu for RealGpu {
 
     fn synchronize(&self, device: i32) -> HipResult<()> {
         self.gpu.synchronize(device)
+    }
+
+    fn device_alloc(&self, device: i32, len: usize) -> HipResult<Arc<dyn DeviceBuffer>> {
+        self.gpu.device_alloc(device, len)
+    }
+
+    fn runtime(&self) -> HipResult<RuntimeInfo> {
+        self.gpu.runtime()
     }
 
     fn call_name(&self, call: GpuCall) -> &'static str {

@@ -66,7 +66,9 @@ use super::owners::{release_failed, Backoff};
 use super::sys::fn_table;
 use crate::core::{Error, Result};
 use crate::platform::dl::{self, Loaded};
-use crate::platform::{Gpu, GpuCall, GpuEvent, HipResult, HostBuffer, PointerKind};
+use crate::platform::{
+    DeviceBuffer, Gpu, GpuCall, GpuEvent, HipResult, HostBuffer, PointerKind, RuntimeInfo,
+};
 
 /// `CUresult`.
 pub type CuResult = c_int;
@@ -215,6 +217,14 @@ fn_table! {
         event_query: "cuEventQuery" => unsafe extern "C" fn(event: CuEvent) -> CuResult,
         /// `CUresult cuEventDestroy(CUevent hEvent)` (`_v2`)
         event_destroy: "cuEventDestroy_v2" => unsafe extern "C" fn(event: CuEvent) -> CuResult,
+        /// `CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytesize)` (`_v2`)
+        mem_alloc: "cuMemAlloc_v2" =>
+            unsafe extern "C" fn(ptr: *mut CuDevicePtr, len: usize) -> CuResult,
+        /// `CUresult cuMemFree(CUdeviceptr dptr)` (`_v2`)
+        mem_free: "cuMemFree_v2" => unsafe extern "C" fn(ptr: CuDevicePtr) -> CuResult,
+        /// `CUresult cuDriverGetVersion(int* driverVersion)`
+        driver_get_version: "cuDriverGetVersion" =>
+            unsafe extern "C" fn(version: *mut c_int) -> CuResult,
     }
 }
 
@@ -584,12 +594,94 @@ impl Gpu for LoadedCuda {
         })())
     }
 
+    /// `cuMemAlloc` in `device`'s primary context.
+    fn device_alloc(&self, device: i32, len: usize) -> HipResult<Arc<dyn DeviceBuffer>> {
+        self.init?;
+        let buffer = self
+            .api
+            .in_context(device, || DeviceMemory::alloc(&self.api, device, len))?;
+        Ok(Arc::new(buffer))
+    }
+
+    fn runtime(&self) -> HipResult<RuntimeInfo> {
+        self.init?;
+        let mut version: c_int = 0;
+        // SAFETY: a valid out-parameter.
+        check(unsafe { (self.api.fns.driver_get_version)(&mut version) })?;
+        Ok(RuntimeInfo {
+            name: "CUDA",
+            library: self.soname(),
+            version,
+        })
+    }
+
     fn call_name(&self, call: GpuCall) -> &'static str {
         call.cuda_name()
     }
 }
 
 // ---------------------------------------------------------------- owners
+
+/// Device memory from `cuMemAlloc`, freed with `cuMemFree` in the same
+/// primary context on drop.
+pub(crate) struct DeviceMemory {
+    api: Arc<CudaApi>,
+    device: CuDevice,
+    ptr: CuDevicePtr,
+    len: usize,
+}
+
+impl DeviceMemory {
+    /// `cuMemAlloc` of `len` bytes in the current context, which is
+    /// `device`'s. `CUDA_ERROR_INVALID_VALUE` for `len == 0`, which the
+    /// driver refuses too.
+    fn alloc(api: &Arc<CudaApi>, device: CuDevice, len: usize) -> HipResult<DeviceMemory> {
+        if len == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut ptr: CuDevicePtr = 0;
+        // SAFETY: a valid out-parameter; a context is current.
+        check(unsafe { (api.fns.mem_alloc)(&mut ptr, len) })?;
+        if ptr == 0 {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        Ok(DeviceMemory {
+            api: Arc::clone(api),
+            device,
+            ptr,
+            len,
+        })
+    }
+}
+
+impl DeviceBuffer for DeviceMemory {
+    fn addr(&self) -> usize {
+        // A device address fits the host's pointer width (UVA, 64-bit).
+        usize::try_from(self.ptr).unwrap_or(usize::MAX)
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn device(&self) -> i32 {
+        self.device
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        let freed = self.api.in_context(self.device, || {
+            // SAFETY: `ptr` came from cuMemAlloc and is freed only here;
+            // whoever copied into it waited for the copy (the Rust API
+            // waits for every copy it starts before the buffer can drop).
+            check(unsafe { (self.api.fns.mem_free)(self.ptr) })
+        });
+        if let Err(code) = freed {
+            release_failed("cuMemFree", code);
+        }
+    }
+}
 
 /// Pinned host memory from `cuMemHostAlloc` (portable), freed with
 /// `cuMemFreeHost` on drop unless leaked.
@@ -643,6 +735,17 @@ impl HostBuffer for PinnedHostBuffer {
 
     fn leak(&self) {
         self.leaked.store(true, Ordering::Release);
+    }
+
+    fn write(&self, offset: usize, data: &[u8]) -> bool {
+        // SAFETY: `len` bytes of host memory from cuMemHostAlloc, owned by `self`
+        // for the call; the owner never makes a reference to them.
+        unsafe { super::host_write(self.addr(), self.len, offset, data) }
+    }
+
+    fn read(&self, offset: usize, out: &mut [u8]) -> bool {
+        // SAFETY: as in `write`.
+        unsafe { super::host_read(self.addr(), self.len, offset, out) }
     }
 }
 

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::ptr;
 use std::sync::Arc;
 
-use super::owners::{PinnedHostBuffer, RecordedEvent};
+use super::owners::{DeviceMemory, PinnedHostBuffer, RecordedEvent};
 use super::sys::{
     self, check, HipFns, HipPointerAttribute, HsaPortableExportDmabuf, PointerAbi,
     HIP_ERROR_INVALID_VALUE, HIP_MEMCPY_DEFAULT, HIP_STREAM_PER_THREAD, HIP_SUCCESS,
@@ -26,7 +26,9 @@ use super::sys::{
 };
 use crate::core::{Error, Result};
 use crate::platform::dl::{self, Loaded};
-use crate::platform::{Gpu, GpuEvent, HipResult, HostBuffer, PointerKind};
+use crate::platform::{
+    DeviceBuffer, Gpu, GpuEvent, HipResult, HostBuffer, PointerKind, RuntimeInfo,
+};
 
 /// Runtime sonames of the HIP runtime, newest first. The unversioned
 /// development name comes last; its major version is read from the file it
@@ -124,6 +126,25 @@ impl LoadedHip {
     /// Whether `hsa_amd_portable_export_dmabuf` was found.
     pub fn has_dmabuf_export(&self) -> bool {
         self.export_dmabuf.is_some()
+    }
+
+    /// Runs `f` with `device` current on this thread, then makes the
+    /// thread's own device current again. The current device is per thread
+    /// (`hipSetDevice`, "stored in thread-local-storage", cheap and without
+    /// synchronisation), so this leaves the application's thread as it was.
+    /// The first failure is reported.
+    fn on_device<T>(&self, device: i32, f: impl FnOnce() -> HipResult<T>) -> HipResult<T> {
+        let fns = &self.hip.fns;
+        let current = Self::int_out(fns.get_device)?;
+        if current == device {
+            return f();
+        }
+        // SAFETY: hipSetDevice takes a device index, which it validates.
+        check(unsafe { (fns.set_device)(device) })?;
+        let outcome = f();
+        // SAFETY: `current` is the index hipGetDevice just returned.
+        let restored = check(unsafe { (fns.set_device)(current) });
+        outcome.and_then(|value| restored.map(|()| value))
     }
 
     fn int_out(f: unsafe extern "C" fn(*mut c_int) -> c_int) -> HipResult<i32> {
@@ -258,24 +279,26 @@ impl Gpu for LoadedHip {
     }
 
     /// `hipDeviceSynchronize` waits for the calling thread's current device
-    /// only, and the current device is per thread (`hipSetDevice`, "stored
-    /// in thread-local-storage", cheap and without synchronisation). So
-    /// for another device: switch, synchronise, and switch back, leaving
-    /// the application's thread as it was. The first failure is reported.
+    /// only, so for another device: switch, synchronise, and switch back.
     fn synchronize(&self, device: i32) -> HipResult<()> {
-        let fns = &self.hip.fns;
-        let current = Self::int_out(fns.get_device)?;
-        if current == device {
+        self.on_device(device, || {
             // SAFETY: hipDeviceSynchronize takes no argument.
-            return check(unsafe { (fns.device_synchronize)() });
-        }
-        // SAFETY: hipSetDevice takes a device index, which it validates.
-        check(unsafe { (fns.set_device)(device) })?;
-        // SAFETY: hipDeviceSynchronize takes no argument.
-        let synchronized = check(unsafe { (fns.device_synchronize)() });
-        // SAFETY: `current` is the index hipGetDevice just returned.
-        let restored = check(unsafe { (fns.set_device)(current) });
-        synchronized.and(restored)
+            check(unsafe { (self.hip.fns.device_synchronize)() })
+        })
+    }
+
+    /// `hipMalloc` with `device` current for the call.
+    fn device_alloc(&self, device: i32, len: usize) -> HipResult<Arc<dyn DeviceBuffer>> {
+        let memory = self.on_device(device, || DeviceMemory::alloc(&self.hip, device, len))?;
+        Ok(Arc::new(memory))
+    }
+
+    fn runtime(&self) -> HipResult<RuntimeInfo> {
+        Ok(RuntimeInfo {
+            name: "HIP",
+            library: self.soname(),
+            version: Self::int_out(self.hip.fns.runtime_get_version)?,
+        })
     }
 
     /// The dma-buf covers the whole allocation; ROCR's

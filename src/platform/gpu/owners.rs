@@ -1,4 +1,5 @@
-//! RAII owners of what HIP hands out: pinned host buffers and events.
+//! RAII owners of what HIP hands out: pinned host buffers, device memory
+//! and events.
 //!
 //! Each owner holds an `Arc` of the HIP table, so the functions that free it
 //! stay resolved for as long as it lives (the library itself is never
@@ -31,7 +32,7 @@ use super::sys::{
     check, HipError, HipEvent, HipStream, HIP_ERROR_INVALID_VALUE, HIP_ERROR_NOT_READY,
     HIP_ERROR_OUT_OF_MEMORY, HIP_EVENT_DISABLE_TIMING, HIP_HOST_MALLOC_DEFAULT, HIP_SUCCESS,
 };
-use crate::platform::{GpuEvent, HipResult, HostBuffer};
+use crate::platform::{DeviceBuffer, GpuEvent, HipResult, HostBuffer};
 
 static RELEASE_FAILURES: AtomicU64 = AtomicU64::new(0);
 
@@ -103,6 +104,17 @@ impl HostBuffer for PinnedHostBuffer {
     fn leak(&self) {
         self.leaked.store(true, Ordering::Release);
     }
+
+    fn write(&self, offset: usize, data: &[u8]) -> bool {
+        // SAFETY: `len` bytes of host memory from hipHostMalloc, owned by `self`
+        // for the call; the owner never makes a reference to them.
+        unsafe { super::host_write(self.addr(), self.len, offset, data) }
+    }
+
+    fn read(&self, offset: usize, out: &mut [u8]) -> bool {
+        // SAFETY: as in `write`.
+        unsafe { super::host_read(self.addr(), self.len, offset, out) }
+    }
 }
 
 impl Drop for PinnedHostBuffer {
@@ -115,6 +127,72 @@ impl Drop for PinnedHostBuffer {
         let code = unsafe { (self.hip.fns.host_free)(self.ptr.as_ptr()) };
         if code != HIP_SUCCESS {
             release_failed("hipHostFree", code);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- device memory
+
+/// Device memory from `hipMalloc`, freed with `hipFree` on drop.
+pub(crate) struct DeviceMemory {
+    hip: Arc<HipApi>,
+    ptr: NonNull<c_void>,
+    len: usize,
+    device: i32,
+}
+
+// SAFETY: the owner exclusively owns its allocation, never reads or writes
+// through `ptr` (a device address the host cannot dereference; it only
+// reports it), and frees it once, in `Drop`. `hipFree` may be called from
+// any host thread (the module's "Threads"), for memory of any device.
+unsafe impl Send for DeviceMemory {}
+// SAFETY: as for `Send`; `&self` gives out only plain values.
+unsafe impl Sync for DeviceMemory {}
+
+impl DeviceMemory {
+    /// `hipMalloc` of `len` bytes on the current device, which is
+    /// `device`. `hipErrorInvalidValue` for `len == 0`: HIP would return
+    /// success and NULL, and a buffer is never empty.
+    pub(crate) fn alloc(hip: &Arc<HipApi>, device: i32, len: usize) -> HipResult<DeviceMemory> {
+        if len == 0 {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `malloc` has hipMalloc's prototype; `ptr` is a valid
+        // place for the out-pointer.
+        check(unsafe { (hip.fns.malloc)(&mut ptr, len) })?;
+        let ptr = NonNull::new(ptr).ok_or(HIP_ERROR_OUT_OF_MEMORY)?;
+        Ok(DeviceMemory {
+            hip: Arc::clone(hip),
+            ptr,
+            len,
+            device,
+        })
+    }
+}
+
+impl DeviceBuffer for DeviceMemory {
+    fn addr(&self) -> usize {
+        self.ptr.as_ptr().addr()
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn device(&self) -> i32 {
+        self.device
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from hipMalloc and is freed only here; whoever
+        // copied into it waited for the copy (the Rust API waits for every
+        // copy it starts before the buffer can drop).
+        let code = unsafe { (self.hip.fns.free)(self.ptr.as_ptr()) };
+        if code != HIP_SUCCESS {
+            release_failed("hipFree", code);
         }
     }
 }

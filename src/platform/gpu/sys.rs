@@ -270,6 +270,14 @@ fn_table! {
         /// `hipError_t hipDeviceSynchronize(void)`
         device_synchronize: "hipDeviceSynchronize" =>
             unsafe extern "C" fn() -> HipError,
+        /// `hipError_t hipMalloc(void** ptr, size_t size)`
+        malloc: "hipMalloc" =>
+            unsafe extern "C" fn(ptr: *mut *mut c_void, size: usize) -> HipError,
+        /// `hipError_t hipFree(void* ptr)`
+        free: "hipFree" => unsafe extern "C" fn(ptr: *mut c_void) -> HipError,
+        /// `hipError_t hipRuntimeGetVersion(int* runtimeVersion)`
+        runtime_get_version: "hipRuntimeGetVersion" =>
+            unsafe extern "C" fn(version: *mut c_int) -> HipError,
     }
 }
 

@@ -3,10 +3,12 @@
 //! (`tests/contract.rs`, always) and the CUDA driver on a real GPU
 //! (`tests/cuda.rs`, on a GPU machine).
 //!
-//! The trait has no allocator (the library never allocates device memory:
-//! the application does), so each environment brings a [`GpuLab`] that
-//! plays the application: it allocates device and managed memory, reads
-//! and writes it, and keeps the GPU busy.
+//! The library never allocates device memory for a C program (the
+//! application does), so each environment brings a [`GpuLab`] that plays
+//! the application: it allocates device and managed memory, reads and
+//! writes it, and keeps the GPU busy. The trait's own allocator
+//! ([`Gpu::device_alloc`], for the Rust API and the command) is checked
+//! against the lab's reading of the memory it gives.
 //!
 //! [`gpu_contract_tests!`](crate::gpu_contract_tests) turns the list into
 //! one `#[test]` per check, as [`contract_tests!`](crate::contract_tests)
@@ -251,13 +253,27 @@ pub fn gpu_allocation_range_is_the_whole_allocation(env: &GpuEnv) {
 }
 
 /// A pinned buffer has the size asked for and can be written and read by
-/// the host; an empty one is refused.
+/// the host, directly and through its `write` and `read`, which refuse to
+/// pass its end; an empty one is refused.
 pub fn gpu_pinned_buffers_are_host_memory_of_the_size_asked(env: &GpuEnv) {
     let buf = env.gpu.host_alloc(12_345).expect("host_alloc");
     assert_eq!(buf.len(), 12_345);
     let bytes = host_slice(&buf);
     bytes.copy_from_slice(&pattern(12_345, 3));
     assert_eq!(bytes[12_344], pattern(12_345, 3)[12_344]);
+    assert!(buf.write(12_000, &[9; 345]), "a write up to the end");
+    let mut back = [0u8; 346];
+    assert!(buf.read(11_999, &mut back), "a read up to the end");
+    assert_eq!(back[0], pattern(12_345, 3)[11_999]);
+    assert!(back[1..].iter().all(|&b| b == 9), "read what was written");
+    assert!(!buf.write(12_000, &[1; 346]), "a write past the end");
+    assert!(!buf.read(12_000, &mut back), "a read past the end");
+    assert!(!buf.write(usize::MAX, &[1]), "an offset that wraps");
+    assert_eq!(
+        host_slice(&buf)[12_344],
+        9,
+        "a refused write changed nothing"
+    );
     assert!(env.gpu.host_alloc(0).is_err(), "an empty pinned buffer");
 }
 
@@ -431,6 +447,53 @@ pub fn gpu_managed_memory_is_device_memory(env: &GpuEnv) {
     );
 }
 
+/// The runtime's own device memory ([`Gpu::device_alloc`]) is device
+/// memory of the device asked for, of at least the size asked, reached by
+/// copies both ways; an empty allocation and an unknown device are errors.
+pub fn gpu_device_alloc_gives_memory_of_the_device_asked(env: &GpuEnv) {
+    let n = device_count(env);
+    for device in 0..n {
+        let mem = env
+            .gpu
+            .device_alloc(device, LEN)
+            .unwrap_or_else(|e| panic!("device_alloc({device}): error {e}"));
+        assert_eq!(mem.len(), LEN);
+        assert_eq!(mem.device(), device);
+        assert_eq!(
+            env.gpu.pointer_kind(mem.addr() + LEN - 1),
+            Ok(PointerKind::Device { device }),
+            "the allocation's last byte"
+        );
+        let bytes = pattern(LEN, 41u8.wrapping_add(device.to_le_bytes()[0]));
+        let pinned = env.gpu.host_alloc(LEN).expect("host_alloc");
+        host_slice(&pinned).copy_from_slice(&bytes);
+        let event = env
+            .gpu
+            .copy_async(mem.addr(), pinned.addr(), LEN)
+            .expect("host to device");
+        assert_eq!(event.wait(Instant::now() + PATIENCE), Ok(true));
+        assert!(env.lab.read(mem.addr(), LEN) == bytes, "the bytes arrived");
+    }
+    assert!(env.gpu.device_alloc(0, 0).is_err(), "an empty allocation");
+    assert!(env.gpu.device_alloc(n, 4096).is_err(), "device {n}");
+}
+
+/// The runtime names itself, the library it came from, and a version that
+/// decodes to something other than zero.
+pub fn gpu_runtime_reports_its_name_and_version(env: &GpuEnv) {
+    let info = env.gpu.runtime().expect("runtime");
+    assert!(
+        !info.name.is_empty() && !info.library.is_empty(),
+        "{info:?}"
+    );
+    assert!(info.version > 0, "version {info:?}");
+    let text = info.version_text();
+    assert!(
+        text.chars().any(|c| c.is_ascii_digit() && c != '0'),
+        "{text:?}"
+    );
+}
+
 /// Calls the macro `$callback` with `$args` and the name of every GPU
 /// check: the one list, shared by every runner.
 #[doc(hidden)]
@@ -450,6 +513,8 @@ macro_rules! __hipobj_gpu_contract_checks {
             gpu_dmabuf_export_covers_the_range,
             gpu_calls_work_on_a_thread_that_never_touched_the_gpu,
             gpu_managed_memory_is_device_memory,
+            gpu_device_alloc_gives_memory_of_the_device_asked,
+            gpu_runtime_reports_its_name_and_version,
         }
     };
 }
