@@ -21,7 +21,7 @@ echo "== C programs under AddressSanitizer and UndefinedBehaviorSanitizer"
 HIPOBJ_TEST_SANITIZE=address,undefined cargo test --locked --test c_api
 
 echo "== tests (with the S3 server: its own tests and the examples' HTTP paths)"
-cargo test --locked --features s3-server
+cargo test --locked --features s3-server,cli
 
 echo "== the GPU tests build (tests/cuda.rs runs on a GPU machine: scripts/gpu/test.sh, docs/gpu.md)"
 cargo test --locked --features cuda-device --test cuda --no-run

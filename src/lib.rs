@@ -28,6 +28,9 @@ pub mod core;
 /// cbindgen:ignore
 pub mod platform;
 /// cbindgen:ignore
+#[cfg(feature = "s3")]
+pub mod s3;
+/// cbindgen:ignore
 #[cfg(feature = "server")]
 pub mod server;
 /// cbindgen:ignore

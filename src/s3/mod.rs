@@ -1,0 +1,530 @@
+//! The built-in S3 client (feature `s3`): signed requests to an S3
+//! endpoint, plain and carrying RDMA tokens, and whole object transfers
+//! through a [`Client`](crate::client::Client) that fall back to plain HTTP
+//! when the server declines RDMA ([`objects`]).
+//!
+//! Signing is AWS's own SigV4 implementation (the `aws-sigv4` crate, the
+//! one the AWS SDK for Rust signs with, maintained on the SDK's release
+//! train and tested against AWS's SigV4 suite); HTTP is `ureq` (blocking,
+//! no async runtime, rustls for `https://`). Path-style addresses
+//! (`ENDPOINT/BUCKET/KEY`), as S3-compatible servers take them. The
+//! `x-amz-rdma-token` header is signed like any other.
+
+pub mod config;
+pub mod objects;
+
+use std::io::Read;
+use std::time::{Duration, SystemTime};
+
+use aws_sigv4::http_request::{
+    sign, PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
+    UriPathNormalizationMode,
+};
+use aws_sigv4::sign::v4;
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
+pub use config::{ConfigError, Credentials, Overrides, S3Config};
+
+/// Characters a path segment or a query value keeps as they are: SigV4's
+/// unreserved set (`A-Z a-z 0-9 - . _ ~`).
+const UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// How long one request may take, connect to last byte.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A failed S3 request.
+#[derive(Debug, thiserror::Error)]
+pub enum S3Error {
+    /// The server answered with a status that is not a success.
+    #[error("{what}: HTTP {status}{}", describe(.code, .message))]
+    Status {
+        /// The request (`GET bucket/key`).
+        what: String,
+        /// The HTTP status.
+        status: u16,
+        /// S3's error `Code`, if the body had one.
+        code: Option<String>,
+        /// S3's error `Message`, if the body had one.
+        message: Option<String>,
+    },
+    /// No answer: the connection failed, or timed out.
+    #[error("{what}: {error}")]
+    Transport {
+        /// The request.
+        what: String,
+        /// Why.
+        error: String,
+    },
+    /// An answer that does not make sense for the request.
+    #[error("{what}: {why}")]
+    Response {
+        /// The request.
+        what: String,
+        /// What was wrong with it.
+        why: String,
+    },
+    /// The settings could not be resolved.
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+}
+
+fn describe(code: &Option<String>, message: &Option<String>) -> String {
+    match (code, message) {
+        (Some(c), Some(m)) => format!(": {c}: {m}"),
+        (Some(c), None) => format!(": {c}"),
+        _ => String::new(),
+    }
+}
+
+/// One S3 request, before signing.
+#[derive(Clone, Debug)]
+pub struct Request<'a> {
+    /// `GET`, `HEAD`, `PUT`, `POST`, `DELETE`.
+    pub method: &'static str,
+    /// The bucket.
+    pub bucket: &'a str,
+    /// The key; `None` for a bucket request.
+    pub key: Option<&'a str>,
+    /// Query parameters (a value of `""` is a bare name, as `?uploads`).
+    pub query: Vec<(&'static str, String)>,
+    /// Extra headers (signed).
+    pub headers: Vec<(&'static str, String)>,
+    /// The body.
+    pub body: &'a [u8],
+    /// Sign the body's hash (small bodies); else `UNSIGNED-PAYLOAD`.
+    pub sign_body: bool,
+}
+
+impl<'a> Request<'a> {
+    /// A request without body, query or extra header.
+    pub fn new(method: &'static str, bucket: &'a str, key: Option<&'a str>) -> Request<'a> {
+        Request {
+            method,
+            bucket,
+            key,
+            query: Vec::new(),
+            headers: Vec::new(),
+            body: &[],
+            sign_body: true,
+        }
+    }
+
+    /// `GET bucket/key` and the like, for messages.
+    pub fn what(&self) -> String {
+        match self.key {
+            Some(key) => format!("{} {}/{}", self.method, self.bucket, key),
+            None => format!("{} {}", self.method, self.bucket),
+        }
+    }
+}
+
+/// An answer, its body not yet read.
+pub struct Response {
+    what: String,
+    inner: http::Response<ureq::Body>,
+}
+
+impl std::fmt::Debug for Response {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Response")
+            .field("what", &self.what)
+            .field("status", &self.status())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Response {
+    /// The HTTP status.
+    pub fn status(&self) -> u16 {
+        self.inner.status().as_u16()
+    }
+
+    /// Whether the status is 2xx.
+    pub fn is_success(&self) -> bool {
+        self.inner.status().is_success()
+    }
+
+    /// A header's value, if present and text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.inner.headers().get(name)?.to_str().ok()
+    }
+
+    /// The body's length as `Content-Length` says, if it does.
+    pub fn content_length(&self) -> Option<u64> {
+        self.header("content-length")?.parse().ok()
+    }
+
+    /// Reads the body into `out`, which it must fill exactly.
+    pub fn read_body_into(&mut self, out: &mut [u8]) -> Result<(), S3Error> {
+        let what = self.what.clone();
+        let mut reader = self.inner.body_mut().as_reader();
+        reader.read_exact(out).map_err(|e| S3Error::Response {
+            what: what.clone(),
+            why: format!("the body ended before {} bytes: {e}", out.len()),
+        })?;
+        let mut extra = [0u8; 1];
+        match reader.read(&mut extra) {
+            Ok(0) => Ok(()),
+            Ok(_) => Err(S3Error::Response {
+                what,
+                why: format!("the body is longer than {} bytes", out.len()),
+            }),
+            Err(e) => Err(S3Error::Transport {
+                what,
+                error: e.to_string(),
+            }),
+        }
+    }
+
+    /// The body as text, at most `limit` bytes of it.
+    pub fn text(&mut self, limit: u64) -> Result<String, S3Error> {
+        let bytes = self
+            .inner
+            .body_mut()
+            .with_config()
+            .limit(limit)
+            .read_to_vec()
+            .map_err(|e| S3Error::Transport {
+                what: self.what.clone(),
+                error: e.to_string(),
+            })?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// `Err(S3Error::Status)` with S3's error code and message unless the
+    /// status is a success.
+    pub fn success(mut self) -> Result<Response, S3Error> {
+        if self.is_success() {
+            return Ok(self);
+        }
+        let status = self.status();
+        let text = self.text(64 << 10).unwrap_or_default();
+        Err(S3Error::Status {
+            what: self.what,
+            status,
+            code: xml_value(&text, "Code"),
+            message: xml_value(&text, "Message"),
+        })
+    }
+}
+
+/// The text of the first `<tag>...</tag>` in `xml`.
+pub fn xml_value(xml: &str, tag: &str) -> Option<String> {
+    let open = format!("<{tag}>");
+    let start = xml.find(&open)? + open.len();
+    let end = start + xml[start..].find(&format!("</{tag}>"))?;
+    Some(xml_unescape(&xml[start..end]))
+}
+
+fn xml_unescape(text: &str) -> String {
+    text.replace("&quot;", "\"")
+        .replace("&apos;", "'")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
+}
+
+/// An S3 endpoint with its keys. `Sync`: one client serves many threads.
+pub struct S3 {
+    agent: ureq::Agent,
+    config: S3Config,
+}
+
+impl std::fmt::Debug for S3 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3").field("config", &self.config).finish()
+    }
+}
+
+impl S3 {
+    /// A client of the endpoint `config` names.
+    pub fn new(config: S3Config) -> Result<S3, S3Error> {
+        let uri: http::Uri = config.endpoint.parse().map_err(|e| {
+            ConfigError(format!(
+                "the endpoint {:?} is not a URL: {e}",
+                config.endpoint
+            ))
+        })?;
+        if uri.host().is_none() || !uri.path().trim_matches('/').is_empty() {
+            return Err(ConfigError(format!(
+                "the endpoint {:?} must be scheme://host[:port] without a path",
+                config.endpoint
+            ))
+            .into());
+        }
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(REQUEST_TIMEOUT))
+            .build()
+            .into();
+        Ok(S3 { agent, config })
+    }
+
+    /// The settings in use.
+    pub fn config(&self) -> &S3Config {
+        &self.config
+    }
+
+    /// The URL of `request`, its path and query encoded.
+    fn url(&self, request: &Request<'_>) -> String {
+        let mut url = format!(
+            "{}/{}",
+            self.config.endpoint,
+            utf8_percent_encode(request.bucket, UNRESERVED)
+        );
+        if let Some(key) = request.key {
+            url.push('/');
+            let segments: Vec<String> = key
+                .split('/')
+                .map(|s| utf8_percent_encode(s, UNRESERVED).to_string())
+                .collect();
+            url.push_str(&segments.join("/"));
+        }
+        for (i, (name, value)) in request.query.iter().enumerate() {
+            url.push(if i == 0 { '?' } else { '&' });
+            url.push_str(name);
+            url.push('=');
+            url.push_str(&utf8_percent_encode(value, UNRESERVED).to_string());
+        }
+        url
+    }
+
+    /// Signs and sends `request`; any status is an answer (see
+    /// [`Response::success`]).
+    pub fn send(&self, request: &Request<'_>) -> Result<Response, S3Error> {
+        let what = request.what();
+        let url = self.url(request);
+        let signed = self.sign(request, &url).map_err(|why| S3Error::Response {
+            what: what.clone(),
+            why: format!("cannot sign: {why}"),
+        })?;
+        let mut builder = http::Request::builder().method(request.method).uri(&url);
+        for (name, value) in request.headers.iter().map(|(k, v)| (*k, v.as_str())) {
+            builder = builder.header(name, value);
+        }
+        for (name, value) in &signed {
+            builder = builder.header(*name, value.as_str());
+        }
+        let http_request = builder.body(request.body).map_err(|e| S3Error::Response {
+            what: what.clone(),
+            why: e.to_string(),
+        })?;
+        let inner = self
+            .agent
+            .run(http_request)
+            .map_err(|e| S3Error::Transport {
+                what: what.clone(),
+                error: e.to_string(),
+            })?;
+        Ok(Response { what, inner })
+    }
+
+    /// The SigV4 headers of `request` at `url`, now.
+    fn sign(
+        &self,
+        request: &Request<'_>,
+        url: &str,
+    ) -> Result<Vec<(&'static str, String)>, String> {
+        let c = &self.config.credentials;
+        let identity = aws_credential_types::Credentials::new(
+            &c.access_key_id,
+            &c.secret_access_key,
+            c.session_token.clone(),
+            None,
+            "hipobj",
+        )
+        .into();
+        let mut settings = SigningSettings::default();
+        // S3's rules: paths are encoded once and never normalized, and the
+        // payload's hash travels in x-amz-content-sha256.
+        settings.percent_encoding_mode = PercentEncodingMode::Single;
+        settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+        let params = v4::SigningParams::builder()
+            .identity(&identity)
+            .region(&self.config.region)
+            .name("s3")
+            .time(SystemTime::now())
+            .settings(settings)
+            .build()
+            .map_err(|e| e.to_string())?
+            .into();
+        let body = if request.sign_body {
+            SignableBody::Bytes(request.body)
+        } else {
+            SignableBody::UnsignedPayload
+        };
+        let headers = request.headers.iter().map(|(k, v)| (*k, v.as_str()));
+        let signable =
+            SignableRequest::new(request.method, url, headers, body).map_err(|e| e.to_string())?;
+        let (instructions, _signature) = sign(signable, &params)
+            .map_err(|e| e.to_string())?
+            .into_parts();
+        let (headers, _query) = instructions.into_parts();
+        Ok(headers
+            .into_iter()
+            .map(|h| (h.name(), h.value().to_owned()))
+            .collect())
+    }
+
+    // ------------------------------------------------------------ plain S3
+
+    /// `HEAD bucket/key`: the object's size.
+    pub fn head_object(&self, bucket: &str, key: &str) -> Result<u64, S3Error> {
+        let request = Request::new("HEAD", bucket, Some(key));
+        let response = self.send(&request)?.success()?;
+        response.content_length().ok_or_else(|| S3Error::Response {
+            what: request.what(),
+            why: "no Content-Length".to_owned(),
+        })
+    }
+
+    /// `PUT bucket`: creates a bucket.
+    pub fn create_bucket(&self, bucket: &str) -> Result<(), S3Error> {
+        self.send(&Request::new("PUT", bucket, None))?.success()?;
+        Ok(())
+    }
+
+    /// `CreateMultipartUpload`: the upload id.
+    pub fn create_multipart_upload(&self, bucket: &str, key: &str) -> Result<String, S3Error> {
+        let mut request = Request::new("POST", bucket, Some(key));
+        request.query.push(("uploads", String::new()));
+        let text = self.send(&request)?.success()?.text(64 << 10)?;
+        xml_value(&text, "UploadId").ok_or_else(|| S3Error::Response {
+            what: request.what(),
+            why: "no UploadId in the answer".to_owned(),
+        })
+    }
+
+    /// `CompleteMultipartUpload` of `parts` (number, ETag), in order.
+    pub fn complete_multipart_upload(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        parts: &[(u32, String)],
+    ) -> Result<(), S3Error> {
+        let mut xml = String::from("<CompleteMultipartUpload>");
+        for (number, etag) in parts {
+            let etag = etag.replace('&', "&amp;").replace('<', "&lt;");
+            xml.push_str(&format!(
+                "<Part><PartNumber>{number}</PartNumber><ETag>{etag}</ETag></Part>"
+            ));
+        }
+        xml.push_str("</CompleteMultipartUpload>");
+        let mut request = Request::new("POST", bucket, Some(key));
+        request.query.push(("uploadId", upload_id.to_owned()));
+        request.body = xml.as_bytes();
+        let mut response = self.send(&request)?.success()?;
+        // S3 may answer 200 with an error in the body.
+        let text = response.text(64 << 10)?;
+        if let Some(code) = xml_value(&text, "Code") {
+            return Err(S3Error::Status {
+                what: request.what(),
+                status: 200,
+                code: Some(code),
+                message: xml_value(&text, "Message"),
+            });
+        }
+        Ok(())
+    }
+
+    /// `AbortMultipartUpload`.
+    pub fn abort_multipart_upload(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+    ) -> Result<(), S3Error> {
+        let mut request = Request::new("DELETE", bucket, Some(key));
+        request.query.push(("uploadId", upload_id.to_owned()));
+        self.send(&request)?.success()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s3(endpoint: &str) -> Result<S3, S3Error> {
+        S3::new(S3Config {
+            endpoint: endpoint.to_owned(),
+            region: "us-east-1".to_owned(),
+            credentials: Credentials {
+                access_key_id: "AKIDEXAMPLE".to_owned(),
+                secret_access_key: "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY".to_owned(),
+                session_token: None,
+            },
+            credentials_source: "given".to_owned(),
+        })
+    }
+
+    #[test]
+    fn keys_are_encoded_per_segment_and_queries_per_value() {
+        let s3 = s3("http://127.0.0.1:9000").unwrap();
+        let mut r = Request::new("PUT", "bucket", Some("a dir/ünï+code?.bin"));
+        r.query.push(("partNumber", "3".to_owned()));
+        r.query.push(("uploadId", "x/y=z".to_owned()));
+        assert_eq!(
+            s3.url(&r),
+            "http://127.0.0.1:9000/bucket/a%20dir/%C3%BCn%C3%AF%2Bcode%3F.bin?partNumber=3&uploadId=x%2Fy%3Dz"
+        );
+    }
+
+    #[test]
+    fn requests_are_signed_with_the_payload_hash_and_the_token_header() {
+        let s3 = s3("http://127.0.0.1:9000").unwrap();
+        let mut r = Request::new("GET", "b", Some("k"));
+        r.headers.push(("x-amz-rdma-token", "ab".repeat(44)));
+        let url = s3.url(&r);
+        let signed = s3.sign(&r, &url).unwrap();
+        let get = |name: &str| {
+            signed
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| panic!("{name} in {signed:?}"))
+        };
+        let auth = get("authorization");
+        assert!(
+            auth.starts_with("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/"),
+            "{auth}"
+        );
+        assert!(auth.contains("/us-east-1/s3/aws4_request"), "{auth}");
+        assert!(
+            auth.contains("SignedHeaders=host;x-amz-content-sha256;x-amz-date;x-amz-rdma-token"),
+            "{auth}"
+        );
+        assert_eq!(
+            get("x-amz-content-sha256"),
+            // SHA-256 of no bytes.
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        r.sign_body = false;
+        let signed = s3.sign(&r, &url).unwrap();
+        assert!(signed
+            .iter()
+            .any(|(k, v)| *k == "x-amz-content-sha256" && v == "UNSIGNED-PAYLOAD"));
+    }
+
+    #[test]
+    fn an_endpoint_must_be_a_bare_url() {
+        for bad in ["http://", "http://host/path", "not a url"] {
+            assert!(s3(bad).is_err(), "{bad}");
+        }
+        assert!(s3("https://s3.example.com:8443").is_ok());
+    }
+
+    #[test]
+    fn xml_values_are_found_and_unescaped() {
+        let xml = "<Error><Code>NoSuchKey</Code><Message>a &lt;b&gt; &amp; c</Message></Error>";
+        assert_eq!(xml_value(xml, "Code").as_deref(), Some("NoSuchKey"));
+        assert_eq!(xml_value(xml, "Message").as_deref(), Some("a <b> & c"));
+        assert_eq!(xml_value(xml, "UploadId"), None);
+    }
+}
