@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what building and testing hipobj needs on a Debian or Ubuntu
 # machine with a Rust toolchain: a C/C++ compiler, CMake and pkg-config for
-# the consumer tests, and libibverbs so that init can look for RDMA devices.
+# the consumer tests, libibverbs so that init can look for RDMA devices, and
+# tmux for the terminal test of the command's progress bar.
 # Packages already present are not reinstalled; run as root (or with sudo).
 set -euo pipefail
 
-packages=(gcc g++ make cmake pkg-config libc6-dev libcurl4-openssl-dev curl libibverbs1 libibverbs-dev librdmacm1 librdmacm-dev ibverbs-providers libamdhip64-5 libamdhip64-dev libhsa-runtime64-1 libhsa-runtime-dev)
+packages=(gcc g++ make cmake pkg-config libc6-dev libcurl4-openssl-dev curl libibverbs1 libibverbs-dev librdmacm1 librdmacm-dev ibverbs-providers libamdhip64-5 libamdhip64-dev libhsa-runtime64-1 libhsa-runtime-dev tmux)
 
 missing=()
 for p in "${packages[@]}"; do

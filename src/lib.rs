@@ -26,6 +26,9 @@ pub mod client;
 /// cbindgen:ignore
 pub mod core;
 /// cbindgen:ignore
+#[cfg(feature = "cli")]
+pub mod doctor;
+/// cbindgen:ignore
 pub mod platform;
 /// cbindgen:ignore
 #[cfg(feature = "s3")]

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use hipobj::client::{Client, GpuSelect};
 use hipobj::core::Options;
-use hipobj::s3::objects::{self, Object, Path as Via, Plan, TransferError};
+use hipobj::s3::objects::{self, Object, Path as Via, Plan, Rdma, TransferError};
 use hipobj::s3::{Credentials, S3Config, S3Error, S3};
 use hipobj::testing::world::World;
 use parking_lot::Mutex;
@@ -202,7 +202,7 @@ fn an_upload_above_one_chunk_is_multipart_and_a_download_reassembles_it() {
         Ok(())
     };
     let summary = objects::upload(
-        &client,
+        Rdma::On(&client),
         obj(&s3, "big"),
         data.len() as u64,
         &plan,
@@ -227,7 +227,7 @@ fn an_upload_above_one_chunk_is_multipart_and_a_download_reassembles_it() {
     };
     let range = 777..777 + (10 << 20);
     let summary = objects::download(
-        &client,
+        Rdma::On(&client),
         obj(&s3, "big"),
         range.clone(),
         &plan,
@@ -256,7 +256,7 @@ fn an_empty_object_is_a_plain_put_and_a_failed_part_aborts_the_upload() {
         fallback: true,
     };
     let summary = objects::upload(
-        &client,
+        Rdma::On(&client),
         obj(&s3, "empty"),
         0,
         &plan,
@@ -275,7 +275,7 @@ fn an_empty_object_is_a_plain_put_and_a_failed_part_aborts_the_upload() {
         Ok(())
     };
     match objects::upload(
-        &client,
+        Rdma::On(&client),
         obj(&s3, "half"),
         11 << 20,
         &plan,
@@ -294,7 +294,91 @@ fn an_empty_object_is_a_plain_put_and_a_failed_part_aborts_the_upload() {
         ..plan
     };
     assert!(matches!(
-        objects::upload(&client, obj(&s3, "x"), 3 << 20, &small, &failing, &|_| {}),
+        objects::upload(Rdma::On(&client), obj(&s3, "x"), 3 << 20, &small, &failing, &|_| {}),
         Err(TransferError::Io(why)) if why.contains("at least")
     ));
+}
+
+#[test]
+fn without_the_library_every_chunk_goes_over_plain_http_if_allowed() {
+    let server = server();
+    let s3 = s3(&server, SECRET_KEY);
+    let data = pattern((6 << 20) + 3, 11);
+    let plan = Plan {
+        chunk: 5 << 20,
+        streams: 2,
+        device: false,
+        fallback: true,
+    };
+    let why = "no RDMA device";
+    let source = |offset: u64, out: &mut [u8]| {
+        let at = usize::try_from(offset).unwrap();
+        out.copy_from_slice(&data[at..at + out.len()]);
+        Ok(())
+    };
+    let summary = objects::upload(
+        Rdma::Off(why),
+        obj(&s3, "plain"),
+        data.len() as u64,
+        &plan,
+        &source,
+        &|_| {},
+    )
+    .unwrap();
+    assert_eq!((summary.parts, summary.fallback), (2, 2));
+    assert_eq!(
+        summary.fallback_reason.as_deref(),
+        Some("no RDMA (no RDMA device)")
+    );
+    assert!(stored(&server, "plain") == data);
+
+    let got = Mutex::new(vec![0u8; data.len()]);
+    let sink = |offset: u64, bytes: &[u8]| {
+        let at = usize::try_from(offset).unwrap();
+        got.lock()[at..at + bytes.len()].copy_from_slice(bytes);
+        Ok(())
+    };
+    let total = data.len() as u64;
+    objects::download(
+        Rdma::Off(why),
+        obj(&s3, "plain"),
+        0..total,
+        &plan,
+        Some(&sink),
+        &|_| {},
+    )
+    .unwrap();
+    assert!(got.into_inner() == data);
+
+    let strict = Plan {
+        fallback: false,
+        ..plan
+    };
+    match objects::download(
+        Rdma::Off(why),
+        obj(&s3, "plain"),
+        0..total,
+        &strict,
+        None,
+        &|_| {},
+    ) {
+        Err(TransferError::NoFallback(reason)) => assert!(reason.contains(why), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    let device = Plan {
+        device: true,
+        ..plan
+    };
+    match objects::upload(
+        Rdma::Off(why),
+        obj(&s3, "gpu"),
+        10,
+        &device,
+        &source,
+        &|_| {},
+    ) {
+        Err(TransferError::Io(reason)) => assert!(reason.contains("GPU memory needs"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!server.root().join(BUCKET).join("gpu").exists());
 }

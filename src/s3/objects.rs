@@ -423,14 +423,67 @@ pub type Source<'a> = &'a (dyn Fn(u64, &mut [u8]) -> std::io::Result<()> + Sync)
 /// Told the bytes of each transfer as it ends.
 pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
 
-/// Runs `work(buffer, chunk index)` for chunks `0..count` on `plan.streams`
-/// threads, each with one buffer of `plan.chunk` bytes (or less), until
-/// all are done or one fails.
+/// Whether [`download`] and [`upload`] have the library.
+#[derive(Clone, Copy, Debug)]
+pub enum Rdma<'a> {
+    /// Transfers go through this client (and fall back where declined).
+    On(&'a Client),
+    /// No client, for this reason (the library did not initialize): every
+    /// transfer is a fallback, if allowed.
+    Off(&'a str),
+}
+
+/// One stream's memory: a registered buffer, or plain host memory when
+/// the library is not there.
+enum Slot {
+    Registered(Buffer),
+    Plain(Vec<u8>),
+}
+
+impl Slot {
+    /// The first `len` bytes on the host (a copy for GPU memory).
+    fn host(&self, len: usize) -> Result<std::borrow::Cow<'_, [u8]>, TransferError> {
+        match self {
+            Slot::Registered(buf) => host_bytes(buf, 0..len),
+            Slot::Plain(bytes) => Ok(std::borrow::Cow::Borrowed(&bytes[..len])),
+        }
+    }
+
+    /// Fills the first `len` bytes from `source` at `offset`.
+    fn fill(&mut self, source: Source<'_>, offset: u64, len: usize) -> Result<(), TransferError> {
+        let io = |e: std::io::Error| TransferError::Io(e.to_string());
+        match self {
+            Slot::Plain(bytes) => source(offset, &mut bytes[..len]).map_err(io),
+            Slot::Registered(buf) => match buf.as_mut_slice() {
+                Some(bytes) => source(offset, &mut bytes[..len]).map_err(io),
+                None => {
+                    let mut host = vec![0u8; len];
+                    source(offset, &mut host).map_err(io)?;
+                    Ok(buf.write_at(0, &host)?)
+                }
+            },
+        }
+    }
+}
+
+/// The fallback of a transfer that never reached the library.
+fn unaided(why: &str, fallback: bool) -> Result<String, TransferError> {
+    let why = format!("no RDMA ({why})");
+    if fallback {
+        Ok(why)
+    } else {
+        Err(TransferError::NoFallback(why))
+    }
+}
+
+/// Runs `work(slot, chunk index)` for the chunks of `total` bytes on
+/// `plan.streams` threads, each with one slot of `plan.chunk` bytes (or
+/// less), until all are done or one fails.
 fn run_chunks(
-    client: &Client,
+    rdma: Rdma<'_>,
     plan: &Plan,
     total: u64,
-    work: &(dyn Fn(&mut Buffer, u64) -> Result<Moved, TransferError> + Sync),
+    work: &(dyn Fn(&mut Slot, u64) -> Result<Moved, TransferError> + Sync),
     progress: Progress<'_>,
 ) -> Result<Summary, TransferError> {
     let chunk = plan.chunk.max(1) as u64;
@@ -439,7 +492,7 @@ fn run_chunks(
     let failed = AtomicBool::new(false);
     let summary = Mutex::new(Summary::default());
     let first_error: Mutex<Option<TransferError>> = Mutex::new(None);
-    let buf_len = usize::try_from(chunk.min(total).max(1)).unwrap_or(usize::MAX);
+    let slot_len = usize::try_from(chunk.min(total).max(1)).unwrap_or(usize::MAX);
     let streams = plan
         .streams
         .clamp(1, usize::try_from(count.max(1)).unwrap_or(1));
@@ -450,13 +503,15 @@ fn run_chunks(
                     failed.store(true, Ordering::Relaxed);
                     first_error.lock().get_or_insert(e);
                 };
-                let buffer = if plan.device {
-                    client.device_buffer(buf_len)
-                } else {
-                    client.host_buffer(buf_len)
+                let slot = match rdma {
+                    Rdma::On(client) if plan.device => {
+                        client.device_buffer(slot_len).map(Slot::Registered)
+                    }
+                    Rdma::On(client) => client.host_buffer(slot_len).map(Slot::Registered),
+                    Rdma::Off(_) => Ok(Slot::Plain(vec![0u8; slot_len])),
                 };
-                let mut buffer = match buffer {
-                    Ok(b) => b,
+                let mut slot = match slot {
+                    Ok(slot) => slot,
                     Err(e) => return fail(e.into()),
                 };
                 while !failed.load(Ordering::Relaxed) {
@@ -464,7 +519,7 @@ fn run_chunks(
                     if index >= count {
                         break;
                     }
-                    match work(&mut buffer, index) {
+                    match work(&mut slot, index) {
                         Ok(moved) => {
                             progress(moved.bytes);
                             summary.lock().add(&moved);
@@ -489,60 +544,100 @@ fn chunk_span(plan: &Plan, total: u64, index: u64) -> (u64, usize) {
     (offset, usize::try_from(len).unwrap_or(usize::MAX))
 }
 
-/// Downloads `range` of `object` in chunks, handing each to `sink`
-/// (when given: GPU bytes are copied to the host for it).
+/// Checks that a plan can run: GPU buffers need the library.
+fn check_plan(rdma: Rdma<'_>, plan: &Plan) -> Result<(), TransferError> {
+    match rdma {
+        Rdma::Off(why) if plan.device => Err(TransferError::Io(format!(
+            "GPU memory needs the library, which did not initialize: {why}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Downloads `range` of `object` in chunks, handing each to `sink` (when
+/// given: GPU bytes are copied to the host for it).
 pub fn download(
-    client: &Client,
+    rdma: Rdma<'_>,
     object: Object<'_>,
     range: Range<u64>,
     plan: &Plan,
     sink: Option<Sink<'_>>,
     progress: Progress<'_>,
 ) -> Result<Summary, TransferError> {
+    check_plan(rdma, plan)?;
     let total = range.end.saturating_sub(range.start);
-    let work = |buffer: &mut Buffer, index: u64| {
+    let work = |slot: &mut Slot, index: u64| {
         let (offset, len) = chunk_span(plan, total, index);
         let start = range.start + offset;
-        let moved = get(
-            client,
-            object,
-            start..start + len as u64,
-            buffer,
-            0,
-            plan.fallback,
-        )?;
+        let span = start..start + len as u64;
+        let moved = match (rdma, &mut *slot) {
+            (Rdma::On(client), Slot::Registered(buffer)) => {
+                get(client, object, span, buffer, 0, plan.fallback)?
+            }
+            (_, slot) => {
+                let why = match rdma {
+                    Rdma::Off(why) => unaided(why, plan.fallback)?,
+                    Rdma::On(_) => unreachable!("a client's slots are registered"),
+                };
+                let Slot::Plain(bytes) = slot else {
+                    unreachable!("no client, plain slots")
+                };
+                let request = RdmaRequest::new(object, Op::Get(span)).request(None, &[]);
+                let mut response = object.s3.send(&request)?.success()?;
+                response.read_body_into(&mut bytes[..len])?;
+                Moved {
+                    bytes: len as u64,
+                    path: Path::Fallback(why),
+                }
+            }
+        };
         if let Some(sink) = sink {
-            let bytes = host_bytes(buffer, 0..len)?;
-            sink(offset, &bytes).map_err(|e| TransferError::Io(e.to_string()))?;
+            sink(offset, &slot.host(len)?).map_err(|e| TransferError::Io(e.to_string()))?;
         }
         Ok(moved)
     };
-    run_chunks(client, plan, total, &work, progress)
+    run_chunks(rdma, plan, total, &work, progress)
+}
+
+/// PUTs (or uploads as a part) the first `len` bytes of `slot`.
+fn put_slot(
+    rdma: Rdma<'_>,
+    object: Object<'_>,
+    op: Op<'_>,
+    slot: &Slot,
+    len: usize,
+    fallback: bool,
+) -> Result<(Moved, Option<String>), TransferError> {
+    match (rdma, slot) {
+        (Rdma::On(client), Slot::Registered(buffer)) => {
+            put_op(client, object, op, buffer, 0..len, fallback)
+        }
+        (Rdma::Off(why), Slot::Plain(bytes)) => {
+            let why = unaided(why, fallback)?;
+            let request = RdmaRequest::new(object, op).request(None, &bytes[..len]);
+            let response = object.s3.send(&request)?.success()?;
+            let moved = Moved {
+                bytes: len as u64,
+                path: Path::Fallback(why),
+            };
+            Ok((moved, response.header("etag").map(str::to_owned)))
+        }
+        _ => unreachable!("a client's slots are registered, and only a client's"),
+    }
 }
 
 /// Uploads `total` bytes from `source` as `object`: one PUT up to one
 /// chunk, a multipart upload of chunk-sized parts above (aborted if any
 /// part fails).
 pub fn upload(
-    client: &Client,
+    rdma: Rdma<'_>,
     object: Object<'_>,
     total: u64,
     plan: &Plan,
     source: Source<'_>,
     progress: Progress<'_>,
 ) -> Result<Summary, TransferError> {
-    let fill = |buffer: &mut Buffer, offset: u64, len: usize| -> Result<(), TransferError> {
-        let mut host = vec![0u8; len];
-        let bytes = match buffer.as_mut_slice() {
-            Some(bytes) => &mut bytes[..len],
-            None => &mut host[..],
-        };
-        source(offset, bytes).map_err(|e| TransferError::Io(e.to_string()))?;
-        if buffer.as_slice().is_none() {
-            buffer.write_at(0, &host)?;
-        }
-        Ok(())
-    };
+    check_plan(rdma, plan)?;
     if total == 0 {
         // RDMA moves no empty transfer: an empty object is a plain PUT.
         let request = RdmaRequest::new(object, Op::Put);
@@ -557,12 +652,12 @@ pub fn upload(
             streams: 1,
             ..*plan
         };
-        let work = |buffer: &mut Buffer, _index: u64| {
+        let work = |slot: &mut Slot, _index: u64| {
             let len = usize::try_from(total).unwrap_or(usize::MAX);
-            fill(buffer, 0, len)?;
-            put(client, object, buffer, 0..len, plan.fallback)
+            slot.fill(source, 0, len)?;
+            put_slot(rdma, object, Op::Put, slot, len, plan.fallback).map(|(moved, _)| moved)
         };
-        return run_chunks(client, &single, total, &work, progress);
+        return run_chunks(rdma, &single, total, &work, progress);
     }
     if plan.chunk < MIN_PART {
         return Err(TransferError::Io(format!(
@@ -579,23 +674,23 @@ pub fn upload(
     let (s3, bucket, key) = (object.s3, object.bucket, object.key);
     let upload_id = s3.create_multipart_upload(bucket, key)?;
     let etags = Mutex::new(Vec::new());
-    let work = |buffer: &mut Buffer, index: u64| {
+    let work = |slot: &mut Slot, index: u64| {
         let (offset, len) = chunk_span(plan, total, index);
-        fill(buffer, offset, len)?;
+        slot.fill(source, offset, len)?;
         let number = u32::try_from(index + 1).unwrap_or(u32::MAX);
-        let (moved, etag) = put_part(
-            client,
-            object,
-            &upload_id,
+        let op = Op::Part {
+            upload_id: &upload_id,
             number,
-            buffer,
-            0..len,
-            plan.fallback,
-        )?;
+        };
+        let (moved, etag) = put_slot(rdma, object, op, slot, len, plan.fallback)?;
+        let etag = etag.ok_or_else(|| S3Error::Response {
+            what: format!("PUT {bucket}/{key} part {number}"),
+            why: "no ETag in the answer".to_owned(),
+        })?;
         etags.lock().push((number, etag));
         Ok(moved)
     };
-    let outcome = run_chunks(client, plan, total, &work, progress).and_then(|mut summary| {
+    let outcome = run_chunks(rdma, plan, total, &work, progress).and_then(|mut summary| {
         let mut parts = etags.lock().clone();
         parts.sort();
         s3.complete_multipart_upload(bucket, key, &upload_id, &parts)?;

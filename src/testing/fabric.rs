@@ -150,9 +150,14 @@ pub(crate) type QpKey = (usize, u32);
 pub struct DeviceSpec {
     /// Device name (`rxe0`, `mlx5_0`...), unique on the fabric.
     pub name: String,
-    /// The port's IPv4 address, unique on the fabric; GID index 1 is
-    /// `::ffff:<ipv4>`.
+    /// The port's IPv4 address, unique on the fabric; GID index
+    /// [`DeviceSpec::ipv4_gid_index`] is `::ffff:<ipv4>`.
     pub ipv4: Ipv4Addr,
+    /// Where the IPv4-mapped GID sits in the table (1 by default; a real
+    /// NIC's list, as sysfs fixtures show it, may put it further down).
+    /// Index 0 is always the link-local GID; entries between are unused
+    /// (all zeros, as `ibv_query_gid` reports unused entries).
+    pub ipv4_gid_index: u16,
     /// PCI vendor id (`ibv_query_device`).
     pub vendor_id: u32,
     /// The port's active (and largest) MTU.
@@ -180,6 +185,7 @@ impl DeviceSpec {
         DeviceSpec {
             name: name.to_owned(),
             ipv4,
+            ipv4_gid_index: 1,
             vendor_id: RXE_VENDOR_ID,
             port_mtu: Mtu::Mtu1024,
             supports_dmabuf: false,
@@ -272,11 +278,12 @@ impl Fabric {
                 spec.ipv4
             )));
         }
+        let index = usize::from(spec.ipv4_gid_index.max(1));
+        let mut gids = vec![[0u8; 16]; index + 1];
+        gids[0] = super::topology::link_local_gid(spec.ipv4);
+        gids[index] = ipv4_gid(spec.ipv4);
         st.devices.push(Device {
-            gids: [
-                super::topology::link_local_gid(spec.ipv4),
-                ipv4_gid(spec.ipv4),
-            ],
+            gids,
             spec,
             next_qpn: FIRST_QPN,
             next_key_index: 1,
@@ -481,7 +488,8 @@ struct CtxRec {
 
 struct Device {
     spec: DeviceSpec,
-    gids: [Gid; GID_TABLE_LEN as usize],
+    /// Port 1's GID table: at least [`GID_TABLE_LEN`] entries.
+    gids: Vec<Gid>,
     next_qpn: u32,
     next_key_index: u32,
 }
@@ -829,7 +837,7 @@ fn transition_hint(cur: QpState, next: QpState) -> &'static str {
 }
 
 /// Checks the values of the attributes in `attr` against the device.
-fn check_values(attr: &QpAttr, port_mtu: Mtu) -> std::result::Result<(), String> {
+fn check_values(attr: &QpAttr, port_mtu: Mtu, gids: u16) -> std::result::Result<(), String> {
     let bad = |what: String| Err(what);
     if let Some(port) = attr.port {
         if port != 1 {
@@ -856,7 +864,7 @@ fn check_values(attr: &QpAttr, port_mtu: Mtu) -> std::result::Result<(), String>
         if av.port != 1 {
             return bad(format!("av.port {} (the device has port 1 only)", av.port));
         }
-        if u16::from(av.sgid_index) >= GID_TABLE_LEN {
+        if u16::from(av.sgid_index) >= gids {
             return bad(format!("av.sgid_index {} (no such GID)", av.sgid_index));
         }
         if !av.is_global {
@@ -902,7 +910,7 @@ impl State {
         Some(DeviceInfo {
             index,
             name: d.spec.name.clone(),
-            gid: d.gids[1],
+            gid: d.gids[usize::from(d.spec.ipv4_gid_index.max(1))],
             mtu: d.spec.port_mtu,
             port_active: d.spec.port_active,
         })
@@ -1053,8 +1061,10 @@ impl State {
         let qp = self.qps.get(&a)?;
         let src = self.devices.get(a.0)?;
         src.spec.port_active.then_some(())?;
-        src.gids.get(usize::from(qp.attrs.sgid_index))?;
-        let dgid = qp.attrs.av_dgid?;
+        src.gids
+            .get(usize::from(qp.attrs.sgid_index))
+            .filter(|gid| **gid != [0u8; 16])?;
+        let dgid = qp.attrs.av_dgid.filter(|gid| *gid != [0u8; 16])?;
         let device = self
             .devices
             .iter()
@@ -1405,6 +1415,7 @@ impl State {
             return Err(Error::Internal(format!("fake fabric: no device {}", key.0)));
         };
         let (port_mtu, name) = (device.spec.port_mtu, device.spec.name.clone());
+        let gids = u16::try_from(device.gids.len()).unwrap_or(u16::MAX);
         let Some(qp) = self.qps.get(&key) else {
             return Err(Error::Internal(format!(
                 "fake fabric: no QP {} on {name}",
@@ -1441,7 +1452,7 @@ impl State {
                 mask_names(extra)
             )));
         }
-        check_values(attr, port_mtu).map_err(fail)?;
+        check_values(attr, port_mtu, gids).map_err(fail)?;
         match next {
             QpState::Err => self.enter_error(key),
             QpState::Reset => {
@@ -1583,7 +1594,14 @@ impl Context for FakeContext {
             active_mtu: self.spec.port_mtu,
             lid: 0,
             link_layer: LinkLayer::Ethernet,
-            gid_table_len: GID_TABLE_LEN,
+            gid_table_len: self
+                .fabric
+                .state
+                .lock()
+                .devices
+                .get(self.device)
+                .and_then(|d| u16::try_from(d.gids.len()).ok())
+                .unwrap_or(GID_TABLE_LEN),
             max_msg_sz: self.spec.max_msg_sz,
         })
     }
