@@ -40,7 +40,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
 #[derive(Debug, thiserror::Error)]
 pub enum S3Error {
     /// The server answered with a status that is not a success.
-    #[error("{what}: HTTP {status}{}", describe(.code, .message))]
+    #[error("{what}: HTTP {status}{}", describe(*.status, .code, .message))]
     Status {
         /// The request (`GET bucket/key`).
         what: String,
@@ -72,11 +72,16 @@ pub enum S3Error {
     Config(#[from] ConfigError),
 }
 
-fn describe(code: &Option<String>, message: &Option<String>) -> String {
+fn describe(status: u16, code: &Option<String>, message: &Option<String>) -> String {
     match (code, message) {
         (Some(c), Some(m)) => format!(": {c}: {m}"),
         (Some(c), None) => format!(": {c}"),
-        _ => String::new(),
+        // A HEAD's answer has no body: the status's own words.
+        _ => http::StatusCode::from_u16(status)
+            .ok()
+            .and_then(|s| s.canonical_reason())
+            .map(|r| format!(" {r}"))
+            .unwrap_or_default(),
     }
 }
 

@@ -129,6 +129,9 @@ pub fn get(
 ) -> Result<(), Failure> {
     let (bucket, key) = parse_s3_url(source)?;
     let mut plan = plan(common)?;
+    if destination.is_none() && common.device.is_none() {
+        return Err("get needs a DESTINATION file (or - for standard output) unless --device keeps the object in GPU memory".to_owned());
+    }
     let s3 = s3(common)?;
     let library = library(common)?;
     let size = s3.head_object(&bucket, &key).map_err(|e| e.to_string())?;
@@ -142,9 +145,6 @@ pub fn get(
     let what = format!("get {source}");
     let started = Instant::now();
     let (summary, landed) = match destination {
-        None if common.device.is_none() => {
-            return Err("get needs a DESTINATION file (or - for standard output) unless --device keeps the object in GPU memory".to_owned());
-        }
         None => {
             // The whole object in one buffer of GPU memory.
             if total > MAX_CHUNK {
