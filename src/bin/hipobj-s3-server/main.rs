@@ -150,7 +150,11 @@ async fn serve(options: &Options, rdma: Option<Arc<Rdma>>, status: String) -> Re
     let fs = s3s_fs::FileSystem::new(&options.root)
         .map_err(|e| format!("opening {}: {e:?}", options.root.display()))?;
     let service = {
-        let s3 = s3::RdmaS3::new(fs, rdma.clone(), options.region.clone());
+        let root = options
+            .root
+            .canonicalize()
+            .map_err(|e| format!("opening {}: {e}", options.root.display()))?;
+        let s3 = s3::RdmaS3::new(fs, root, rdma.clone(), options.region.clone());
         let mut builder = S3ServiceBuilder::new(s3);
         builder.set_auth(SimpleAuth::from_single(
             options.access_key.clone(),

@@ -166,6 +166,9 @@ pub struct Label<'a> {
     pub object: &'a str,
     /// The HTTP request's source address.
     pub source: Option<IpAddr>,
+    /// When its handler started: the log says how long the request waited
+    /// before its transfer (the backend's read, room in the budget).
+    pub arrived: Instant,
 }
 
 /// How a transfer failed, for the S3 answer.
@@ -397,8 +400,9 @@ impl Rdma {
         );
         let peer = hipobj::core::nic::ip_of(&token.gid);
         let took = start.elapsed().as_secs_f64() * 1e3;
+        let waited = start.duration_since(label.arrived).as_secs_f64() * 1e3;
         let what = format!(
-            "rdma {} {}: {len} bytes, client {peer} qp {}",
+            "rdma {} {}: {len} bytes, client {peer} qp {}, after {waited:.1} ms in the handler",
             label.op, label.object, token.qp_num
         );
         match outcome {

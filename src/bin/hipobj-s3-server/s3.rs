@@ -30,7 +30,9 @@
 //! Every request must be signed (SigV4) for the configured region.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -59,6 +61,8 @@ const BYTES: HeaderName = HeaderName::from_static("x-amz-rdma-bytes-transferred"
 /// s3s-fs, with the RDMA paths.
 pub struct RdmaS3 {
     fs: FileSystem,
+    /// The backend's root, canonical, as s3s-fs resolves paths under it.
+    root: PathBuf,
     rdma: Option<Arc<Rdma>>,
     region: String,
 }
@@ -74,9 +78,28 @@ enum Ask {
 }
 
 impl RdmaS3 {
-    /// The operations over `fs`; `rdma` is `None` when RDMA is off.
-    pub fn new(fs: FileSystem, rdma: Option<Arc<Rdma>>, region: String) -> RdmaS3 {
-        RdmaS3 { fs, rdma, region }
+    /// The operations over `fs` (whose root is `root`, canonical); `rdma`
+    /// is `None` when RDMA is off.
+    pub fn new(fs: FileSystem, root: PathBuf, rdma: Option<Arc<Rdma>>, region: String) -> RdmaS3 {
+        RdmaS3 {
+            fs,
+            root,
+            rdma,
+            region,
+        }
+    }
+
+    /// The file s3s-fs keeps `bucket/key` in, for a key of plain path
+    /// components only (s3s-fs resolves `..` and the like virtually under
+    /// its root: such keys take the backend's own stream instead).
+    fn object_file(&self, bucket: &str, key: &str) -> Option<PathBuf> {
+        let plain = |p: &str| {
+            !p.is_empty()
+                && Path::new(p)
+                    .components()
+                    .all(|c| matches!(c, Component::Normal(_)))
+        };
+        (plain(bucket) && plain(key)).then(|| self.root.join(bucket).join(key))
     }
 
     /// Refuses a request signed for another region, as S3 does.
@@ -167,6 +190,8 @@ impl RdmaS3 {
         source: Option<IpAddr>,
         what: String,
     ) -> S3Result<S3Response<GetObjectOutput>> {
+        let arrived = Instant::now();
+        let file = self.object_file(&req.input.bucket, &req.input.key);
         let mut resp = self.backend_get(req).await.map_err(echo_status)?;
         let length = resp
             .output
@@ -192,9 +217,24 @@ impl RdmaS3 {
             }
             Err(e) => return Err(take_failed(e)),
         };
-        let filled = match resp.output.body.take() {
-            Some(mut body) => fill(&mut body, &mut buf.bytes_mut()[..want]).await,
-            None => Ok(0),
+        // The backend's body comes in 4 KiB reads, each a trip through the
+        // runtime's blocking pool: under load, seconds for a few MiB. The
+        // object's file is read in one blocking call instead, where the
+        // backend's answer (length, range) says which bytes it holds.
+        let (first, total) = span(&resp.output, length);
+        let filled = match (file, resp.output.body.take()) {
+            (Some(path), _) => {
+                let (n, back) = blocking(move || {
+                    let n = read_file(&path, first, total, &mut buf.bytes_mut()[..want]);
+                    (n, buf)
+                })
+                .await
+                .map_err(failed)?;
+                buf = back;
+                n
+            }
+            (None, Some(mut body)) => fill(&mut body, &mut buf.bytes_mut()[..want]).await,
+            (None, None) => Ok(0),
         };
         match filled {
             Ok(n) if n == want => {}
@@ -214,6 +254,7 @@ impl RdmaS3 {
                     op: "GET",
                     object: &what,
                     source,
+                    arrived,
                 };
                 rdma.write_to_client(&token, buf, len, &label)
             }
@@ -248,6 +289,7 @@ impl RdmaS3 {
         source: Option<IpAddr>,
         what: String,
     ) -> S3Result<Bytes> {
+        let arrived = Instant::now();
         if let Some(mut body) = body {
             while let Some(chunk) = body.next().await {
                 let chunk = chunk.map_err(|e| {
@@ -279,6 +321,7 @@ impl RdmaS3 {
                 op: "PUT",
                 object: &what,
                 source,
+                arrived,
             };
             match rdma.read_from_client(&token, buf, &label) {
                 (Ok(()), Some(buf)) => Ok(Bytes::from_owner(Lent {
@@ -335,6 +378,39 @@ where
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| format!("the transfer's thread failed: {e}"))
+}
+
+/// Where a GetObject answer's bytes start in the object, and the object's
+/// whole length: from its `Content-Range` (`bytes FIRST-LAST/TOTAL`), or
+/// the whole object of `length` bytes without one.
+fn span(output: &GetObjectOutput, length: u64) -> (u64, u64) {
+    let parsed = output.content_range.as_deref().and_then(|r| {
+        let (range, total) = r.strip_prefix("bytes ")?.split_once('/')?;
+        let first = range.split_once('-')?.0.parse().ok()?;
+        Some((first, total.parse().ok()?))
+    });
+    parsed.unwrap_or((0, length))
+}
+
+/// Reads `out.len()` bytes at `first` of the file at `path`, which must be
+/// `total` bytes long (else the object changed since the backend looked:
+/// an error, and the request fails); returns how many it read.
+fn read_file(path: &Path, first: u64, total: u64, out: &mut [u8]) -> Result<usize, String> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let now = file
+        .metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .len();
+    if now != total {
+        return Err(format!(
+            "{} is {now} bytes, the backend said {total}: it changed meanwhile",
+            path.display()
+        ));
+    }
+    file.read_exact_at(out, first)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(out.len())
 }
 
 /// Copies the first `out.len()` bytes of `body` into `out`; returns how
@@ -512,4 +588,65 @@ rdma_s3! {
     list_parts: ListPartsInput => ListPartsOutput;
     complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput;
     abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_s_bytes_start_where_its_content_range_says() {
+        let whole = GetObjectOutput::default();
+        assert_eq!(span(&whole, 100), (0, 100));
+        let ranged = GetObjectOutput {
+            content_range: Some("bytes 10-19/100".to_owned()),
+            ..GetObjectOutput::default()
+        };
+        assert_eq!(span(&ranged, 10), (10, 100));
+        let odd = GetObjectOutput {
+            content_range: Some("items 1-2/3".to_owned()),
+            ..GetObjectOutput::default()
+        };
+        assert_eq!(span(&odd, 7), (0, 7), "not a byte range: the whole answer");
+    }
+
+    #[test]
+    fn a_file_is_read_at_its_offset_and_refused_once_it_changed() {
+        let dir = std::env::temp_dir().join(format!("hipobj-s3-read-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("object");
+        let bytes: Vec<u8> = (0..=255).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let mut out = [0u8; 16];
+        assert_eq!(read_file(&path, 100, 256, &mut out), Ok(16));
+        assert_eq!(out[..], bytes[100..116]);
+        let changed = read_file(&path, 0, 300, &mut out).unwrap_err();
+        assert!(changed.contains("changed meanwhile"), "{changed}");
+        assert!(
+            read_file(&path, 250, 256, &mut out).is_err(),
+            "past the end"
+        );
+        assert!(read_file(&dir.join("gone"), 0, 1, &mut out).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn only_plain_keys_are_read_from_their_file() {
+        let fs_root = std::env::temp_dir().join(format!("hipobj-s3-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&fs_root).unwrap();
+        let s3 = RdmaS3 {
+            fs: FileSystem::new(&fs_root).unwrap(),
+            root: PathBuf::from("/srv/root"),
+            rdma: None,
+            region: "us-east-1".to_owned(),
+        };
+        assert_eq!(
+            s3.object_file("b", "dir/key.bin"),
+            Some(PathBuf::from("/srv/root/b/dir/key.bin"))
+        );
+        for key in ["../escape", "a/../b", "./k", "/abs", ""] {
+            assert_eq!(s3.object_file("b", key), None, "{key}");
+        }
+        std::fs::remove_dir_all(&fs_root).unwrap();
+    }
 }
