@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Installs libhipobj into a prefix.
 #
-# Usage: scripts/install.sh --prefix DIR [--no-build] [--lib PATH]
+# Usage: scripts/install.sh --prefix DIR [--no-build] [--lib PATH] [--fake]
+#                           [--fake-lib PATH]
 #
-#   --prefix DIR  where to install (required; a relative DIR is taken from the
-#                 current directory)
-#   --no-build    do not run cargo; install the library already built
-#   --lib PATH    install this built libhipobj.so instead of the release build
-#                 (implies --no-build)
+#   --prefix DIR    where to install (required; a relative DIR is taken from
+#                   the current directory)
+#   --no-build      do not run cargo; install the libraries already built
+#   --lib PATH      install this built libhipobj.so instead of the release
+#                   build (implies --no-build)
+#   --fake          also install the fake library, for applications' tests
+#   --fake-lib PATH install this built fake library (implies --fake)
 #
 # By default it runs `cargo build --release --locked` and installs
 # ${CARGO_TARGET_DIR:-target}/release/libhipobj.so. It installs:
@@ -19,6 +22,14 @@
 #   DIR/lib/cmake/hipobj/hipobjConfig.cmake   (find_package(hipobj CONFIG))
 #   DIR/lib/cmake/hipobj/hipobjConfigVersion.cmake
 #   DIR/lib/pkgconfig/hipobj.pc
+#
+# and with --fake the fake library (cargo build --profile fake --features
+# fake-library: target/fake/libhipobj.so), the same ABI on a fake RDMA world
+# with the controls of include/hipobj_fake.h, for applications' own tests:
+#
+#   DIR/lib/hipobj-fake/libhipobj.so.M.m.p, .so.M, .so
+#   DIR/include/hipobj/hipobj_fake.h
+#   DIR/lib/pkgconfig/hipobj-fake.pc          (hipobjConfig.cmake: hipobj::fake)
 #
 # Re-running over the same prefix overwrites the previous installation. When
 # DESTDIR is set, files go to $DESTDIR/DIR while hipobj.pc still names DIR
@@ -32,7 +43,7 @@ die() {
 }
 
 usage() {
-    sed -n '2,10s/^# \{0,1\}//p' "$0"
+    sed -n '2,14s/^# \{0,1\}//p' "$0"
 }
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,6 +51,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 prefix=""
 build=1
 lib=""
+fake=0
+fake_lib=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --prefix)
@@ -67,6 +80,16 @@ while [ $# -gt 0 ]; do
         --no-build)
             build=0
             shift
+            ;;
+        --fake)
+            fake=1
+            shift
+            ;;
+        --fake-lib)
+            [ $# -ge 2 ] && [ -n "$2" ] || die "--fake-lib needs the path of a built fake libhipobj.so"
+            fake_lib="$2"
+            fake=1
+            shift 2
             ;;
         -h | --help)
             usage
@@ -112,12 +135,12 @@ for f in "$header" "$cmake_dir/hipobjConfig.cmake.in" \
     [ -f "$f" ] || die "$f not found"
 done
 
+target_dir="${CARGO_TARGET_DIR:-target}"
+case "$target_dir" in
+    /*) ;;
+    *) target_dir="$root/$target_dir" ;;
+esac
 if [ -z "$lib" ]; then
-    target_dir="${CARGO_TARGET_DIR:-target}"
-    case "$target_dir" in
-        /*) ;;
-        *) target_dir="$root/$target_dir" ;;
-    esac
     lib="$target_dir/release/libhipobj.so"
     if [ "$build" -eq 1 ]; then
         command -v cargo >/dev/null 2>&1 || die "cargo not found in PATH (or pass --no-build / --lib PATH)"
@@ -125,6 +148,18 @@ if [ -z "$lib" ]; then
     fi
 fi
 [ -f "$lib" ] || die "library $lib not found (build it with cargo build --release, or pass --lib PATH)"
+
+if [ "$fake" -eq 1 ] && [ -z "$fake_lib" ]; then
+    fake_lib="$target_dir/fake/libhipobj.so"
+    if [ "$build" -eq 1 ]; then
+        (cd "$root" && cargo build --locked --profile fake --features fake-library --lib) ||
+            die "cargo build --profile fake --features fake-library failed"
+    fi
+fi
+if [ "$fake" -eq 1 ]; then
+    [ -f "$fake_lib" ] || die "fake library $fake_lib not found (build it with cargo build --profile fake --features fake-library, or pass --fake-lib PATH)"
+    [ -f "$root/include/hipobj_fake.h" ] || die "$root/include/hipobj_fake.h not found"
+fi
 
 soname="libhipobj.so.$major"
 real="libhipobj.so.$version"
@@ -170,4 +205,14 @@ install -m 0644 "$header" "$dest/include/hipobj/hipobj.h"
 install -m 0644 "$tmp/hipobjConfig.cmake" "$tmp/hipobjConfigVersion.cmake" "$dest/lib/cmake/hipobj/"
 install -m 0644 "$tmp/hipobj.pc" "$dest/lib/pkgconfig/hipobj.pc"
 
+if [ "$fake" -eq 1 ]; then
+    render "$cmake_dir/hipobj-fake.pc.in" "$tmp/hipobj-fake.pc"
+    install -d -m 0755 "$dest/lib/hipobj-fake"
+    install -m 0755 "$fake_lib" "$dest/lib/hipobj-fake/$real"
+    ln -sfn "$real" "$dest/lib/hipobj-fake/$soname"
+    ln -sfn "$soname" "$dest/lib/hipobj-fake/libhipobj.so"
+    install -m 0644 "$root/include/hipobj_fake.h" "$dest/include/hipobj/hipobj_fake.h"
+    install -m 0644 "$tmp/hipobj-fake.pc" "$dest/lib/pkgconfig/hipobj-fake.pc"
+    printf 'Installed the fake libhipobj %s into %s/lib/hipobj-fake\n' "$version" "${dest:-/}"
+fi
 printf 'Installed libhipobj %s into %s\n' "$version" "${dest:-/}"

@@ -8,7 +8,7 @@ bash scripts/setup.sh
 echo "== format, lints, docs"
 cargo fmt --check
 cargo fmt --check --manifest-path fuzz/Cargo.toml
-cargo clippy --locked --all-targets --features vm-lane,s3-server,cuda-device -- -D warnings
+cargo clippy --locked --all-targets --features vm-lane,s3-server,cuda-device,cli -- -D warnings
 cargo clippy --locked --all-targets --manifest-path fuzz/Cargo.toml -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --features server
 
@@ -22,6 +22,9 @@ HIPOBJ_TEST_SANITIZE=address,undefined cargo test --locked --test c_api
 
 echo "== tests (with the S3 server: its own tests and the examples' HTTP paths)"
 cargo test --locked --features s3-server,cli
+
+echo "== the fake library for applications' tests: installed, and examples/ctest-fake's ctest against it"
+bash scripts/fake-example.sh
 
 echo "== the GPU tests build (tests/cuda.rs runs on a GPU machine: scripts/gpu/test.sh, docs/gpu.md)"
 cargo test --locked --features cuda-device --test cuda --no-run

@@ -1,147 +1,182 @@
-//! A fake world for C test programs (fake-platform builds only).
+//! The fake world of C programs: what the controls of `hipobj_fake.h`
+//! (exported by `capi::fake` from fake-platform builds only) do.
 //!
-//! When `HIPOBJ_TEST_WORLD=1` is set, `hipObjInit` builds its instance on
-//! one process-wide [`World`] instead of the real platform, and the
-//! functions below, exported by test builds only, let a C program play the
-//! application's S3 client against the world's test server: they fit
-//! `hipObjOps_t` directly, with `ctx` pointing to an `int` holding
-//! `HIPOBJ_RDMA_OP_GET` or `HIPOBJ_RDMA_OP_PUT`. They are not part of the
-//! ABI and never in a release library.
+//! One process-wide [`World`] serves `hipObjInit`: always in the fake
+//! library applications link their tests against (feature
+//! `fake-library`), and in the library's own test build when
+//! `HIPOBJ_TEST_WORLD=1` (so that the same test build also runs the C
+//! programs that need the real platform). The world is an RDMA S3 server
+//! of the fake fabric, in process, with an object store of
+//! [`STORE_BYTES`]; the application's S3 client is replaced by
+//! [`send_request`] and [`recv_reply`], which hand the token to that
+//! server at once.
 
 use std::cell::RefCell;
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
-use super::world::World;
+use super::world::{Behaviour, World, WorldSpec};
 use crate::platform::Platform;
 use crate::server::Op;
 
-/// The process's test world, made on first use.
+/// Bytes of the fake server's object store.
+pub const STORE_BYTES: usize = 16 << 20;
+
+/// The functions of the fake platform whose calls can be made to fail
+/// ([`fail_call`]): libibverbs, librdmacm and the GPU runtime, by their C
+/// names.
+pub const FAILABLE: &[&str] = &[
+    "ibv_get_device_list",
+    "ibv_open_device",
+    "ibv_query_port",
+    "ibv_query_gid",
+    "ibv_alloc_pd",
+    "ibv_reg_mr",
+    "ibv_reg_dmabuf_mr",
+    "ibv_alloc_mw",
+    "ibv_create_cq",
+    "ibv_create_qp",
+    "ibv_modify_qp",
+    "ibv_query_qp",
+    "ibv_post_send",
+    "ibv_post_recv",
+    "ibv_poll_cq",
+    "ibv_req_notify_cq",
+    "ibv_get_cq_event",
+    "ibv_get_async_event",
+    "rdma_listen",
+    "rdma_get_cm_event",
+    "rdma_accept",
+    "rdma_reject",
+    "rdma_disconnect",
+    "rdma_init_qp_attr",
+    "hipGetDeviceCount",
+    "hipGetDevice",
+    "hipDeviceGetPCIBusId",
+    "hipPointerGetAttributes",
+    "hipMemGetAddressRange",
+    "hipHostMalloc",
+    "hipMemcpyAsync",
+    "hipEventRecord",
+    "hipEventQuery",
+    "hipDeviceSynchronize",
+    "hsa_amd_portable_export_dmabuf",
+];
+
+/// The process's world, made on first use.
 fn world() -> &'static World {
     static WORLD: OnceLock<World> = OnceLock::new();
-    WORLD.get_or_init(World::new)
+    WORLD.get_or_init(|| {
+        World::with(WorldSpec {
+            server_bytes: STORE_BYTES,
+            ..WorldSpec::default()
+        })
+    })
 }
 
-/// The platform `hipObjInit` uses: the test world's when
-/// `HIPOBJ_TEST_WORLD=1`.
+/// The platform `hipObjInit` uses: the world's in the fake library, and
+/// in test builds when `HIPOBJ_TEST_WORLD=1`.
 pub fn platform_for_init() -> Option<Arc<dyn Platform>> {
-    (std::env::var_os("HIPOBJ_TEST_WORLD").as_deref() == Some("1".as_ref()))
-        .then(|| world().platform())
+    let wanted = cfg!(feature = "fake-library")
+        || std::env::var_os("HIPOBJ_TEST_WORLD").as_deref() == Some("1".as_ref());
+    wanted.then(|| world().platform())
 }
 
 thread_local! {
     static REPLY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `sendRequest` for the test world: the server handles the token at once.
-///
-/// # Safety
-///
-/// `ctx` points to an `int` op; `token` to `len` readable bytes.
-#[no_mangle]
-pub unsafe extern "C" fn hipobjTestWorldSendRequest(
-    ctx: *mut c_void,
-    token: *const c_char,
-    len: usize,
-) -> c_int {
-    if ctx.is_null() || token.is_null() {
-        return -1;
+/// The op of `hipObjOps_t`'s `ctx` value: `HIPOBJ_RDMA_OP_PUT` (0) or
+/// `HIPOBJ_RDMA_OP_GET` (1).
+pub fn op(value: i32) -> Option<Op> {
+    match value {
+        0 => Some(Op::Put),
+        1 => Some(Op::Get),
+        _ => None,
     }
-    // SAFETY: per this function's contract.
-    let op = match unsafe { *ctx.cast::<c_int>() } {
-        0 => Op::Put,
-        1 => Op::Get,
-        _ => return -1,
-    };
-    // SAFETY: `len` readable bytes at `token`, per the contract.
-    let text = unsafe { std::slice::from_raw_parts(token.cast::<u8>(), len) };
-    let reply = world().server.handle(text, op);
+}
+
+/// `sendRequest`: the server handles `token` at once; its reply waits for
+/// [`recv_reply`] on this thread.
+pub fn send_request(op: Op, token: &[u8]) {
+    let reply = world().server.handle(token, op);
     REPLY.with(|r| *r.borrow_mut() = reply);
-    0
 }
 
-/// `recvReply` for the test world: the reply of this thread's last request.
-///
-/// # Safety
-///
-/// `reply` has `*len` writable bytes.
-#[no_mangle]
-pub unsafe extern "C" fn hipobjTestWorldRecvReply(
-    _ctx: *mut c_void,
-    reply: *mut c_char,
-    len: *mut usize,
-) -> c_int {
-    if reply.is_null() || len.is_null() {
-        return -1;
-    }
-    let text = REPLY.with(|r| std::mem::take(&mut *r.borrow_mut()));
-    // SAFETY: `len` is valid per the contract.
-    let room = unsafe { *len };
-    if text.len() > room {
-        return -1;
-    }
-    // SAFETY: `room` writable bytes at `reply`, and `text` fits.
-    unsafe {
-        std::ptr::copy_nonoverlapping(text.as_ptr(), reply.cast::<u8>(), text.len());
-        *len = text.len();
-    }
-    0
+/// `recvReply`: this thread's last reply, taken.
+pub fn recv_reply() -> Vec<u8> {
+    REPLY.with(|r| std::mem::take(&mut *r.borrow_mut()))
 }
 
-/// Sets the first `len` bytes of the server's object store.
-///
-/// # Safety
-///
-/// `data` has `len` readable bytes.
-#[no_mangle]
-pub unsafe extern "C" fn hipobjTestWorldSetObject(data: *const c_void, len: usize) -> c_int {
-    if data.is_null() {
-        return -1;
+/// Writes `data` at the start of the object store; `false` if it does not
+/// fit.
+pub fn set_object(data: &[u8]) -> bool {
+    data.len() <= STORE_BYTES && {
+        world().server.set_object(data);
+        true
     }
-    // SAFETY: per the contract.
-    let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) };
-    world().server.set_object(bytes);
-    0
 }
 
-/// Copies the first `len` bytes of the server's object store to `out`.
-///
-/// # Safety
-///
-/// `out` has `len` writable bytes.
-#[no_mangle]
-pub unsafe extern "C" fn hipobjTestWorldGetObject(out: *mut c_void, len: usize) -> c_int {
-    if out.is_null() {
-        return -1;
-    }
-    let bytes = world().server.object(len);
-    // SAFETY: per the contract.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.cast::<u8>(), len) };
-    0
+/// The first `len` bytes of the object store; `None` past its end.
+pub fn object(len: usize) -> Option<Vec<u8>> {
+    (len <= STORE_BYTES).then(|| world().server.object(len))
 }
 
-/// Sends the token in `token` (NUL-terminated) to the server as the
-/// application's own request would, for application-driven transfers;
-/// returns the reply's status or -1.
-///
-/// # Safety
-///
-/// `token` is NUL-terminated.
-#[no_mangle]
-pub unsafe extern "C" fn hipobjTestWorldServe(token: *const c_char, op: c_int) -> c_int {
-    if token.is_null() {
-        return -1;
-    }
-    let op = match op {
-        0 => Op::Put,
-        1 => Op::Get,
-        _ => return -1,
-    };
-    // SAFETY: per the contract.
-    let text = unsafe { CStr::from_ptr(token) }.to_bytes();
-    let reply = world().server.handle(text, op);
+/// An application-driven token's request: the reply's status, or -1.
+pub fn serve(op: Op, token: &[u8]) -> i32 {
+    let reply = world().server.handle(token, op);
     std::str::from_utf8(&reply)
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(-1)
+}
+
+/// The server's behaviour for later requests, by the number
+/// `hipobj_fake.h` gives it; `false` for an unknown one.
+pub fn set_behaviour(value: i32) -> bool {
+    let behaviour = match value {
+        0 => Behaviour::Normal,
+        1 => Behaviour::Status(501),
+        2 => Behaviour::NoFinalMessage,
+        3 => Behaviour::NeverConnect,
+        4 => Behaviour::Status(500),
+        _ => return false,
+    };
+    world().server.set_behaviour(behaviour);
+    true
+}
+
+/// Makes the `nth` (from 1) next call of `function` fail; `false` for a
+/// function the fake platform does not know or an `nth` of 0. Calls are
+/// counted over the whole world: the in-process server's verbs calls
+/// count too.
+pub fn fail_call(function: &str, nth: u64) -> bool {
+    let Some(name) = FAILABLE.iter().find(|f| **f == function) else {
+        return false;
+    };
+    if nth == 0 {
+        return false;
+    }
+    let faults = &world().platform.faults;
+    faults.fail_nth(name, faults.calls(name) + nth);
+    true
+}
+
+/// Drops every planned failure.
+pub fn clear_faults() {
+    world().platform.faults.clear();
+}
+
+/// Requests the server has handled.
+pub fn requests() -> u64 {
+    world().server.requests.load(Ordering::SeqCst) as u64
+}
+
+/// Live fake objects of `kind` (`mr`, `qp`, `cq`, `pd`, `cm_id`...), the
+/// server's own included, once the server has let go of the connections
+/// of clients that are gone.
+pub fn live(kind: &str) -> i64 {
+    let world = world();
+    world.server.side().forget_disconnected();
+    world.platform.counters.live(kind)
 }

@@ -6,15 +6,9 @@
  * the application-driven path.
  */
 #include "check.h"
+#include "hipobj_fake.h"
 
 #include <stdlib.h>
-
-/* Exported by test builds only (src/testing/c_world.rs). */
-int hipobjTestWorldSendRequest(void *ctx, const char *token, size_t len);
-int hipobjTestWorldRecvReply(void *ctx, char *reply, size_t *len);
-int hipobjTestWorldSetObject(const void *data, size_t len);
-int hipobjTestWorldGetObject(void *out, size_t len);
-int hipobjTestWorldServe(const char *token, int op);
 
 enum { SIZE = 65536 };
 
@@ -22,12 +16,12 @@ static int calls;
 
 static int counting_send(void *ctx, const char *token, size_t len) {
     calls++;
-    return hipobjTestWorldSendRequest(ctx, token, len);
+    return hipobjFakeSendRequest(ctx, token, len);
 }
 
 static int counting_recv(void *ctx, char *reply, size_t *len) {
     calls++;
-    return hipobjTestWorldRecvReply(ctx, reply, len);
+    return hipobjFakeRecvReply(ctx, reply, len);
 }
 
 static int failing_send(void *ctx, const char *token, size_t len) {
@@ -57,7 +51,7 @@ int main(void) {
     for (size_t i = 0; i < SIZE; i++) {
         object[i] = (unsigned char)(i * 7 + 3);
     }
-    CHECK(hipobjTestWorldSetObject(object, SIZE) == 0);
+    CHECK(hipobjFakeSetObject(object, SIZE) == 0);
 
     /* Registration rules. */
     CHECK_ERR(hipObjBufRegisterHost(NULL, SIZE), hipObjInvalidValue, 0);
@@ -88,13 +82,13 @@ int main(void) {
         buf[i] = (unsigned char)(255 - i % 256);
     }
     CHECK_ERR(hipObjPut(NULL, buf, SIZE / 2, SIZE / 2, &ops, &put), hipObjSuccess, 0);
-    CHECK(hipobjTestWorldGetObject(seen, SIZE / 2) == 0);
+    CHECK(hipobjFakeGetObject(seen, SIZE / 2) == 0);
     CHECK(memcmp(seen, buf + SIZE / 2, SIZE / 2) == 0);
 
     /* A failing callback is an S3 error; the library stays usable. */
     hipObjOps_t failing = {failing_send, counting_recv};
     CHECK_ERR(hipObjGet(NULL, buf, SIZE, 0, &failing, &get), hipObjS3Error, 0);
-    CHECK(hipobjTestWorldSetObject(object, SIZE) == 0);
+    CHECK(hipobjFakeSetObject(object, SIZE) == 0);
     CHECK_ERR(hipObjGet(NULL, buf, SIZE, 0, &ops, &get), hipObjSuccess, 0);
     CHECK(memcmp(buf, object, SIZE) == 0);
 
@@ -108,7 +102,7 @@ int main(void) {
     CHECK_ERR(hipObjTokenClientNic(token, ip, sizeof ip), hipObjSuccess, 0);
     CHECK_STR(ip, "192.0.2.1");
     memset(buf, 0, SIZE);
-    CHECK_INT(hipobjTestWorldServe(token, HIPOBJ_RDMA_OP_GET), 200);
+    CHECK_INT(hipobjFakeServe(token, HIPOBJ_RDMA_OP_GET), 200);
     CHECK_ERR(hipObjBufSync(buf, SIZE, 0, HIPOBJ_SYNC_TO_DEVICE), hipObjSuccess, 0);
     CHECK(memcmp(buf, object, SIZE) == 0);
     CHECK_ERR(hipObjPutRdmaToken(token), hipObjSuccess, 0);

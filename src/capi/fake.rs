@@ -1,0 +1,193 @@
+//! The controls of the fake platform (`include/hipobj_fake.h`), exported by
+//! fake-platform builds only: the fake library applications link their
+//! own tests against, and the library's test build. Never in a release
+//! library (`tests/abi_symbols.rs` holds it to the 15 functions of
+//! `hipobj.h`). What each does is `crate::testing::c_world`'s.
+
+use std::ffi::{c_char, c_int, c_long, c_uint, c_ulong, c_void, CStr};
+
+use crate::testing::c_world;
+
+/// `sendRequest` for the fake world: fits `hipObjOps_t.sendRequest`, with
+/// `ctx` pointing to an `int` holding `HIPOBJ_RDMA_OP_GET` or
+/// `HIPOBJ_RDMA_OP_PUT`. Returns 0, or -1 for a NULL or unknown argument.
+///
+/// # Safety
+///
+/// `ctx` is NULL or points to an `int`; `token` is NULL or has `len`
+/// readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn hipobjFakeSendRequest(
+    ctx: *mut c_void,
+    token: *const c_char,
+    len: usize,
+) -> c_int {
+    if ctx.is_null() || token.is_null() {
+        return -1;
+    }
+    // SAFETY: `ctx` points to an `int`, per this function's contract.
+    let Some(op) = c_world::op(unsafe { *ctx.cast::<c_int>() }) else {
+        return -1;
+    };
+    // SAFETY: `len` readable bytes at `token`, per the contract.
+    let text = unsafe { std::slice::from_raw_parts(token.cast::<u8>(), len) };
+    c_world::send_request(op, text);
+    0
+}
+
+/// `recvReply` for the fake world: the reply to this thread's last
+/// `hipobjFakeSendRequest`. Returns 0, or -1 if it does not fit `*len`.
+///
+/// # Safety
+///
+/// `reply` is NULL or has `*len` writable bytes; `len` is NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn hipobjFakeRecvReply(
+    _ctx: *mut c_void,
+    reply: *mut c_char,
+    len: *mut usize,
+) -> c_int {
+    if reply.is_null() || len.is_null() {
+        return -1;
+    }
+    let text = c_world::recv_reply();
+    // SAFETY: `len` is valid per the contract.
+    let room = unsafe { *len };
+    if text.len() > room {
+        return -1;
+    }
+    // SAFETY: `room` writable bytes at `reply`, and `text` fits; `len` is
+    // valid.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr(), reply.cast::<u8>(), text.len());
+        *len = text.len();
+    }
+    0
+}
+
+/// Writes `len` bytes of `data` at the start of the fake server's object
+/// store. Returns 0, or -1 for NULL or more than
+/// `hipobjFakeObjectCapacity()` bytes.
+///
+/// # Safety
+///
+/// `data` is NULL or has `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn hipobjFakeSetObject(data: *const c_void, len: usize) -> c_int {
+    if data.is_null() {
+        return -1;
+    }
+    // SAFETY: per the contract.
+    let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) };
+    if c_world::set_object(bytes) {
+        0
+    } else {
+        -1
+    }
+}
+
+/// Copies the first `len` bytes of the object store to `out`. Returns 0,
+/// or -1 for NULL or past the store's end.
+///
+/// # Safety
+///
+/// `out` is NULL or has `len` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn hipobjFakeGetObject(out: *mut c_void, len: usize) -> c_int {
+    if out.is_null() {
+        return -1;
+    }
+    let Some(bytes) = c_world::object(len) else {
+        return -1;
+    };
+    // SAFETY: `len` writable bytes at `out`, per the contract.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.cast::<u8>(), len) };
+    0
+}
+
+/// Bytes of the fake server's object store.
+#[no_mangle]
+pub extern "C" fn hipobjFakeObjectCapacity() -> usize {
+    c_world::STORE_BYTES
+}
+
+/// Hands an application-driven token (`hipObjGetRdmaToken`'s,
+/// NUL-terminated) to the fake server as the application's own S3 request
+/// would; returns the reply's status (200 when the transfer was done), or
+/// -1.
+///
+/// # Safety
+///
+/// `token` is NULL or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn hipobjFakeServe(token: *const c_char, op: c_int) -> c_int {
+    if token.is_null() {
+        return -1;
+    }
+    let Some(op) = c_world::op(op) else {
+        return -1;
+    };
+    // SAFETY: NUL-terminated, per the contract.
+    let text = unsafe { CStr::from_ptr(token) }.to_bytes();
+    c_world::serve(op, text)
+}
+
+/// How the fake server treats later requests (`HIPOBJ_FAKE_SERVER_*`).
+/// Returns 0, or -1 for an unknown value.
+#[no_mangle]
+pub extern "C" fn hipobjFakeSetServerBehaviour(behaviour: c_int) -> c_int {
+    if c_world::set_behaviour(behaviour) {
+        0
+    } else {
+        -1
+    }
+}
+
+/// Makes the `nth` next call (from 1) of the platform function `function`
+/// (`"ibv_post_send"`, `"rdma_listen"`, `"hipHostMalloc"`...) fail as the
+/// real one would. Returns 0, or -1 for NULL, a function the fake platform
+/// does not have, or `nth` 0.
+///
+/// # Safety
+///
+/// `function` is NULL or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn hipobjFakeFailCall(function: *const c_char, nth: c_uint) -> c_int {
+    if function.is_null() {
+        return -1;
+    }
+    // SAFETY: NUL-terminated, per the contract.
+    let name = unsafe { CStr::from_ptr(function) };
+    match name.to_str() {
+        Ok(name) if c_world::fail_call(name, u64::from(nth)) => 0,
+        _ => -1,
+    }
+}
+
+/// Drops every failure planned with `hipobjFakeFailCall`.
+#[no_mangle]
+pub extern "C" fn hipobjFakeClearFaults() {
+    c_world::clear_faults();
+}
+
+/// Requests the fake server has handled.
+#[no_mangle]
+pub extern "C" fn hipobjFakeRequests() -> c_ulong {
+    c_world::requests()
+}
+
+/// Live fake platform objects of `kind` (`"mr"`, `"qp"`, `"cq"`, `"pd"`,
+/// `"cm_id"`...), the fake server's own included; -1 for NULL.
+///
+/// # Safety
+///
+/// `kind` is NULL or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn hipobjFakeLiveObjects(kind: *const c_char) -> c_long {
+    if kind.is_null() {
+        return -1;
+    }
+    // SAFETY: NUL-terminated, per the contract.
+    let kind = unsafe { CStr::from_ptr(kind) };
+    kind.to_str().map_or(-1, c_world::live)
+}
