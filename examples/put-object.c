@@ -45,7 +45,7 @@ static int put_prepare(struct ex_thread *t) {
             return 1;
         }
     }
-    if (o->device && ex_hip_memcpy(o->prog, t->buf, t->host, t->size) != 0) {
+    if (o->device && ex_gpu_copy(o->prog, t->buf, t->host, t->size, 1) != 0) {
         return 1;
     }
     return 0;
@@ -96,8 +96,8 @@ static int put_range(struct ex_thread *t, const char *query, unsigned part, size
 
     /* Plain HTTP: the bytes are the body, read from the buffer. */
     snprintf(what, sizeof what, "PUT %s/%s%s", o->bucket, t->key, label);
-    if (o->device && ex_hip_memcpy(o->prog, t->host + off, (const unsigned char *)t->buf + off,
-                                   len) != 0) {
+    if (o->device && ex_gpu_copy(o->prog, t->host + off, (const unsigned char *)t->buf + off,
+                                 len, 0) != 0) {
         return 1;
     }
     rq.body = t->host + off;

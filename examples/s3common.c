@@ -57,7 +57,7 @@ static void usage(FILE *out, const char *prog, enum ex_program program) {
           "  --region R         default us-east-1 (requests are signed as aws:amz:R:s3)\n"
           "  --nic NAME         nicHint for hipObjInit (default none)\n"
           "  --gpu N            gpuDevice for hipObjInit (default -1: host memory, no GPU)\n"
-          "  --device           buffers in device memory (hipMalloc; needs a GPU)\n",
+          "  --device           buffers in GPU memory (HIP or the CUDA driver; needs a GPU)\n",
           out);
     if (program == EX_PUT_OBJECT) {
         fputs("  --size N           bytes (default: the size of --file)\n"
@@ -367,115 +367,292 @@ double ex_now(void) {
 
 /* ================================================================= device memory */
 
-/* hipMemcpyKind's hipMemcpyDefault: the runtime tells the direction. */
-#define EX_HIP_MEMCPY_DEFAULT 4
+/*
+ * The GPU runtime behind --device, opened with dlopen: HIP (AMD GPUs) when
+ * it loads and sees a GPU, else the CUDA driver (NVIDIA GPUs), as
+ * libhipobj itself chooses (HIPOBJ_GPU_RUNTIME=auto). Each backend is a
+ * table of the five calls the examples make.
+ */
+struct gpu_backend {
+    const char *name;
+    int (*count)(int *n);
+    int (*set_device)(int device);
+    int (*alloc)(void **ptr, size_t size);
+    int (*release)(void *ptr);
+    int (*copy)(void *dst, const void *src, size_t size, int to_device);
+    const char *(*describe)(int err);
+};
 
 static struct {
     pthread_once_t once;
-    const char *error;
-    int (*get_device_count)(int *count);
-    int (*set_device)(int device);
-    int (*malloc_)(void **ptr, size_t size);
-    int (*free_)(void *ptr);
-    int (*memcpy_)(void *dst, const void *src, size_t size, int kind);
-    const char *(*error_string)(int err);
-} hip = {PTHREAD_ONCE_INIT, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-
-static char hip_load_error[512];
+    const struct gpu_backend *backend;
+    char error[1024];
+} gpu = {PTHREAD_ONCE_INIT, NULL, {0}};
 
 /* dlsym's object pointer into a function pointer: memcpy is what ISO C allows. */
-static int hip_symbol(void *lib, const char *name, void *fn, size_t fn_size) {
+static int gpu_symbol(void *lib, const char *library, const char *name, void *fn, size_t fn_size,
+                      char *why, size_t why_len) {
     void *sym = dlsym(lib, name);
     if (sym == NULL) {
-        snprintf(hip_load_error, sizeof hip_load_error, "libamdhip64 has no %s", name);
+        snprintf(why, why_len, "%s has no %s", library, name);
         return -1;
     }
     memcpy(fn, &sym, fn_size);
     return 0;
 }
 
-static void hip_open(void) {
-    static const char *const names[] = {"libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5",
-                                        "libamdhip64.so"};
+static void *gpu_dlopen(const char *const *names, size_t n) {
     void *lib = NULL;
-    for (size_t i = 0; i < sizeof names / sizeof names[0] && lib == NULL; i++) {
+    for (size_t i = 0; i < n && lib == NULL; i++) {
         lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
     }
-    if (lib == NULL) {
-        const char *why = dlerror();
-        snprintf(hip_load_error, sizeof hip_load_error, "cannot load libamdhip64 (%s)",
-                 why != NULL ? why : "not found");
-        hip.error = hip_load_error;
-        return;
-    }
-    if (hip_symbol(lib, "hipGetDeviceCount", &hip.get_device_count, sizeof hip.get_device_count) ||
-        hip_symbol(lib, "hipSetDevice", &hip.set_device, sizeof hip.set_device) ||
-        hip_symbol(lib, "hipMalloc", &hip.malloc_, sizeof hip.malloc_) ||
-        hip_symbol(lib, "hipFree", &hip.free_, sizeof hip.free_) ||
-        hip_symbol(lib, "hipMemcpy", &hip.memcpy_, sizeof hip.memcpy_) ||
-        hip_symbol(lib, "hipGetErrorString", &hip.error_string, sizeof hip.error_string)) {
-        hip.error = hip_load_error;
-    }
-    /* The runtime stays loaded for the life of the process. */
+    return lib;
 }
 
-static const char *hip_error(int err) {
-    const char *s = hip.error_string != NULL ? hip.error_string(err) : NULL;
+/* ---- HIP */
+
+/* hipMemcpyKind's hipMemcpyDefault: the runtime tells the direction. */
+#define EX_HIP_MEMCPY_DEFAULT 4
+
+static struct {
+    int (*get_device_count)(int *count);
+    int (*set_device)(int device);
+    int (*malloc_)(void **ptr, size_t size);
+    int (*free_)(void *ptr);
+    int (*memcpy_)(void *dst, const void *src, size_t size, int kind);
+    const char *(*error_string)(int err);
+} hip;
+
+static int hip_copy(void *dst, const void *src, size_t size, int to_device) {
+    (void)to_device;
+    return hip.memcpy_(dst, src, size, EX_HIP_MEMCPY_DEFAULT);
+}
+
+static const char *hip_describe(int err) {
+    const char *s = hip.error_string(err);
     return s != NULL ? s : "unknown HIP error";
 }
 
-int ex_hip_load(const char *prog, int gpu) {
-    pthread_once(&hip.once, hip_open);
-    if (hip.error != NULL) {
-        fprintf(stderr, "%s: --device needs a GPU: %s\n", prog, hip.error);
+static int hip_count(int *n) {
+    return hip.get_device_count(n);
+}
+
+static int hip_set_device(int device) {
+    return device < 0 ? 0 : hip.set_device(device);
+}
+
+static int hip_alloc(void **ptr, size_t size) {
+    return hip.malloc_(ptr, size);
+}
+
+static int hip_release(void *ptr) {
+    return hip.free_(ptr);
+}
+
+static const struct gpu_backend hip_backend = {
+    "HIP", hip_count, hip_set_device, hip_alloc, hip_release, hip_copy, hip_describe,
+};
+
+static int hip_open(char *why, size_t why_len) {
+    static const char *const names[] = {"libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5",
+                                        "libamdhip64.so"};
+    void *lib = gpu_dlopen(names, sizeof names / sizeof names[0]);
+    if (lib == NULL) {
+        snprintf(why, why_len, "cannot load libamdhip64");
+        return -1;
+    }
+    const char *l = "libamdhip64";
+    if (gpu_symbol(lib, l, "hipGetDeviceCount", &hip.get_device_count, sizeof hip.get_device_count, why, why_len) ||
+        gpu_symbol(lib, l, "hipSetDevice", &hip.set_device, sizeof hip.set_device, why, why_len) ||
+        gpu_symbol(lib, l, "hipMalloc", &hip.malloc_, sizeof hip.malloc_, why, why_len) ||
+        gpu_symbol(lib, l, "hipFree", &hip.free_, sizeof hip.free_, why, why_len) ||
+        gpu_symbol(lib, l, "hipMemcpy", &hip.memcpy_, sizeof hip.memcpy_, why, why_len) ||
+        gpu_symbol(lib, l, "hipGetErrorString", &hip.error_string, sizeof hip.error_string, why, why_len)) {
+        return -1;
+    }
+    int n = 0;
+    int err = hip.get_device_count(&n);
+    if (err != 0 || n <= 0) {
+        snprintf(why, why_len, "HIP sees no GPU (hipGetDeviceCount: %d, %d devices)", err, n);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the CUDA driver */
+
+typedef int cu_result;
+typedef int cu_device;
+typedef void *cu_context;
+typedef unsigned long long cu_ptr;
+
+static struct {
+    cu_result (*init)(unsigned flags);
+    cu_result (*device_get_count)(int *count);
+    cu_result (*device_get)(cu_device *device, int ordinal);
+    cu_result (*primary_retain)(cu_context *ctx, cu_device device);
+    cu_result (*ctx_set_current)(cu_context ctx);
+    cu_result (*mem_alloc)(cu_ptr *ptr, size_t size);
+    cu_result (*mem_free)(cu_ptr ptr);
+    cu_result (*copy_htod)(cu_ptr dst, const void *src, size_t size);
+    cu_result (*copy_dtoh)(void *dst, cu_ptr src, size_t size);
+    cu_result (*error_string)(cu_result err, const char **text);
+    /* The chosen device's primary context, made current on each thread
+     * that calls (contexts are current per thread). */
+    cu_context ctx;
+} cuda;
+
+static int cuda_count(int *n) {
+    return cuda.device_get_count(n);
+}
+
+static int cuda_set_device(int device) {
+    cu_device handle = 0;
+    cu_context ctx = NULL;
+    cu_result err = cuda.device_get(&handle, device < 0 ? 0 : device);
+    if (err == 0) {
+        err = cuda.primary_retain(&ctx, handle);
+    }
+    if (err == 0) {
+        cuda.ctx = ctx;
+        err = cuda.ctx_set_current(ctx);
+    }
+    return err;
+}
+
+static int cuda_alloc(void **ptr, size_t size) {
+    cu_ptr p = 0;
+    cu_result err = cuda.ctx_set_current(cuda.ctx);
+    if (err == 0) {
+        err = cuda.mem_alloc(&p, size);
+    }
+    *ptr = (void *)(uintptr_t)p;
+    return err;
+}
+
+static int cuda_release(void *ptr) {
+    cu_result err = cuda.ctx_set_current(cuda.ctx);
+    return err != 0 ? err : cuda.mem_free((cu_ptr)(uintptr_t)ptr);
+}
+
+static int cuda_copy(void *dst, const void *src, size_t size, int to_device) {
+    cu_result err = cuda.ctx_set_current(cuda.ctx);
+    if (err != 0) {
+        return err;
+    }
+    return to_device ? cuda.copy_htod((cu_ptr)(uintptr_t)dst, src, size)
+                     : cuda.copy_dtoh(dst, (cu_ptr)(uintptr_t)src, size);
+}
+
+static const char *cuda_describe(int err) {
+    const char *text = NULL;
+    return cuda.error_string(err, &text) == 0 && text != NULL ? text : "unknown CUDA error";
+}
+
+static const struct gpu_backend cuda_backend = {
+    "CUDA", cuda_count, cuda_set_device, cuda_alloc, cuda_release, cuda_copy, cuda_describe,
+};
+
+static int cuda_open(char *why, size_t why_len) {
+    static const char *const names[] = {"libcuda.so.1"};
+    void *lib = gpu_dlopen(names, 1);
+    if (lib == NULL) {
+        snprintf(why, why_len, "cannot load libcuda.so.1");
+        return -1;
+    }
+    const char *l = "libcuda.so.1";
+    if (gpu_symbol(lib, l, "cuInit", &cuda.init, sizeof cuda.init, why, why_len) ||
+        gpu_symbol(lib, l, "cuDeviceGetCount", &cuda.device_get_count, sizeof cuda.device_get_count, why, why_len) ||
+        gpu_symbol(lib, l, "cuDeviceGet", &cuda.device_get, sizeof cuda.device_get, why, why_len) ||
+        gpu_symbol(lib, l, "cuDevicePrimaryCtxRetain", &cuda.primary_retain, sizeof cuda.primary_retain, why, why_len) ||
+        gpu_symbol(lib, l, "cuCtxSetCurrent", &cuda.ctx_set_current, sizeof cuda.ctx_set_current, why, why_len) ||
+        gpu_symbol(lib, l, "cuMemAlloc_v2", &cuda.mem_alloc, sizeof cuda.mem_alloc, why, why_len) ||
+        gpu_symbol(lib, l, "cuMemFree_v2", &cuda.mem_free, sizeof cuda.mem_free, why, why_len) ||
+        gpu_symbol(lib, l, "cuMemcpyHtoD_v2", &cuda.copy_htod, sizeof cuda.copy_htod, why, why_len) ||
+        gpu_symbol(lib, l, "cuMemcpyDtoH_v2", &cuda.copy_dtoh, sizeof cuda.copy_dtoh, why, why_len) ||
+        gpu_symbol(lib, l, "cuGetErrorString", &cuda.error_string, sizeof cuda.error_string, why, why_len)) {
+        return -1;
+    }
+    int n = 0;
+    cu_result err = cuda.init(0);
+    if (err == 0) {
+        err = cuda.device_get_count(&n);
+    }
+    if (err != 0 || n <= 0) {
+        snprintf(why, why_len, "the CUDA driver sees no GPU (%d, %d devices)", err, n);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the chosen one */
+
+static void gpu_open(void) {
+    char hip_why[400], cuda_why[400];
+    if (hip_open(hip_why, sizeof hip_why) == 0) {
+        gpu.backend = &hip_backend;
+        return;
+    }
+    if (cuda_open(cuda_why, sizeof cuda_why) == 0) {
+        gpu.backend = &cuda_backend;
+        return;
+    }
+    snprintf(gpu.error, sizeof gpu.error, "%s; %s", hip_why, cuda_why);
+    /* A runtime that loaded stays loaded for the life of the process. */
+}
+
+int ex_gpu_load(const char *prog, int device) {
+    pthread_once(&gpu.once, gpu_open);
+    if (gpu.backend == NULL) {
+        fprintf(stderr, "%s: --device needs a GPU: %s\n", prog, gpu.error);
         return -1;
     }
     int count = 0;
-    int err = hip.get_device_count(&count);
-    if (err != 0 || count <= 0) {
-        fprintf(stderr, "%s: --device needs a GPU: hipGetDeviceCount: %s (%d), %d devices\n", prog,
-                err != 0 ? hip_error(err) : "no error", err, count);
-        return -1;
-    }
-    if (gpu >= count) {
-        fprintf(stderr, "%s: --gpu %d: this machine has %d GPUs\n", prog, gpu, count);
+    int err = gpu.backend->count(&count);
+    if (err != 0 || device >= count) {
+        fprintf(stderr, "%s: --gpu %d: this machine has %d %s GPUs\n", prog, device, count,
+                gpu.backend->name);
         return -1;
     }
     return 0;
 }
 
-int ex_hip_set_device(const char *prog, int gpu) {
-    if (gpu < 0) {
-        return 0;
-    }
-    int err = hip.set_device(gpu);
+const char *ex_gpu_runtime(void) {
+    return gpu.backend != NULL ? gpu.backend->name : "none";
+}
+
+int ex_gpu_set_device(const char *prog, int device) {
+    int err = gpu.backend->set_device(device);
     if (err != 0) {
-        fprintf(stderr, "%s: hipSetDevice(%d): %s (%d)\n", prog, gpu, hip_error(err), err);
+        fprintf(stderr, "%s: %s: setting device %d: %s (%d)\n", prog, gpu.backend->name, device,
+                gpu.backend->describe(err), err);
         return -1;
     }
     return 0;
 }
 
-void *ex_hip_malloc(const char *prog, size_t size) {
+void *ex_gpu_malloc(const char *prog, size_t size) {
     void *ptr = NULL;
-    int err = hip.malloc_(&ptr, size);
+    int err = gpu.backend->alloc(&ptr, size);
     if (err != 0 || ptr == NULL) {
-        fprintf(stderr, "%s: hipMalloc(%zu): %s (%d)\n", prog, size, hip_error(err), err);
+        fprintf(stderr, "%s: %s: allocating %zu bytes: %s (%d)\n", prog, gpu.backend->name, size,
+                gpu.backend->describe(err), err);
         return NULL;
     }
     return ptr;
 }
 
-void ex_hip_free(void *ptr) {
+void ex_gpu_free(void *ptr) {
     if (ptr != NULL) {
-        hip.free_(ptr);
+        gpu.backend->release(ptr);
     }
 }
 
-int ex_hip_memcpy(const char *prog, void *dst, const void *src, size_t size) {
-    int err = hip.memcpy_(dst, src, size, EX_HIP_MEMCPY_DEFAULT);
+int ex_gpu_copy(const char *prog, void *dst, const void *src, size_t size, int to_device) {
+    int err = gpu.backend->copy(dst, src, size, to_device);
     if (err != 0) {
-        fprintf(stderr, "%s: hipMemcpy(%zu bytes): %s (%d)\n", prog, size, hip_error(err), err);
+        fprintf(stderr, "%s: %s: copying %zu bytes: %s (%d)\n", prog, gpu.backend->name, size,
+                gpu.backend->describe(err), err);
         return -1;
     }
     return 0;
@@ -905,7 +1082,7 @@ int ex_land_body(struct ex_thread *t, const struct ex_response *rs, size_t expec
                 rs->body_len);
         return 1;
     }
-    if (t->opt->device && ex_hip_memcpy(t->opt->prog, t->buf, t->host, expected) != 0) {
+    if (t->opt->device && ex_gpu_copy(t->opt->prog, t->buf, t->host, expected, 1) != 0) {
         return 1;
     }
     return 0;
@@ -966,7 +1143,7 @@ int ex_check_rdma(struct ex_thread *t, const char *what, const struct ex_respons
 int ex_get_finish(struct ex_thread *t) {
     const struct ex_options *o = t->opt;
     if (o->device && (o->have_pattern || o->file != NULL) &&
-        ex_hip_memcpy(o->prog, t->host, t->buf, t->size) != 0) {
+        ex_gpu_copy(o->prog, t->host, t->buf, t->size, 0) != 0) {
         return 1;
     }
     if (o->file != NULL) {
@@ -1024,7 +1201,7 @@ static void *alloc_host(size_t size) {
 
 static int thread_setup(struct run *r, struct ex_thread *t) {
     const struct ex_options *o = r->opt;
-    if (o->device && ex_hip_set_device(o->prog, o->gpu) != 0) {
+    if (o->device && ex_gpu_set_device(o->prog, o->gpu) != 0) {
         return 1;
     }
     t->s3 = ex_s3_new(o, t->key);
@@ -1037,7 +1214,7 @@ static int thread_setup(struct run *r, struct ex_thread *t) {
         return 1;
     }
     if (o->device) {
-        t->buf = ex_hip_malloc(o->prog, t->size);
+        t->buf = ex_gpu_malloc(o->prog, t->size);
         if (t->buf == NULL) {
             return 1;
         }
@@ -1081,7 +1258,7 @@ static void thread_cleanup(struct ex_thread *t) {
     }
     if (!t->keep_registered) {
         if (t->opt->device) {
-            ex_hip_free(t->buf);
+            ex_gpu_free(t->buf);
         }
         free(t->host);
         t->buf = NULL;
@@ -1177,7 +1354,7 @@ int ex_run(const struct ex_options *o, const struct ex_program_ops *ops) {
         fprintf(stderr, "%s: curl_global_init failed\n", o->prog);
         return 1;
     }
-    if (o->device && ex_hip_load(o->prog, o->gpu) != 0) {
+    if (o->device && ex_gpu_load(o->prog, o->gpu) != 0) {
         curl_global_cleanup();
         return 1;
     }
@@ -1294,7 +1471,7 @@ out:
             struct ex_thread *t = &r.threads[i];
             if (t->keep_registered) {
                 if (o->device) {
-                    ex_hip_free(t->buf);
+                    ex_gpu_free(t->buf);
                 }
                 free(t->host);
             }

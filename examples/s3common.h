@@ -8,7 +8,8 @@
  *    cares about (x-amz-rdma-reply, x-amz-rdma-bytes-transferred, ETag) and
  *    its body;
  *  - the byte pattern (ex_pattern_*);
- *  - device memory through libamdhip64, opened with dlopen (ex_hip_*);
+ *  - device memory through HIP (libamdhip64) or the CUDA driver
+ *    (libcuda.so.1), opened with dlopen (ex_gpu_*);
  *  - the run: hipObjInit, one thread per --threads with its own registered
  *    buffer, the timed transfers, the summary line, cleanup (ex_run).
  *
@@ -114,22 +115,29 @@ double ex_now(void);
 /* --------------------------------------------------------------- device memory */
 
 /*
- * Loads libamdhip64 (dlopen) once and checks that GPU `gpu` (or the current
- * device for -1) exists. Returns 0, or -1 after printing why to stderr.
+ * Loads the GPU runtime once: HIP when it loads and sees a GPU, else the
+ * CUDA driver (as libhipobj chooses with HIPOBJ_GPU_RUNTIME=auto), and
+ * checks that GPU `gpu` (or the current device for -1) exists. Returns 0,
+ * or -1 after printing why (both runtimes' reasons) to stderr.
  */
-int ex_hip_load(const char *prog, int gpu);
+int ex_gpu_load(const char *prog, int gpu);
 
-/* Makes `gpu` the calling thread's current device (nothing for -1). */
-int ex_hip_set_device(const char *prog, int gpu);
+/* "HIP", "CUDA", or "none" before a successful ex_gpu_load. */
+const char *ex_gpu_runtime(void);
 
-/* hipMalloc; NULL after a message on stderr. */
-void *ex_hip_malloc(const char *prog, size_t size);
+/* Makes `gpu` the calling thread's device (HIP: nothing for -1; CUDA: the
+ * device's primary context, device 0 for -1). */
+int ex_gpu_set_device(const char *prog, int gpu);
 
-/* hipFree. */
-void ex_hip_free(void *ptr);
+/* Allocates device memory; NULL after a message on stderr. */
+void *ex_gpu_malloc(const char *prog, size_t size);
 
-/* hipMemcpy with hipMemcpyDefault; 0, or -1 after a message on stderr. */
-int ex_hip_memcpy(const char *prog, void *dst, const void *src, size_t size);
+/* Frees it. */
+void ex_gpu_free(void *ptr);
+
+/* Copies `size` bytes, host to device when `to_device`, else device to
+ * host; 0, or -1 after a message on stderr. */
+int ex_gpu_copy(const char *prog, void *dst, const void *src, size_t size, int to_device);
 
 /* ------------------------------------------------------------------ S3 over HTTP */
 

@@ -261,3 +261,87 @@ fn a_staging_copy_behind_real_gpu_work_is_abandoned_then_released() {
     assert!(s.world.server.object(LEN) == data);
     inst.deregister(mem.addr()).expect("deregistration");
 }
+
+/// The S3 side of the Rust API's tests: the world's server, at once.
+struct WorldSide<'a> {
+    world: &'a World,
+    op: Op,
+}
+
+impl hipobj::client::S3Side for WorldSide<'_> {
+    fn exchange(&mut self, token: &str) -> Result<String, String> {
+        let reply = self.world.server.handle(token.as_bytes(), self.op);
+        String::from_utf8(reply).map_err(|e| e.to_string())
+    }
+}
+
+#[test]
+fn the_rust_api_allocates_fills_and_transfers_real_gpu_memory() {
+    use hipobj::client::{Client, GpuSelect, Route};
+    use hipobj::core::buffers::BufKind;
+    for dmabuf in [true, false] {
+        let env = GpuEnv::cuda();
+        let real = Arc::new(RealGpu::new(env.gpu.clone()));
+        let world = World::with(WorldSpec {
+            server_bytes: 64 << 20,
+            ..WorldSpec::default()
+        });
+        world.use_real_gpu(real.clone());
+        let client = Client::builder()
+            .platform(world.platform())
+            .gpu(GpuSelect::Device(0))
+            .options(options(dmabuf))
+            .build()
+            .expect("a client on the real GPU");
+        // The runtime's own allocation (cuMemAlloc), registered.
+        let mut buf = client.device_buffer(LEN).expect("device memory");
+        let kind = buf.kind().expect("registered");
+        println!("rust api, dmabuf {dmabuf}: {kind:?}");
+        let route = if dmabuf {
+            assert_eq!(
+                kind,
+                BufKind::Device {
+                    device: 0,
+                    dmabuf: true
+                }
+            );
+            Route::Direct
+        } else {
+            assert_eq!(kind, BufKind::Staged { device: 0 });
+            Route::Staged
+        };
+        // write_at and read_at through pinned memory and the driver's copies.
+        let data = pattern(LEN - 4096, 17);
+        buf.write_at(4096, &data).expect("write_at");
+        let mut back = vec![0u8; data.len()];
+        buf.read_at(4096, &mut back).expect("read_at");
+        assert!(back == data, "write_at then read_at, dmabuf {dmabuf}");
+        // A PUT from GPU memory, then a GET into it.
+        let mut put = WorldSide {
+            world: &world,
+            op: Op::Put,
+        };
+        assert_eq!(client.put(&buf, 4096..LEN, &mut put).expect("PUT"), route);
+        assert!(
+            world.server.object(LEN - 4096) == data,
+            "the server has the bytes"
+        );
+        let object = pattern(LEN, 23);
+        world.server.set_object(&object);
+        let mut get = WorldSide {
+            world: &world,
+            op: Op::Get,
+        };
+        assert_eq!(client.get(&mut buf, 0..LEN, &mut get).expect("GET"), route);
+        let mut landed = vec![0u8; LEN];
+        buf.read_at(0, &mut landed).expect("read_at");
+        assert!(
+            landed == object,
+            "the GET landed in GPU memory, dmabuf {dmabuf}"
+        );
+        let stats = client.stats().library;
+        assert_eq!(stats.direct + stats.staged, 2);
+        drop(buf);
+        assert_eq!(client.registered_buffers(), 0);
+    }
+}

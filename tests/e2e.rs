@@ -971,3 +971,260 @@ fn a_ranged_get_across_the_4_gib_mark_of_a_larger_object() {
         "rdma",
     );
 }
+
+// ---------------------------------------------------------------- the command
+
+/// The `hipobj` command, built with this test binary.
+const HIPOBJ: &str = env!("CARGO_BIN_EXE_hipobj");
+
+/// A scratch directory for the command's files and its HOME.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("hipobj-e2e-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    dir
+}
+
+/// Runs `hipobj ARGS` against `server`, keys from the environment.
+fn hipobj(server: &S3Server, home: &Path, args: &[&str]) -> Output {
+    let out = Command::new(HIPOBJ)
+        .args(args)
+        .env("HOME", home)
+        .env("AWS_ACCESS_KEY_ID", s3::ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", s3::SECRET_KEY)
+        .env("AWS_ENDPOINT_URL", &server.endpoint)
+        .env_remove("AWS_PROFILE")
+        .env_remove("HIPOBJ_MAX_TRANSFERS")
+        .output()
+        .expect("hipobj runs");
+    eprintln!(
+        "$ hipobj {}\n{}(exit {:?})",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr),
+        out.status.code()
+    );
+    out
+}
+
+fn text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The `counters:` line's `name=value` pairs.
+fn counter(out: &Output, name: &str) -> u64 {
+    let stderr = text(out);
+    let line = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("hipobj: counters: "))
+        .unwrap_or_else(|| panic!("no counters line: {stderr}"));
+    line.split_whitespace()
+        .find_map(|pair| pair.strip_prefix(&format!("{name}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {line}"))
+}
+
+#[test]
+fn the_command_moves_objects_by_rdma_byte_exact_and_says_so() {
+    let server = rdma_server(&[]);
+    let home = scratch("rdma");
+    let data = pattern(20 * MIB + 5, 29);
+    let input = home.join("in.bin");
+    std::fs::write(&input, &data).unwrap();
+    let input = input.display().to_string();
+
+    // doctor on rxe0: RDMA works, no GPU.
+    let out = Command::new(HIPOBJ)
+        .args(["doctor", "--nic", DEVICE])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("{report}");
+    assert_eq!(out.status.code(), Some(2), "host memory only: {report}");
+    assert!(report.contains("host memory: host memory only"), "{report}");
+    assert!(report.contains("ok   rxe0"), "{report}");
+    assert!(report.contains("ok   RDMA CM listener"), "{report}");
+    assert!(report.contains("<- chosen"), "{report}");
+    let out = Command::new(HIPOBJ)
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor --json");
+    assert_eq!(json["verdicts"][0]["verdict"], "host-only");
+    assert_eq!(json["verdicts"][0]["nic"], DEVICE);
+    assert_eq!(json["rdma"]["devices"][0]["memory_windows"]["ok"], true);
+
+    // A multipart PUT by RDMA, three parts on three streams.
+    let args = [
+        "put",
+        &input,
+        "s3://bucket/cmd/obj",
+        "--nic",
+        DEVICE,
+        "--chunk",
+        "8MiB",
+        "--streams",
+        "3",
+    ];
+    let out = hipobj(&server, &home, &args);
+    assert!(out.status.success());
+    assert!(
+        text(&out).contains("multipart in 3 parts; by RDMA 3 of 3 transfers (direct 3"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!((counter(&out, "direct"), counter(&out, "fallback")), (3, 0));
+    let stored = std::fs::read(server.root().join(s3::BUCKET).join("cmd/obj")).unwrap();
+    assert!(stored == data, "the PUT's bytes");
+
+    // GETs by RDMA: in chunks to a file, a range to standard output.
+    let output = home.join("out.bin").display().to_string();
+    let out = hipobj(
+        &server,
+        &home,
+        &["get", "s3://bucket/cmd/obj", &output, "--chunk", "4MiB"],
+    );
+    assert!(out.status.success());
+    assert!(
+        text(&out).contains("by RDMA 6 of 6 transfers"),
+        "{}",
+        text(&out)
+    );
+    assert!(std::fs::read(&output).unwrap() == data, "the GET's file");
+    let out = hipobj(
+        &server,
+        &home,
+        &[
+            "get",
+            "s3://bucket/cmd/obj",
+            "-",
+            "--range",
+            "12345-1012344",
+            "--json",
+        ],
+    );
+    assert!(out.status.success());
+    assert!(out.stdout == data[12_345..1_012_345], "the range");
+    let summary: serde_json::Value =
+        serde_json::from_str(text(&out).lines().last().unwrap()).unwrap();
+    assert_eq!(
+        (
+            summary["rdma_direct"].as_u64(),
+            summary["fallback"].as_u64()
+        ),
+        (Some(1), Some(0))
+    );
+    assert_eq!(summary["counters"]["direct_bytes"], 1_000_000);
+
+    // cp, both ways.
+    let copy = home.join("copy.bin").display().to_string();
+    assert!(
+        hipobj(&server, &home, &["cp", "s3://bucket/cmd/obj", &copy])
+            .status
+            .success()
+    );
+    assert!(std::fs::read(&copy).unwrap() == data);
+    let out = hipobj(
+        &server,
+        &home,
+        &["cp", &copy, "s3://bucket/cmd/copy", "--chunk", "32MiB"],
+    );
+    assert!(text(&out).contains("by RDMA 1 of 1"), "{}", text(&out));
+    let stored = std::fs::read(server.root().join(s3::BUCKET).join("cmd/copy")).unwrap();
+    assert!(stored == data);
+
+    // bench, with a reference run.
+    let bench = [
+        "bench",
+        "s3://bucket/bench",
+        "--sizes",
+        "64KiB,1MiB",
+        "--streams-list",
+        "1,4",
+        "--count",
+        "4",
+        "--json",
+    ];
+    let out = hipobj(&server, &home, &bench);
+    assert!(out.status.success());
+    let run: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench --json");
+    let cells = run["cells"].as_array().expect("cells");
+    assert_eq!(cells.len(), 8, "2 ops x 2 sizes x 2 stream counts");
+    for cell in cells {
+        assert_eq!(cell["fallback"], 0, "{cell}");
+        assert_eq!(cell["rdma"], cell["transfers"], "{cell}");
+        assert!(cell["mib_per_s"].as_f64().unwrap() > 0.0, "{cell}");
+    }
+    let reference = home.join("reference.json");
+    std::fs::write(&reference, &out.stdout).unwrap();
+    let reference = reference.display().to_string();
+    let out = hipobj(
+        &server,
+        &home,
+        &[
+            "bench",
+            "s3://bucket/bench",
+            "--sizes",
+            "1MiB",
+            "--streams-list",
+            "4",
+            "--count",
+            "4",
+            "--reference",
+            &reference,
+        ],
+    );
+    assert!(out.status.success());
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("{table}");
+    assert!(
+        table.contains("ratio")
+            && table
+                .lines()
+                .filter(|l| l.starts_with("get ") || l.starts_with("put "))
+                .all(|l| !l.ends_with(" -")),
+        "{table}"
+    );
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+#[test]
+fn the_command_shows_the_fallback_against_a_server_without_rdma() {
+    let server = S3Server::start(server_binary(), IP, &["--no-rdma"]);
+    assert!(!server.rdma);
+    let home = scratch("fallback");
+    let data = pattern(3 * MIB, 31);
+    let input = home.join("in.bin");
+    std::fs::write(&input, &data).unwrap();
+    let input = input.display().to_string();
+    let out = hipobj(&server, &home, &["put", &input, "s3://bucket/plain"]);
+    assert!(out.status.success());
+    assert!(
+        text(&out).contains(
+            "over plain HTTP 1 of 1 transfers: the server declined RDMA (x-amz-rdma-reply 501)"
+        ),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        (counter(&out, "declined"), counter(&out, "fallback")),
+        (1, 1)
+    );
+    let output = home.join("out.bin").display().to_string();
+    let out = hipobj(&server, &home, &["get", "s3://bucket/plain", &output]);
+    assert!(out.status.success());
+    assert!(std::fs::read(&output).unwrap() == data);
+    assert_eq!(counter(&out, "fallback_bytes"), 3 * MIB as u64);
+    let out = hipobj(
+        &server,
+        &home,
+        &["put", &input, "s3://bucket/strict", "--no-fallback"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).contains("the fallback to plain HTTP is off"),
+        "{}",
+        text(&out)
+    );
+    assert!(!server.root().join(s3::BUCKET).join("strict").exists());
+    let _ = std::fs::remove_dir_all(&home);
+}

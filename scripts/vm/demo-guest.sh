@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The demo, inside the VM (scripts/demo.sh boots it): starts the RDMA S3
-# server on rxe0, then the C examples PUT and GET objects through
-# libhipobj.so; last, a server that declines RDMA shows the HTTP fallback.
-# Each example prints its bytes, its time and what carried them.
+# server on rxe0; the hipobj command diagnoses the host, then PUTs and GETs
+# an object (checked byte for byte); the C examples PUT and GET objects
+# through libhipobj.so; last, a server that declines RDMA shows the HTTP
+# fallback. Each transfer prints its bytes, its time and what carried them.
 #
-# Usage: demo-guest.sh SERVER_BINARY EXAMPLES_DIR
+# Usage: demo-guest.sh SERVER_BINARY EXAMPLES_DIR HIPOBJ_BINARY
 set -euo pipefail
 server_bin="$1"
 examples="$2"
+hipobj="$3"
 work=$(mktemp -d)
 export AWS_ACCESS_KEY_ID=demo AWS_SECRET_ACCESS_KEY=demo-secret-key
 pid=""
@@ -43,6 +45,22 @@ run() {
 size=$((32 << 20))
 echo "== the RDMA S3 server on rxe0"
 start_server --device rxe0
+export AWS_ENDPOINT_URL="$endpoint"
+
+echo "== the hipobj command"
+echo "\$ hipobj doctor"
+# Exit status 2: host memory only (this VM has RDMA and no GPU).
+"$hipobj" doctor || [[ $? -eq 2 ]]
+head -c $((48 << 20)) /dev/urandom >"$work/data"
+echo "\$ hipobj put data s3://demo/command/data --chunk 16MiB"
+"$hipobj" put "$work/data" s3://demo/command/data --chunk 16MiB --no-progress
+echo "\$ hipobj get s3://demo/command/data back"
+"$hipobj" get s3://demo/command/data "$work/back" --chunk 16MiB --no-progress
+cmp "$work/data" "$work/back" && echo "   byte-exact"
+echo "\$ hipobj bench s3://demo/bench --sizes 1MiB,16MiB --streams-list 1,4 --count 4"
+"$hipobj" bench s3://demo/bench --sizes 1MiB,16MiB --streams-list 1,4 --count 4
+
+echo "== the C examples"
 run "$examples/put-object" --nic rxe0 --size "$size" --pattern 7 demo big-object
 run "$examples/get-object" --nic rxe0 --size "$size" --pattern 7 demo big-object
 run "$examples/get-object" --nic rxe0 --offset 1000003 --size 4194301 --pattern 7 demo big-object
@@ -55,8 +73,11 @@ run "$examples/get-object" --nic rxe0 --threads 16 --iterations 2 --size $((1 <<
 unset HIPOBJ_MAX_TRANSFERS
 stop_server
 
-echo "== a server that declines RDMA: the examples fall back to plain HTTP"
+echo "== a server that declines RDMA: the command and the examples fall back to plain HTTP"
 start_server --no-rdma
+export AWS_ENDPOINT_URL="$endpoint"
+echo "\$ hipobj put data s3://demo/command/plain"
+"$hipobj" put "$work/data" s3://demo/command/plain --no-progress
 run "$examples/put-object" --nic rxe0 --size $((16 << 20)) --pattern 9 demo plain
 run "$examples/get-object" --nic rxe0 --size $((16 << 20)) --pattern 9 demo plain
 stop_server

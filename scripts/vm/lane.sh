@@ -12,7 +12,7 @@ cd "$root"
 bash scripts/vm/setup.sh
 bash scripts/build-examples.sh
 mapfile -t binaries < <(
-    cargo test --locked --features vm-lane,s3-server --test rxe --test e2e --no-run \
+    cargo test --locked --features vm-lane,s3-server,cli --test rxe --test e2e --no-run \
         --message-format=json |
         python3 -c 'import json,sys
 for line in sys.stdin:
@@ -22,7 +22,7 @@ for line in sys.stdin:
 )
 if ((${#binaries[@]} != 2)); then
     # Show the compiler's messages, which the JSON stream above swallowed.
-    cargo test --locked --features vm-lane,s3-server --test rxe --test e2e --no-run || true
+    cargo test --locked --features vm-lane,s3-server,cli --test rxe --test e2e --no-run || true
     echo "vm/lane: expected the rxe and e2e test binaries, built: ${binaries[*]}" >&2
     exit 1
 fi

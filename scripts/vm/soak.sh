@@ -24,7 +24,7 @@ done
 bash scripts/vm/setup.sh
 bash scripts/build-examples.sh >/dev/null
 # The server as the lane's tests build it (same features: nothing rebuilt).
-cargo build --locked --features vm-lane,s3-server --bin hipobj-s3-server
+cargo build --locked --features vm-lane,s3-server,cli --bin hipobj-s3-server
 server="$root/target/debug/hipobj-s3-server"
 soak="$root/target/examples/soak"
 out="$root/target/vm/out/soak"
