@@ -462,7 +462,15 @@ fn nic_report(verbs: Option<&Arc<dyn Verbs>>, name: &str, info: Option<&NicInfo>
                     PortReport {
                         num: p.num,
                         active: p.state == PortState::Active,
-                        mtu: p.active_mtu.map(mtu_bytes),
+                        // The device's own answer (ibv_query_port), as the
+                        // library's connections get it; sysfs's where the
+                        // device did not open (rxe has no active_mtu file).
+                        mtu: match &ctx {
+                            Some(Ok(ctx)) => ctx.query_port(p.num).ok().map(|a| a.active_mtu),
+                            _ => None,
+                        }
+                        .or(p.active_mtu)
+                        .map(mtu_bytes),
                         link_layer: match p.link_layer {
                             LinkLayer::Ethernet => "Ethernet",
                             LinkLayer::InfiniBand => "InfiniBand",

@@ -25,6 +25,8 @@ struct Nic {
     ip: Ipv4Addr,
     gid_index: u16,
     dmabuf: bool,
+    /// The port's MTU, as the fixture's sysfs says it.
+    mtu: Mtu,
 }
 
 /// Fakes for the devices, the GPUs and the CM; the fixture for the rest.
@@ -61,7 +63,7 @@ fn platform(case: &str, nics: &[Nic], gpus: &[&str]) -> Arc<dyn Platform> {
         let spec = DeviceSpec {
             ipv4_gid_index: nic.gid_index,
             supports_dmabuf: nic.dmabuf,
-            port_mtu: Mtu::Mtu4096,
+            port_mtu: nic.mtu,
             ..DeviceSpec::new(nic.name, nic.ip)
         };
         fabric.add_device(spec).unwrap();
@@ -117,12 +119,14 @@ fn switch(dmabuf: bool) -> Arc<dyn Platform> {
                 ip: Ipv4Addr::new(10, 1, 0, 11),
                 gid_index: 3,
                 dmabuf,
+                mtu: Mtu::Mtu4096,
             },
             Nic {
                 name: "bnxt_re0",
                 ip: Ipv4Addr::new(10, 2, 0, 11),
                 gid_index: 3,
                 dmabuf,
+                mtu: Mtu::Mtu4096,
             },
         ],
         &["0000:03:00.0"],
@@ -200,12 +204,14 @@ fn two_sockets() -> Arc<dyn Platform> {
                 ip: Ipv4Addr::new(192, 168, 10, 1),
                 gid_index: 3,
                 dmabuf: true,
+                mtu: Mtu::Mtu4096,
             },
             Nic {
                 name: "bnxt_re1",
                 ip: Ipv4Addr::new(192, 168, 11, 1),
                 gid_index: 5,
                 dmabuf: true,
+                mtu: Mtu::Mtu4096,
             },
         ],
         &["0000:01:00.0", "0000:81:00.0"],
@@ -258,6 +264,7 @@ fn soft_roce_without_a_gpu_is_host_memory_only() {
                 ip: Ipv4Addr::new(192, 0, 2, 1),
                 gid_index: 1,
                 dmabuf: false,
+                mtu: Mtu::Mtu1024,
             }],
             &[],
         ),
