@@ -3,7 +3,7 @@
 //! Each export is one call to `boundary::enter`; the files follow the
 //! header's sections. Raw pointers are turned into Rust values here, and
 //! nothing below this module calls an export. Fake-platform builds add the
-//! controls of `hipobj_fake.h` ([`fake`]), which are not part of the ABI.
+//! controls of `hipobj_fake.h` (`fake.rs`), which are not part of the ABI.
 
 #![allow(non_snake_case)]
 
