@@ -98,6 +98,24 @@ unsigned long hipobjFakeRequests(void);
  *  after hipObjShutdown to find leaks. -1 for NULL. */
 long hipobjFakeLiveObjects(const char *kind);
 
+/** len zeroed bytes of the fake GPU's memory (device 0): what
+ *  hipObjBufRegister treats as GPU memory, which the host reaches only
+ *  through hipobjFakeDeviceWrite and hipobjFakeDeviceRead (as a GPU
+ *  runtime's copies). NULL for 0 bytes. Free with hipobjFakeDeviceFree. */
+void *hipobjFakeDeviceAlloc(size_t len);
+
+/** Frees memory from hipobjFakeDeviceAlloc. Returns 0, or -1 for another
+ *  address. */
+int hipobjFakeDeviceFree(void *ptr);
+
+/** Copies len bytes of host memory src to fake GPU memory dst. Returns 0,
+ *  or -1 for NULL or a range outside one fake allocation. */
+int hipobjFakeDeviceWrite(void *dst, const void *src, size_t len);
+
+/** Copies len bytes of fake GPU memory src to host memory dst. Returns 0,
+ *  or -1 for NULL or a range outside one fake allocation. */
+int hipobjFakeDeviceRead(void *dst, const void *src, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -191,3 +191,71 @@ pub unsafe extern "C" fn hipobjFakeLiveObjects(kind: *const c_char) -> c_long {
     let kind = unsafe { CStr::from_ptr(kind) };
     kind.to_str().map_or(-1, c_world::live)
 }
+
+/// `len` zeroed bytes of the fake GPU's memory (device 0): what
+/// `hipObjBufRegister` treats as GPU memory. NULL for 0 bytes or when the
+/// fake refuses. Free with `hipobjFakeDeviceFree`.
+#[no_mangle]
+pub extern "C" fn hipobjFakeDeviceAlloc(len: usize) -> *mut c_void {
+    c_world::device_alloc(len).map_or(std::ptr::null_mut(), std::ptr::with_exposed_provenance_mut)
+}
+
+/// Frees memory from `hipobjFakeDeviceAlloc`. Returns 0, or -1 for another
+/// address.
+#[no_mangle]
+pub extern "C" fn hipobjFakeDeviceFree(ptr: *mut c_void) -> c_int {
+    if c_world::device_free(ptr.expose_provenance()) {
+        0
+    } else {
+        -1
+    }
+}
+
+/// Copies `len` bytes from host memory `src` to fake GPU memory `dst` (as a
+/// GPU runtime's host-to-device copy). Returns 0, or -1 for NULL or a range
+/// outside one fake allocation.
+///
+/// # Safety
+///
+/// `src` is NULL or has `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn hipobjFakeDeviceWrite(
+    dst: *mut c_void,
+    src: *const c_void,
+    len: usize,
+) -> c_int {
+    if dst.is_null() || src.is_null() {
+        return -1;
+    }
+    // SAFETY: `len` readable bytes at `src`, per the contract.
+    let data = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), len) };
+    if c_world::device_write(dst.expose_provenance(), data) {
+        0
+    } else {
+        -1
+    }
+}
+
+/// Copies `len` bytes from fake GPU memory `src` to host memory `dst`.
+/// Returns 0, or -1 for NULL or a range outside one fake allocation.
+///
+/// # Safety
+///
+/// `dst` is NULL or has `len` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn hipobjFakeDeviceRead(
+    dst: *mut c_void,
+    src: *const c_void,
+    len: usize,
+) -> c_int {
+    if dst.is_null() || src.is_null() {
+        return -1;
+    }
+    let Some(bytes) = c_world::device_read(src.expose_provenance(), len) else {
+        return -1;
+    };
+    // SAFETY: `len` writable bytes at `dst`, per the contract; `bytes` has
+    // `len` of them.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.cast::<u8>(), len) };
+    0
+}

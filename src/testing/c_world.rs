@@ -12,9 +12,13 @@
 //! server at once.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
+use parking_lot::Mutex;
+
+use super::gpu::DeviceAlloc;
 use super::world::{Behaviour, World, WorldSpec};
 use crate::platform::Platform;
 use crate::server::Op;
@@ -179,4 +183,39 @@ pub fn live(kind: &str) -> i64 {
     let world = world();
     world.server.side().forget_disconnected();
     world.platform.counters.live(kind)
+}
+
+/// Fake GPU memory handed out by [`device_alloc`], by address.
+fn device_allocs() -> &'static Mutex<HashMap<usize, DeviceAlloc>> {
+    static ALLOCS: OnceLock<Mutex<HashMap<usize, DeviceAlloc>>> = OnceLock::new();
+    ALLOCS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// `len` bytes of the fake GPU's memory (device 0, zeroed): an address
+/// `hipObjBufRegister` classifies as device memory, which the host cannot
+/// touch but through [`device_write`] and [`device_read`]; `None` for 0
+/// bytes or when the fake refuses.
+pub fn device_alloc(len: usize) -> Option<usize> {
+    if len == 0 {
+        return None;
+    }
+    let alloc = world().platform.gpu.alloc_device(0, len).ok()?;
+    let addr = alloc.addr();
+    device_allocs().lock().insert(addr, alloc);
+    Some(addr)
+}
+
+/// Frees memory from [`device_alloc`]; `false` for another address.
+pub fn device_free(addr: usize) -> bool {
+    device_allocs().lock().remove(&addr).is_some()
+}
+
+/// Writes `data` at `addr`, inside one fake GPU allocation.
+pub fn device_write(addr: usize, data: &[u8]) -> bool {
+    world().platform.gpu.write(addr, data).is_ok()
+}
+
+/// The `len` bytes at `addr`, inside one fake GPU allocation.
+pub fn device_read(addr: usize, len: usize) -> Option<Vec<u8>> {
+    world().platform.gpu.read(addr, len).ok()
 }

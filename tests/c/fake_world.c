@@ -107,6 +107,26 @@ int main(void) {
     CHECK(memcmp(buf, object, SIZE) == 0);
     CHECK_ERR(hipObjPutRdmaToken(token), hipObjSuccess, 0);
 
+    /* Fake GPU memory: registered as GPU memory, filled by a GET, read
+     * back through the fake runtime's copy. */
+    unsigned char *dev = hipobjFakeDeviceAlloc(SIZE);
+    CHECK(dev != NULL);
+    CHECK(hipobjFakeDeviceAlloc(0) == NULL);
+    CHECK_ERR(hipObjBufRegister(dev, SIZE), hipObjSuccess, 0);
+    CHECK(hipobjFakeSetObject(object, SIZE) == 0);
+    CHECK_ERR(hipObjGet(NULL, dev, SIZE, 0, &ops, &get), hipObjSuccess, 0);
+    memset(seen, 0, SIZE);
+    CHECK(hipobjFakeDeviceRead(seen, dev, SIZE) == 0);
+    CHECK(memcmp(seen, object, SIZE) == 0);
+    CHECK(hipobjFakeDeviceWrite(dev, buf, SIZE) == 0);
+    CHECK_ERR(hipObjPut(NULL, dev, SIZE, 0, &ops, &put), hipObjSuccess, 0);
+    CHECK(hipobjFakeGetObject(seen, SIZE) == 0);
+    CHECK(memcmp(seen, buf, SIZE) == 0);
+    CHECK(hipobjFakeDeviceRead(seen, dev, SIZE + 1) == -1);
+    CHECK_ERR(hipObjBufDeregister(dev), hipObjSuccess, 0);
+    CHECK(hipobjFakeDeviceFree(dev) == 0);
+    CHECK(hipobjFakeDeviceFree(dev) == -1);
+
     CHECK_ERR(hipObjBufDeregister(buf), hipObjSuccess, 0);
     CHECK_ERR(hipObjBufDeregister(buf), hipObjBufNotRegistered, 0);
     CHECK_ERR(hipObjShutdown(), hipObjSuccess, 0);
