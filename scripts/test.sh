@@ -23,6 +23,9 @@ HIPOBJ_TEST_SANITIZE=address,undefined cargo test --locked --test c_api
 echo "== tests (with the S3 server: its own tests and the examples' HTTP paths)"
 cargo test --locked --features s3-server,cli
 
+echo "== the Python package: installed with pip into target/pyvenv, its unit tests on the fake library"
+bash scripts/python-test.sh
+
 echo "== the fake library for applications' tests: installed, and examples/ctest-fake's ctest against it"
 bash scripts/fake-example.sh
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The Soft-RoCE lane: builds the tests that need real RDMA on the host
 # (tests/rxe.rs: verbs, CM and the library on rxe0; tests/e2e.rs: the S3
-# server and the C examples end to end), builds the examples against the
-# installed library, boots the VM and runs every test binary there against
-# the kernel's rdma_rxe at path MTU 4096, then tests/rxe.rs again at 1024,
-# then the fault soak's short form (scripts/vm/soak.sh).
+# server, the command and the C examples end to end), builds the examples
+# against the installed library, boots the VM and runs every test binary
+# there against the kernel's rdma_rxe at path MTU 4096, and the Python
+# package's lane tests, then tests/rxe.rs again at 1024, then the fault
+# soak's short form (scripts/vm/soak.sh).
 # Fails if any test fails or the VM cannot start.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -31,7 +32,13 @@ fi
 # A test binary that outlives 30 minutes (a process stuck in the kernel's
 # rxe teardown, say) is killed and fails the lane, with the kernel's rxe
 # messages shown.
-each='status=0; for test in "$@"; do echo "== $test"; timeout -k 10 1800 "$test" --test-threads=1 || { status=1; dmesg | grep -i rxe | tail -20; }; done; exit $status'
+# After them, the Python package's lane tests (python/tests/test_lane.py,
+# with the venv scripts/python-test.sh made) on the release library the
+# examples were built against and the lane's S3 server.
+target="${CARGO_TARGET_DIR:-target}"
+case "$target" in /*) ;; *) target="$root/$target" ;; esac
+python="bash scripts/vm/python-guest.sh $(printf %q "$target/demo-prefix/lib/libhipobj.so.0") $(printf %q "$target/debug/hipobj-s3-server")"
+each='status=0; for test in "$@"; do echo "== $test"; timeout -k 10 1800 "$test" --test-threads=1 || { status=1; dmesg | grep -i rxe | tail -20; }; done; echo "== python/tests/test_lane.py"; timeout -k 10 900 '"$python"' || status=1; exit $status'
 # One boot at a RoCE fabric's path MTU (4096, a 9000-byte netdev) runs them
 # all; a second at 1024 (a 1500-byte netdev) runs tests/rxe.rs again, so
 # that both paths stay tested. The lane fails if any test fails.

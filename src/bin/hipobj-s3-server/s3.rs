@@ -58,6 +58,22 @@ const REPLY: HeaderName = HeaderName::from_static("x-amz-rdma-reply");
 /// Bytes the transfer moved.
 const BYTES: HeaderName = HeaderName::from_static("x-amz-rdma-bytes-transferred");
 
+/// Drops a token request's checksums: they describe its empty HTTP body,
+/// not the bytes RDMA moved (docs/protocol.md), which the backend would
+/// otherwise check them against. PutObject and UploadPart inputs have the
+/// same fields by other types.
+macro_rules! clear_checksums {
+    ($input:expr) => {
+        $input.content_md5 = None;
+        $input.checksum_algorithm = None;
+        $input.checksum_crc32 = None;
+        $input.checksum_crc32c = None;
+        $input.checksum_crc64nvme = None;
+        $input.checksum_sha1 = None;
+        $input.checksum_sha256 = None;
+    };
+}
+
 /// s3s-fs, with the RDMA paths.
 pub struct RdmaS3 {
     fs: FileSystem,
@@ -529,6 +545,7 @@ macro_rules! rdma_s3 {
                 let len = data.len();
                 req.input.content_length = i64::try_from(len).ok();
                 req.input.body = Some(StreamingBlob::from(s3s::Body::from(data)));
+                clear_checksums!(req.input);
                 let mut resp = self.fs.put_object(req).await.map_err(echo_status)?;
                 resp.headers.insert(REPLY, HeaderValue::from(200u16));
                 resp.headers.insert(BYTES, HeaderValue::from(len));
@@ -555,6 +572,7 @@ macro_rules! rdma_s3 {
                 let len = data.len();
                 req.input.content_length = i64::try_from(len).ok();
                 req.input.body = Some(StreamingBlob::from(s3s::Body::from(data)));
+                clear_checksums!(req.input);
                 let mut resp = self.fs.upload_part(req).await.map_err(echo_status)?;
                 resp.headers.insert(REPLY, HeaderValue::from(200u16));
                 resp.headers.insert(BYTES, HeaderValue::from(len));

@@ -1,0 +1,44 @@
+"""hipobj: S3 objects moved by RDMA between an S3 server and host or GPU
+memory, through libhipobj and your own boto3 client.
+
+    import boto3, numpy, hipobj
+
+    s3 = boto3.client("s3", endpoint_url="http://s3.example:9000")
+    with hipobj.Session(nic="mlx5_0") as session:
+        array = numpy.empty(64 << 20, dtype=numpy.uint8)
+        t = session.get_object(s3, Bucket="b", Key="k", into=array)
+        print(t.path, t.bytes)          # "rdma", or "fallback" and why
+
+The token travels in the ``x-amz-rdma-token`` header, added through
+botocore's own ``before-sign`` event so that SigV4 signs it; the server's
+``x-amz-rdma-reply`` comes back in the answer. A server that declines RDMA
+(501) makes the transfer fall back to a plain GET or PUT, unless
+``strict=True``. Buffers: anything with the buffer protocol (bytearray,
+NumPy), ``__cuda_array_interface__`` (CuPy, PyTorch CUDA and ROCm tensors)
+or DLPack, contiguous; registered on first use and kept registered until
+``release`` or ``close``.
+"""
+
+from ._buffers import BufferError_ as BufferError
+from ._buffers import View
+from ._gpu import set_copier
+from ._lib import library
+from ._session import HipObjError, Session, Stats, Transfer, TransferError
+
+__all__ = [
+    "BufferError",
+    "HipObjError",
+    "Session",
+    "Stats",
+    "Transfer",
+    "TransferError",
+    "View",
+    "library",
+    "set_copier",
+    "version",
+]
+
+
+def version() -> str:
+    """libhipobj's version string."""
+    return library().hipObjGetVersionString().decode()

@@ -1,0 +1,493 @@
+"""The library's one instance in this process, its registrations, and
+transfers through a boto3 client."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from . import _buffers, _gpu, _lib
+
+TOKEN_HEADER = "x-amz-rdma-token"
+REPLY_HEADER = "x-amz-rdma-reply"
+BYTES_HEADER = "x-amz-rdma-bytes-transferred"
+
+#: The smallest part of a multipart upload but the last (S3's rule).
+MIN_PART = 5 << 20
+
+
+class HipObjError(RuntimeError):
+    """A libhipobj call failed: ``code`` is its ``hipObjOpError_t`` name."""
+
+    def __init__(self, call: str, code: int, hip_error: int = 0, detail: str = "") -> None:
+        self.call = call
+        self.code = _lib.error_name(code)
+        self.hip_error = hip_error
+        text = f"{call}: {self.code}"
+        if hip_error:
+            text += f" (hipError {hip_error})"
+        if detail:
+            text += f": {detail}"
+        super().__init__(text)
+
+
+class TransferError(RuntimeError):
+    """A transfer that did not complete: by RDMA, and (where allowed) not
+    over plain HTTP either. ``reply`` is the server's ``x-amz-rdma-reply``,
+    ``cause`` what the S3 client raised, if anything."""
+
+    def __init__(self, message: str, reply: Optional[str] = None, cause: Optional[BaseException] = None):
+        super().__init__(message)
+        self.reply = reply
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """What a transfer did."""
+
+    #: ``"rdma"`` or ``"fallback"`` (plain HTTP).
+    path: str
+    #: Bytes moved.
+    bytes: int
+    #: Why the fallback was taken, if it was.
+    reason: Optional[str] = None
+    #: Parts of a multipart upload (0 otherwise).
+    parts: int = 0
+
+
+@dataclass
+class Stats:
+    """What moved the bytes in this session."""
+
+    rdma: int = 0
+    rdma_bytes: int = 0
+    fallback: int = 0
+    fallback_bytes: int = 0
+    failed: int = 0
+
+    def count(self, t: Transfer) -> None:
+        if t.path == "rdma":
+            self.rdma += 1
+            self.rdma_bytes += t.bytes
+        else:
+            self.fallback += 1
+            self.fallback_bytes += t.bytes
+
+
+# ---------------------------------------------------------------- boto3
+
+_current = threading.local()
+
+
+def _add_token(request: Any, **_: Any) -> None:
+    """botocore's ``before-sign``: the token of this thread's transfer, if
+    one is under way, goes into the request, where SigV4 signs it. The
+    checksums botocore computed of a PUT's empty body go: they describe no
+    byte of the object, which RDMA moves."""
+    token = getattr(_current, "token", None)
+    if token is None:
+        return
+    request.headers[TOKEN_HEADER] = token
+    if request.method == "PUT":
+        for name in list(request.headers.keys()):
+            lower = name.lower()
+            if lower == "content-md5" or lower.startswith("x-amz-checksum-") or lower == "x-amz-sdk-checksum-algorithm":
+                del request.headers[name]
+
+
+def _hook(client: Any) -> None:
+    """Installs `_add_token` on `client` (once: botocore keeps one handler
+    per unique id)."""
+    client.meta.events.register("before-sign.s3", _add_token, unique_id="hipobj-rdma-token")
+
+
+def _headers(response: Dict[str, Any]) -> Dict[str, str]:
+    return response.get("ResponseMetadata", {}).get("HTTPHeaders", {}) or {}
+
+
+def _status(response: Dict[str, Any]) -> int:
+    return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+class _Exchange:
+    """One S3 call carrying a token, as the library's two callbacks: the
+    call is made in ``sendRequest``, its ``x-amz-rdma-reply`` handed back in
+    ``recvReply``. A 2xx answer without that header is a server without
+    RDMA, read as a decline (501)."""
+
+    def __init__(self, call: Callable[[], Dict[str, Any]]):
+        self.call = call
+        self.response: Optional[Dict[str, Any]] = None
+        self.error: Optional[BaseException] = None
+        self.reply: Optional[str] = None
+        self.ops = _lib.OpsT(_lib.SEND_REQUEST(self._send), _lib.RECV_REPLY(self._recv))
+
+    def _send(self, _ctx: Any, token: int, length: int) -> int:
+        try:
+            _current.token = ctypes.string_at(token, length).decode("ascii")
+            try:
+                self.response = self.call()
+            finally:
+                _current.token = None
+            reply = _headers(self.response).get(REPLY_HEADER)
+            self.reply = reply.strip() if reply is not None else str(_lib.REPLY_NOT_IMPLEMENTED)
+            return 0
+        except BaseException as e:  # noqa: BLE001 - nothing may cross into C
+            self.error = e
+            response = getattr(e, "response", None)
+            if isinstance(response, dict):
+                reply = _headers(response).get(REPLY_HEADER)
+                if reply is not None:
+                    # The server answered, with a failure status: the reply.
+                    self.reply = reply.strip()
+                    return 0
+            return 1
+
+    def _recv(self, _ctx: Any, reply: int, length_ptr: Any) -> int:
+        if self.reply is None:
+            return 1
+        raw = self.reply.encode("ascii", "replace")
+        if len(raw) > length_ptr[0]:
+            return 1
+        ctypes.memmove(reply, raw, len(raw))
+        length_ptr[0] = len(raw)
+        return 0
+
+    def declined(self) -> bool:
+        return self.reply is not None and _lib.parse_reply(self.reply) == _lib.REPLY_NOT_IMPLEMENTED
+
+
+def _range_length(range_header: str) -> Tuple[int, int]:
+    """``bytes=FIRST-LAST`` as (first, length)."""
+    spec = range_header.strip()
+    if not spec.startswith("bytes="):
+        raise ValueError(f"Range {range_header!r} is not bytes=FIRST-LAST")
+    first, _, last = spec[len("bytes="):].partition("-")
+    if not first.isdigit() or not last.isdigit() or int(last) < int(first):
+        raise ValueError(f"Range {range_header!r} is not bytes=FIRST-LAST")
+    return int(first), int(last) - int(first) + 1
+
+
+class Session:
+    """libhipobj initialized in this process (one at a time: the C library
+    has one instance per process), with its registered buffers.
+
+    ``Session(nic="mlx5_0", gpu=0)`` runs ``hipObjInit``. Where it fails (no
+    RDMA device, say) and ``require=False``, the session still works and
+    every transfer is a plain-HTTP fallback (``strict`` transfers fail);
+    ``available`` and ``reason`` say which. Use it as a context manager, or
+    call ``close`` (``hipObjShutdown``): buffers registered through it are
+    released then.
+    """
+
+    def __init__(self, nic: Optional[str] = None, gpu: int = -1, require: bool = False):
+        self._lib = _lib.library()
+        self._lock = threading.Lock()
+        self._registered: Dict[Tuple[int, int], _buffers.View] = {}
+        self.stats = Stats()
+        config = _lib.ConfigT()
+        config.gpuDevice = gpu
+        config.nicHint = nic.encode() if nic else None
+        err = self._lib.hipObjInit(ctypes.byref(config))
+        self.available = err.opError == _lib.SUCCESS
+        self.reason: Optional[str] = None
+        self._open = self.available
+        if not self.available:
+            failure = HipObjError("hipObjInit", err.opError, err.hipError)
+            if require or err.opError == 3:
+                raise failure
+            self.reason = f"the library did not initialize ({failure})"
+
+    # ------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Deregisters every buffer and shuts the library down."""
+        with self._lock:
+            views = list(self._registered.values())
+            self._registered.clear()
+            was_open, self._open = self._open, False
+        for view in views:
+            self._lib.hipObjBufDeregister(view.ptr)
+        if was_open:
+            self._lib.hipObjShutdown()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ registration
+
+    def register(self, obj: Any) -> _buffers.View:
+        """Registers the memory of `obj` (host or GPU) and keeps it
+        registered, and `obj` alive, until ``release(obj)`` or ``close``; a
+        loop of transfers into the same array registers once. Registering
+        it again returns the same registration."""
+        view = _buffers.view_of(obj, writable=False)
+        return self._register_view(view)
+
+    def _register_view(self, view: _buffers.View) -> _buffers.View:
+        if not self.available:
+            raise HipObjError("hipObjBufRegister", 2, detail=self.reason or "")
+        key = (view.ptr, view.nbytes)
+        with self._lock:
+            known = self._registered.get(key)
+            if known is not None:
+                return known
+            call = self._lib.hipObjBufRegister if view.device else self._lib.hipObjBufRegisterHost
+            err = call(view.ptr, view.nbytes)
+            if err.opError != _lib.SUCCESS:
+                raise HipObjError(
+                    "hipObjBufRegister" if view.device else "hipObjBufRegisterHost",
+                    err.opError,
+                    err.hipError,
+                )
+            self._registered[key] = view
+            return view
+
+    def release(self, obj: Any) -> bool:
+        """Deregisters `obj`'s memory if this session registered it;
+        whether it did."""
+        view = _buffers.view_of(obj, writable=False)
+        with self._lock:
+            known = self._registered.pop((view.ptr, view.nbytes), None)
+        if known is None:
+            return False
+        err = self._lib.hipObjBufDeregister(known.ptr)
+        if err.opError != _lib.SUCCESS:
+            raise HipObjError("hipObjBufDeregister", err.opError, err.hipError)
+        return True
+
+    def registered(self, obj: Any) -> "_Registration":
+        """``with session.registered(tensor): ...``: registered for the
+        block (released after it, unless it was registered before)."""
+        return _Registration(self, obj)
+
+    def registered_count(self) -> int:
+        """Buffers registered now."""
+        with self._lock:
+            return len(self._registered)
+
+    # ------------------------------------------------------------ transfers
+
+    def _transfer(self, op: int, view: _buffers.View, offset: int, length: int, call) -> _Exchange:
+        """Runs one hipObjGet/hipObjPut with `call` as its S3 request;
+        returns the exchange (its `error` set on failure)."""
+        base = self._register_view(view)
+        exchange = _Exchange(call)
+        fn = self._lib.hipObjGet if op == _lib.OP_GET else self._lib.hipObjPut
+        err = fn(None, base.ptr, length, offset, ctypes.byref(exchange.ops), None)
+        exchange.code = err.opError  # type: ignore[attr-defined]
+        exchange.hip_error = err.hipError  # type: ignore[attr-defined]
+        return exchange
+
+    def _owning_view(self, obj: Any, writable: bool) -> _buffers.View:
+        """The registered view covering `obj` (its own, or the cached one of
+        the same memory)."""
+        view = _buffers.view_of(obj, writable=writable)
+        with self._lock:
+            return self._registered.get((view.ptr, view.nbytes), view)
+
+    def get_object(
+        self,
+        client: Any,
+        Bucket: str,
+        Key: str,
+        into: Any,
+        Range: Optional[str] = None,
+        offset: int = 0,
+        strict: bool = False,
+        **kwargs: Any,
+    ) -> Transfer:
+        """Fills `into` (from byte `offset`) with the object's bytes: with
+        `Range` (``bytes=FIRST-LAST``) those, else the object's first
+        ``len(into) - offset``; an object shorter than that is an error. By
+        RDMA into `into` itself (host or GPU memory, registered on first
+        use), else, when the server declines and not `strict`, from the
+        body of the same answer. Other keyword arguments go to the client's
+        ``get_object``."""
+        view = self._owning_view(into, writable=True)
+        if Range is None:
+            length = view.nbytes - offset
+            Range = f"bytes=0-{length - 1}" if length > 0 else None
+        else:
+            length = _range_length(Range)[1]
+        if length <= 0 or offset < 0 or offset + length > view.nbytes:
+            raise ValueError(f"{length} bytes at offset {offset} do not fit a buffer of {view.nbytes}")
+        _hook(client)
+
+        def call() -> Dict[str, Any]:
+            return client.get_object(Bucket=Bucket, Key=Key, Range=Range, **kwargs)
+
+        what = f"GET {Bucket}/{Key}"
+        if not self.available:
+            exchange = None
+            reason = f"no RDMA: {self.reason}"
+        else:
+            exchange = self._transfer(_lib.OP_GET, view, offset, length, call)
+            if exchange.code == _lib.SUCCESS:
+                response = exchange.response or {}
+                if "Body" in response:
+                    response["Body"].close()
+                moved = _headers(response).get(BYTES_HEADER)
+                if moved is not None and int(moved) != length:
+                    self.stats.failed += 1
+                    raise TransferError(
+                        f"{what}: the server moved {moved} of {length} bytes (the object is shorter)",
+                        exchange.reply,
+                    )
+                return self._counted(Transfer("rdma", length))
+            reason = self._refusal(what, exchange, strict)
+        if strict:
+            self.stats.failed += 1
+            raise TransferError(f"{what}: {reason}, and strict forbids the fallback")
+        response = exchange.response if exchange is not None else None
+        if response is None or not 200 <= _status(response) < 300:
+            response = client.get_object(Bucket=Bucket, Key=Key, Range=Range, **kwargs)
+        body = response["Body"].read()
+        if len(body) != length:
+            self.stats.failed += 1
+            raise TransferError(f"{what}: {len(body)} bytes came, {length} were asked for")
+        _buffers.land(view, offset, body, _gpu.copier()[0] if view.device else None)
+        return self._counted(Transfer("fallback", length, reason))
+
+    def put_object(
+        self,
+        client: Any,
+        Bucket: str,
+        Key: str,
+        source: Any,
+        offset: int = 0,
+        length: Optional[int] = None,
+        strict: bool = False,
+        **kwargs: Any,
+    ) -> Transfer:
+        """Stores `length` bytes of `source` from `offset` (by default all
+        of it) as the object: by RDMA from `source` itself, else, when the
+        server declines and not `strict`, as the request's body. Other
+        keyword arguments go to the client's ``put_object``."""
+        return self._put(client, Bucket, Key, source, offset, length, strict, None, kwargs)[0]
+
+    def _put(
+        self, client, Bucket, Key, source, offset, length, strict, part, kwargs
+    ) -> Tuple[Transfer, Optional[str]]:
+        """A PUT (or, with `part` = (upload id, number), an UploadPart):
+        what it did, and the answer's ETag."""
+        view = self._owning_view(source, writable=False)
+        if length is None:
+            length = view.nbytes - offset
+        if length <= 0 or offset < 0 or offset + length > view.nbytes:
+            raise ValueError(f"{length} bytes at offset {offset} do not fit a buffer of {view.nbytes}")
+        _hook(client)
+        if part is None:
+            what = f"PUT {Bucket}/{Key}"
+
+            def send(body: bytes) -> Dict[str, Any]:
+                return client.put_object(Bucket=Bucket, Key=Key, Body=body, **kwargs)
+        else:
+            upload_id, number = part
+            what = f"PUT {Bucket}/{Key} part {number}"
+
+            def send(body: bytes) -> Dict[str, Any]:
+                return client.upload_part(
+                    Bucket=Bucket, Key=Key, UploadId=upload_id, PartNumber=number, Body=body, **kwargs
+                )
+
+        if not self.available:
+            reason = f"no RDMA: {self.reason}"
+        else:
+            exchange = self._transfer(_lib.OP_PUT, view, offset, length, lambda: send(b""))
+            if exchange.code == _lib.SUCCESS:
+                etag = _headers(exchange.response or {}).get("etag")
+                return self._counted(Transfer("rdma", length)), etag
+            reason = self._refusal(what, exchange, strict)
+        if strict:
+            self.stats.failed += 1
+            raise TransferError(f"{what}: {reason}, and strict forbids the fallback")
+        body = _buffers.host_bytes(view, offset, length, _gpu.copier()[1] if view.device else None)
+        response = send(body)
+        etag = _headers(response).get("etag")
+        return self._counted(Transfer("fallback", length, reason)), etag
+
+    def upload(
+        self,
+        client: Any,
+        Bucket: str,
+        Key: str,
+        source: Any,
+        part_size: int = 64 << 20,
+        strict: bool = False,
+    ) -> Transfer:
+        """Stores all of `source` as the object: one ``put_object`` up to
+        `part_size` bytes, a multipart upload of `part_size` parts above
+        (aborted if a part fails), each part by RDMA or its own fallback."""
+        view = self._owning_view(source, writable=False)
+        total = view.nbytes
+        if total <= part_size:
+            return self.put_object(client, Bucket, Key, source, strict=strict)
+        if part_size < MIN_PART:
+            raise ValueError(f"parts of a multipart upload are at least {MIN_PART} bytes")
+        upload_id = client.create_multipart_upload(Bucket=Bucket, Key=Key)["UploadId"]
+        parts = []
+        paths = set()
+        reason = None
+        try:
+            for number, offset in enumerate(range(0, total, part_size), start=1):
+                length = min(part_size, total - offset)
+                t, etag = self._put(
+                    client, Bucket, Key, source, offset, length, strict, (upload_id, number), {}
+                )
+                paths.add(t.path)
+                reason = reason or t.reason
+                parts.append({"PartNumber": number, "ETag": etag})
+            client.complete_multipart_upload(
+                Bucket=Bucket, Key=Key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            )
+        except BaseException:
+            client.abort_multipart_upload(Bucket=Bucket, Key=Key, UploadId=upload_id)
+            raise
+        path = "rdma" if paths == {"rdma"} else "fallback"
+        return Transfer(path, total, reason, parts=len(parts))
+
+    # ------------------------------------------------------------ helpers
+
+    def _counted(self, t: Transfer) -> Transfer:
+        self.stats.count(t)
+        return t
+
+    def _refusal(self, what: str, exchange: _Exchange, strict: bool) -> str:
+        """Why a transfer did not complete by RDMA, when it may fall back
+        (a decline); else raises."""
+        code = getattr(exchange, "code")
+        if code == _lib.S3_ERROR and exchange.declined():
+            return f"the server declined RDMA (x-amz-rdma-reply {exchange.reply})"
+        self.stats.failed += 1
+        if exchange.error is not None:
+            raise TransferError(f"{what}: {exchange.error}", exchange.reply, exchange.error) from exchange.error
+        detail = f"x-amz-rdma-reply {exchange.reply}" if exchange.reply else ""
+        raise TransferError(
+            str(HipObjError("hipObjGet" if what.startswith("GET") else "hipObjPut", code, getattr(exchange, "hip_error"), detail)),
+            exchange.reply,
+        )
+
+
+class _Registration:
+    def __init__(self, session: Session, obj: Any):
+        self.session = session
+        self.obj = obj
+        self.ours = False
+
+    def __enter__(self) -> _buffers.View:
+        before = self.session.registered_count()
+        view = self.session.register(self.obj)
+        self.ours = self.session.registered_count() > before
+        return view
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.ours:
+            self.session.release(self.obj)
+

@@ -1,0 +1,182 @@
+"""An S3 endpoint for the unit tests, inside a boto3 client: botocore's
+``before-send`` event answers each request here instead of on the network,
+after botocore has built and signed it as it would for a real server.
+
+Requests that carry ``x-amz-rdma-token`` go to the fake library's RDMA S3
+server (``hipobjFakeServe``: it connects to the library's fake NIC and
+moves the bytes, as the real server does), with the fake server's object
+store as the bytes of that one request; objects, parts and plain requests
+are kept here. The server's behaviour (decline, fail, no final message)
+is the fake library's (``hipobjFakeSetServerBehaviour``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import re
+import threading
+import urllib.parse
+import uuid
+from typing import Dict, List, Optional, Tuple
+
+from botocore.awsrequest import AWSResponse
+
+import hipobj
+
+TOKEN_BYTES = 44
+
+
+class _Raw(io.BytesIO):
+    """A response body botocore can read and stream."""
+
+    def stream(self, **_):
+        yield self.getvalue()
+
+
+class FakeS3:
+    """Objects by (bucket, key), and the requests seen."""
+
+    def __init__(self) -> None:
+        self.lib = hipobj.library()
+        self.lib.hipobjFakeServe.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        self.lib.hipobjFakeServe.restype = ctypes.c_int
+        self.lib.hipobjFakeSetObject.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        self.lib.hipobjFakeGetObject.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self.lib.hipobjFakeObjectCapacity.restype = ctypes.c_size_t
+        self.objects: Dict[Tuple[str, str], bytes] = {}
+        self.parts: Dict[str, Dict[int, bytes]] = {}
+        self.requests: List[Tuple[str, str, bool]] = []
+        #: Answer RDMA requests without x-amz-rdma-reply (a server that
+        #: ignores the header).
+        self.ignore_tokens = False
+        # The fake server has one object store: one request at a time.
+        self._lock = threading.Lock()
+
+    def attach(self, client) -> None:
+        client.meta.events.register("before-send.s3", self._answer, unique_id="hipobj-test-fake-s3")
+
+    # ------------------------------------------------------------ helpers
+
+    def _respond(self, request, status: int, headers: Dict[str, str], body: bytes = b"") -> AWSResponse:
+        headers = dict(headers)
+        headers.setdefault("Content-Length", str(len(body)))
+        return AWSResponse(request.url, status, headers, _Raw(body))
+
+    @staticmethod
+    def _range(request, size: int) -> Optional[Tuple[int, int]]:
+        spec = request.headers.get("Range")
+        if spec is None:
+            return None
+        spec = spec.decode() if isinstance(spec, bytes) else spec
+        m = re.fullmatch(r"bytes=(\d+)-(\d+)", spec)
+        assert m, spec
+        first, last = int(m.group(1)), min(int(m.group(2)), size - 1)
+        return first, last
+
+    @staticmethod
+    def _token_length(token: str) -> int:
+        raw = bytes.fromhex(token)
+        assert len(raw) == TOKEN_BYTES
+        # Transport 0x02: a 40-bit little-endian length at offset 33
+        # (docs/protocol.md).
+        return int.from_bytes(raw[33:38], "little")
+
+    def _serve(self, token: str, op: int) -> int:
+        return self.lib.hipobjFakeServe(token.encode(), op)
+
+    def _store(self) -> int:
+        return self.lib.hipobjFakeObjectCapacity()
+
+    def _read_store(self, n: int) -> bytes:
+        out = ctypes.create_string_buffer(n)
+        assert self.lib.hipobjFakeGetObject(out, n) == 0
+        return out.raw
+
+    # ------------------------------------------------------------ answers
+
+    def _answer(self, request, **_):
+        with self._lock:
+            return self._answer_locked(request)
+
+    def _answer_locked(self, request):
+        url = urllib.parse.urlsplit(request.url)
+        path = urllib.parse.unquote(url.path).lstrip("/")
+        bucket, _, key = path.partition("/")
+        query = urllib.parse.parse_qs(url.query, keep_blank_values=True)
+        token = request.headers.get("x-amz-rdma-token")
+        token = token.decode() if isinstance(token, bytes) else token
+        self.requests.append((request.method, key, token is not None))
+        body = request.body or b""
+        if hasattr(body, "read"):
+            body = body.read()
+        if request.method == "POST" and "uploads" in query:
+            upload = uuid.uuid4().hex
+            self.parts[upload] = {}
+            xml = f"<InitiateMultipartUploadResult><UploadId>{upload}</UploadId></InitiateMultipartUploadResult>"
+            return self._respond(request, 200, {}, xml.encode())
+        if request.method == "POST" and "uploadId" in query:
+            parts = self.parts.pop(query["uploadId"][0])
+            self.objects[(bucket, key)] = b"".join(parts[n] for n in sorted(parts))
+            return self._respond(request, 200, {}, b"<CompleteMultipartUploadResult/>")
+        if request.method == "DELETE" and "uploadId" in query:
+            self.parts.pop(query["uploadId"][0], None)
+            return self._respond(request, 204, {})
+        if request.method == "GET":
+            return self._get(request, bucket, key, token)
+        if request.method == "PUT":
+            return self._put(request, bucket, key, token, body, query)
+        return self._respond(request, 405, {})
+
+    def _get(self, request, bucket: str, key: str, token: Optional[str]) -> AWSResponse:
+        data = self.objects.get((bucket, key))
+        if data is None:
+            xml = b"<Error><Code>NoSuchKey</Code><Message>no such key</Message></Error>"
+            return self._respond(request, 404, {"Content-Type": "application/xml"}, xml)
+        span = self._range(request, len(data))
+        first, last = span if span is not None else (0, len(data) - 1)
+        piece = data[first : last + 1]
+        headers = {"ETag": '"e"'}
+        status = 200
+        if span is not None:
+            headers["Content-Range"] = f"bytes {first}-{last}/{len(data)}"
+            status = 206
+        if token is None or self.ignore_tokens:
+            return self._respond(request, status, headers, piece)
+        n = min(len(piece), self._token_length(token))
+        assert self.lib.hipobjFakeSetObject(piece[:n], n) == 0
+        reply = self._serve(token, 1)
+        headers["x-amz-rdma-reply"] = str(reply)
+        if reply in (200, 206):
+            headers["x-amz-rdma-reply"] = str(status)
+            headers["x-amz-rdma-bytes-transferred"] = str(n)
+            return self._respond(request, status, headers)
+        if reply == 501:
+            # Declined: the object goes in the body.
+            return self._respond(request, status, headers, piece)
+        xml = b"<Error><Code>InternalError</Code><Message>RDMA failed</Message></Error>"
+        return self._respond(request, 500, {"x-amz-rdma-reply": str(reply)}, xml)
+
+    def _put(self, request, bucket: str, key: str, token: Optional[str], body: bytes, query) -> AWSResponse:
+        part = None
+        if "uploadId" in query:
+            part = (query["uploadId"][0], int(query["partNumber"][0]))
+        headers = {"ETag": f'"{uuid.uuid4().hex}"'}
+        if token is not None and not self.ignore_tokens:
+            assert body == b"", "a PUT with a token has an empty body"
+            n = self._token_length(token)
+            reply = self._serve(token, 0)
+            if reply == 501:
+                xml = b"<Error><Code>NotImplemented</Code><Message>declined</Message></Error>"
+                return self._respond(request, 501, {"x-amz-rdma-reply": "501"}, xml)
+            if reply != 200:
+                xml = b"<Error><Code>InternalError</Code><Message>RDMA failed</Message></Error>"
+                return self._respond(request, 500, {"x-amz-rdma-reply": str(reply)}, xml)
+            body = self._read_store(n)
+            headers["x-amz-rdma-reply"] = "200"
+            headers["x-amz-rdma-bytes-transferred"] = str(n)
+        if part is not None:
+            self.parts[part[0]][part[1]] = body
+        else:
+            self.objects[(bucket, key)] = body
+        return self._respond(request, 200, headers)

@@ -1,0 +1,285 @@
+"""The package on the fake libhipobj, through a real boto3 client (its
+signing and events) whose S3 answers from tests/fake_s3.py: RDMA paths,
+the fallback, strictness, GPU memory, buffers of every kind, failures."""
+
+import ctypes
+import threading
+
+import numpy
+import pytest
+from botocore.exceptions import ClientError
+
+import hipobj
+
+MIB = 1 << 20
+
+
+def pattern(n, seed):
+    return (numpy.arange(n, dtype=numpy.uint64) * 2654435761 + seed).astype(numpy.uint8)
+
+
+def put(s3, key, data):
+    s3.fake.objects[("bucket", key)] = bytes(data)
+
+
+class FakeCudaArray:
+    """GPU memory of the fake library's fake GPU, as a CUDA array."""
+
+    def __init__(self, lib, n):
+        self.lib = lib
+        self.n = n
+        self.ptr = lib.hipobjFakeDeviceAlloc(n)
+        assert self.ptr
+        self.__cuda_array_interface__ = {
+            "shape": (n,),
+            "typestr": "|u1",
+            "data": (self.ptr, False),
+            "version": 3,
+        }
+
+    def read(self):
+        out = ctypes.create_string_buffer(self.n)
+        assert self.lib.hipobjFakeDeviceRead(out, self.ptr, self.n) == 0
+        return out.raw
+
+    def write(self, data):
+        assert self.lib.hipobjFakeDeviceWrite(self.ptr, data, len(data)) == 0
+
+
+def fake_copier(lib):
+    def to_device(dst, src, n):
+        assert lib.hipobjFakeDeviceWrite(dst, src, n) == 0
+
+    def to_host(dst, src, n):
+        assert lib.hipobjFakeDeviceRead(dst, src, n) == 0
+
+    return to_device, to_host
+
+
+def test_a_get_and_a_put_of_numpy_arrays_go_by_rdma_byte_exact(s3, session):
+    data = pattern(3 * MIB + 5, 1)
+    put(s3, "k", data)
+    into = numpy.zeros(data.size, dtype=numpy.uint8)
+    t = session.get_object(s3, Bucket="bucket", Key="k", into=into)
+    assert (t.path, t.bytes, t.reason) == ("rdma", data.size, None)
+    assert numpy.array_equal(into, data)
+    source = pattern(2 * MIB, 9)
+    t = session.put_object(s3, Bucket="bucket", Key="up", source=source)
+    assert t.path == "rdma"
+    assert s3.fake.objects[("bucket", "up")] == source.tobytes()
+    assert session.stats.rdma == 2 and session.stats.rdma_bytes == data.size + source.size
+    # Every request carried a token, signed with the rest.
+    assert all(token for _, _, token in s3.fake.requests)
+
+
+def test_the_token_is_signed_by_sigv4(s3, session):
+    seen = {}
+
+    def grab(request, **_):
+        seen["auth"] = request.headers.get("Authorization")
+
+    s3.meta.events.register("before-send.s3", grab, unique_id="grab-auth")
+    put(s3, "k", pattern(4096, 2))
+    session.get_object(s3, Bucket="bucket", Key="k", into=bytearray(4096))
+    auth = seen["auth"].decode() if isinstance(seen["auth"], bytes) else seen["auth"]
+    assert "x-amz-rdma-token" in auth.split("SignedHeaders=")[1].split(",")[0]
+
+
+def test_a_loop_of_gets_into_one_array_registers_it_once(s3, session, fake):
+    put(s3, "k", pattern(MIB, 3))
+    into = numpy.zeros(MIB, dtype=numpy.uint8)
+    session.get_object(s3, Bucket="bucket", Key="k", into=into)
+    mrs = fake.hipobjFakeLiveObjects(b"mr")
+    for _ in range(5):
+        session.get_object(s3, Bucket="bucket", Key="k", into=into)
+    assert fake.hipobjFakeLiveObjects(b"mr") == mrs
+    assert session.registered_count() == 1
+    assert session.release(into) and not session.release(into)
+    assert session.registered_count() == 0
+    with session.registered(into):
+        assert session.registered_count() == 1
+    assert session.registered_count() == 0
+
+
+def test_ranges_and_offsets_land_where_asked(s3, session):
+    data = pattern(MIB, 4)
+    put(s3, "k", data)
+    into = bytearray(2000)
+    t = session.get_object(s3, Bucket="bucket", Key="k", into=into, Range="bytes=1000-1999", offset=1000)
+    assert t.bytes == 1000
+    assert into[:1000] == bytes(1000) and bytes(into[1000:]) == data[1000:2000].tobytes()
+    with pytest.raises(ValueError):
+        session.get_object(s3, Bucket="bucket", Key="k", into=into, Range="bytes=0-1999", offset=1)
+    with pytest.raises(ValueError):
+        session.get_object(s3, Bucket="bucket", Key="k", into=into, Range="lines=1-2")
+
+
+def test_a_declined_transfer_falls_back_to_plain_http_unless_strict(s3, session, fake):
+    data = pattern(MIB, 5)
+    put(s3, "k", data)
+    assert fake.hipobjFakeSetServerBehaviour(1) == 0
+    into = numpy.zeros(MIB, dtype=numpy.uint8)
+    t = session.get_object(s3, Bucket="bucket", Key="k", into=into)
+    assert t.path == "fallback" and "x-amz-rdma-reply 501" in t.reason
+    assert numpy.array_equal(into, data)
+    source = pattern(MIB, 6)
+    t = session.put_object(s3, Bucket="bucket", Key="up", source=source)
+    assert t.path == "fallback"
+    assert s3.fake.objects[("bucket", "up")] == source.tobytes()
+    into[:] = 0
+    with pytest.raises(hipobj.TransferError, match="strict"):
+        session.get_object(s3, Bucket="bucket", Key="k", into=into, strict=True)
+    assert not into.any(), "a strict refusal writes nothing"
+    with pytest.raises(hipobj.TransferError, match="strict"):
+        session.put_object(s3, Bucket="bucket", Key="strict", source=source, strict=True)
+    assert ("bucket", "strict") not in s3.fake.objects
+    assert (session.stats.fallback, session.stats.fallback_bytes) == (2, 2 * MIB)
+
+
+def test_a_server_that_ignores_the_token_is_a_decline(s3, session):
+    data = pattern(8192, 7)
+    put(s3, "k", data)
+    s3.fake.ignore_tokens = True
+    into = bytearray(8192)
+    t = session.get_object(s3, Bucket="bucket", Key="k", into=into)
+    assert t.path == "fallback" and bytes(into) == data.tobytes()
+
+
+def test_a_large_upload_is_multipart_each_part_by_rdma(s3, session, fake):
+    data = pattern(12 * MIB + 3, 8)
+    t = session.upload(s3, Bucket="bucket", Key="big", source=data, part_size=5 * MIB)
+    assert (t.path, t.parts, t.bytes) == ("rdma", 3, data.size)
+    assert s3.fake.objects[("bucket", "big")] == data.tobytes()
+    assert fake.hipobjFakeSetServerBehaviour(1) == 0
+    t = session.upload(s3, Bucket="bucket", Key="big2", source=data, part_size=5 * MIB)
+    assert (t.path, t.parts) == ("fallback", 3)
+    assert s3.fake.objects[("bucket", "big2")] == data.tobytes()
+    with pytest.raises(ValueError):
+        session.upload(s3, Bucket="bucket", Key="x", source=data, part_size=MIB)
+
+
+def test_a_failed_part_aborts_the_upload(s3, session, fake):
+    data = pattern(11 * MIB, 9)
+    assert fake.hipobjFakeSetServerBehaviour(4) == 0
+    with pytest.raises(hipobj.TransferError):
+        session.upload(s3, Bucket="bucket", Key="big", source=data, part_size=5 * MIB)
+    assert ("bucket", "big") not in s3.fake.objects
+    assert s3.fake.parts == {}, "the upload was aborted"
+
+
+def test_gpu_memory_is_reached_by_rdma_and_by_the_fallback_through_the_runtime(s3, session, fake):
+    data = pattern(2 * MIB, 10)
+    put(s3, "k", data)
+    gpu = FakeCudaArray(fake, 2 * MIB)
+    t = session.get_object(s3, Bucket="bucket", Key="k", into=gpu)
+    assert t.path == "rdma" and gpu.read() == data.tobytes()
+    gpu.write(pattern(2 * MIB, 11).tobytes())
+    session.put_object(s3, Bucket="bucket", Key="up", source=gpu)
+    assert s3.fake.objects[("bucket", "up")] == pattern(2 * MIB, 11).tobytes()
+    # The fallback reaches GPU memory through the runtime's copies (here
+    # the fake GPU's).
+    hipobj.set_copier(*fake_copier(fake))
+    assert fake.hipobjFakeSetServerBehaviour(1) == 0
+    put(s3, "k2", pattern(2 * MIB, 12))
+    t = session.get_object(s3, Bucket="bucket", Key="k2", into=gpu)
+    assert t.path == "fallback" and gpu.read() == pattern(2 * MIB, 12).tobytes()
+    session.close()
+    assert fake.hipobjFakeDeviceFree(gpu.ptr) == 0
+
+
+def test_dlpack_tensors_and_memoryviews_are_buffers_too(s3, session):
+    class Tensor:
+        def __init__(self, array):
+            self.array = array
+
+        def __dlpack__(self, **kw):
+            return self.array.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.array.__dlpack_device__()
+
+    data = pattern(MIB, 13)
+    put(s3, "k", data)
+    array = numpy.zeros(MIB // 4, dtype=numpy.float32)
+    t = session.get_object(s3, Bucket="bucket", Key="k", into=Tensor(array))
+    assert t.path == "rdma" and array.tobytes() == data.tobytes()
+    raw = bytearray(MIB)
+    session.get_object(s3, Bucket="bucket", Key="k", into=memoryview(raw))
+    assert bytes(raw) == data.tobytes()
+    # A read-only source is copied, not refused.
+    session.put_object(s3, Bucket="bucket", Key="ro", source=bytes(data.tobytes()))
+    assert s3.fake.objects[("bucket", "ro")] == data.tobytes()
+
+
+def test_memory_a_transfer_cannot_use_is_refused_clearly(s3, session):
+    put(s3, "k", pattern(4096, 14))
+    with pytest.raises(hipobj.BufferError, match="not C-contiguous"):
+        session.get_object(s3, Bucket="bucket", Key="k", into=numpy.zeros((64, 128), numpy.uint8)[:, ::2])
+    with pytest.raises(hipobj.BufferError, match="read-only"):
+        session.get_object(s3, Bucket="bucket", Key="k", into=b"\0" * 4096)
+    with pytest.raises(hipobj.BufferError, match="not a buffer"):
+        session.get_object(s3, Bucket="bucket", Key="k", into=object())
+    assert s3.fake.requests == [], "nothing was sent"
+
+
+def test_s3_errors_and_short_objects_are_errors_with_their_cause(s3, session):
+    into = bytearray(4096)
+    with pytest.raises(hipobj.TransferError) as e:
+        session.get_object(s3, Bucket="bucket", Key="missing", into=into)
+    assert isinstance(e.value.cause, ClientError)
+    assert e.value.cause.response["Error"]["Code"] == "NoSuchKey"
+    put(s3, "short", pattern(100, 1))
+    with pytest.raises(hipobj.TransferError, match="shorter"):
+        session.get_object(s3, Bucket="bucket", Key="short", into=into)
+
+
+def test_a_server_without_its_final_message_fails_the_transfer_and_the_next_works(s3, session, fake):
+    data = pattern(MIB, 15)
+    put(s3, "k", data)
+    into = numpy.zeros(MIB, dtype=numpy.uint8)
+    assert fake.hipobjFakeSetServerBehaviour(2) == 0
+    with pytest.raises(hipobj.TransferError, match="hipObjRdmaError"):
+        session.get_object(s3, Bucket="bucket", Key="k", into=into)
+    assert fake.hipobjFakeSetServerBehaviour(0) == 0
+    assert session.get_object(s3, Bucket="bucket", Key="k", into=into).path == "rdma"
+    assert numpy.array_equal(into, data)
+
+
+def test_an_injected_verbs_failure_is_reported_and_changes_nothing(s3, session, fake):
+    put(s3, "k", pattern(4096, 16))
+    assert fake.hipobjFakeFailCall(b"ibv_reg_mr", 1) == 0
+    with pytest.raises(hipobj.HipObjError, match="hipObjRdmaError"):
+        session.get_object(s3, Bucket="bucket", Key="k", into=bytearray(4096))
+    assert session.registered_count() == 0 and s3.fake.requests == []
+
+
+def test_one_session_at_a_time_and_closing_releases_everything(fake):
+    mrs = fake.hipobjFakeLiveObjects(b"mr")
+    with hipobj.Session(gpu=0) as s:
+        with pytest.raises(hipobj.HipObjError, match="hipObjAlreadyInitialized"):
+            hipobj.Session(gpu=0)
+        s.register(numpy.zeros(MIB, numpy.uint8))
+        s.register(bytearray(4096))
+        assert s.registered_count() == 2
+    assert fake.hipobjFakeLiveObjects(b"mr") == mrs
+    assert hipobj.version() == "0.1.0"
+
+
+def test_transfers_on_many_threads_each_land_their_own_bytes(s3, session):
+    for i in range(8):
+        put(s3, f"k{i}", pattern(MIB, 20 + i))
+    results = {}
+
+    def work(i):
+        into = numpy.zeros(MIB, dtype=numpy.uint8)
+        for _ in range(3):
+            session.get_object(s3, Bucket="bucket", Key=f"k{i}", into=into)
+        results[i] = numpy.array_equal(into, pattern(MIB, 20 + i))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {i: True for i in range(8)}
+    assert session.stats.rdma == 24

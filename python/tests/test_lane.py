@@ -1,0 +1,125 @@
+"""The package on Soft-RoCE (the VM lane only: ``scripts/vm/python-guest.sh``
+sets ``HIPOBJ_PYTHON_LANE=1``, the real libhipobj in ``HIPOBJ_LIBRARY`` and
+the RDMA S3 server in ``HIPOBJ_S3_SERVER``): a boto3 client moving NumPy
+arrays to and from ``hipobj-s3-server`` on rxe0 by RDMA, byte-exact, whole,
+ranged and multipart; and the fallback against a server started with
+``--no-rdma``. Anywhere else every test fails."""
+
+import os
+import pathlib
+import re
+import subprocess
+import tempfile
+
+import boto3
+import numpy
+import pytest
+from botocore.config import Config
+
+import hipobj
+
+MIB = 1 << 20
+IP = "192.0.2.1"
+ACCESS, SECRET = "python-lane", "python-lane-secret"
+
+
+def pattern(n, seed):
+    return (numpy.arange(n, dtype=numpy.uint64) * 2654435761 + seed).astype(numpy.uint8)
+
+
+class Server:
+    """hipobj-s3-server on rxe0, with bucket `bucket` in a fresh root."""
+
+    def __init__(self, *extra):
+        binary = os.environ.get("HIPOBJ_S3_SERVER")
+        if os.environ.get("HIPOBJ_PYTHON_LANE") != "1" or not binary:
+            pytest.fail("the lane's Python tests run in the VM lane (scripts/vm/python-guest.sh)")
+        self.root = tempfile.mkdtemp(prefix="hipobj-python-")
+        self.proc = subprocess.Popen(
+            [binary, "--root", self.root, "--listen", f"{IP}:0", "--access-key", ACCESS,
+             "--secret-key", SECRET, "--bucket", "bucket", *extra],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = self.proc.stdout.readline()
+        m = re.search(r"listening on (http://\S+) \(rdma: ([^)]*)\)", line)
+        assert m, f"the server's first line: {line!r}"
+        self.endpoint, self.rdma = m.group(1), not m.group(2).startswith("off")
+
+    def stored(self, key):
+        return pathlib.Path(self.root, "bucket", key).read_bytes()
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def rdma_server():
+    server = Server("--device", "rxe0")
+    assert server.rdma, "the server has RDMA on rxe0"
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def plain_server():
+    server = Server("--no-rdma")
+    yield server
+    server.stop()
+
+
+def client(server):
+    return boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=ACCESS,
+        aws_secret_access_key=SECRET,
+        config=Config(retries={"max_attempts": 1}),
+    )
+
+
+@pytest.fixture
+def session():
+    with hipobj.Session(nic="rxe0", require=True) as s:
+        yield s
+
+
+def test_numpy_arrays_move_by_rdma_whole_ranged_and_multipart(rdma_server, session):
+    s3 = client(rdma_server)
+    data = pattern(12 * MIB + 7, 1)
+    t = session.put_object(s3, Bucket="bucket", Key="whole", source=data)
+    assert t.path == "rdma", t
+    assert rdma_server.stored("whole") == data.tobytes()
+
+    into = numpy.zeros(data.size, dtype=numpy.uint8)
+    t = session.get_object(s3, Bucket="bucket", Key="whole", into=into)
+    assert (t.path, t.bytes) == ("rdma", data.size)
+    assert numpy.array_equal(into, data)
+
+    part = numpy.zeros(MIB, dtype=numpy.uint8)
+    t = session.get_object(s3, Bucket="bucket", Key="whole", into=part, Range=f"bytes={3 * MIB + 1}-{4 * MIB}")
+    assert t.path == "rdma" and numpy.array_equal(part, data[3 * MIB + 1 : 4 * MIB + 1])
+
+    t = session.upload(s3, Bucket="bucket", Key="parts", source=data, part_size=5 * MIB)
+    assert (t.path, t.parts) == ("rdma", 3)
+    assert rdma_server.stored("parts") == data.tobytes()
+    into[:] = 0
+    session.get_object(s3, Bucket="bucket", Key="parts", into=into)
+    assert numpy.array_equal(into, data)
+    assert session.stats.fallback == 0 and session.stats.rdma == 6
+
+
+def test_a_server_without_rdma_is_a_visible_fallback_and_strict_refuses_it(plain_server, session):
+    s3 = client(plain_server)
+    data = pattern(3 * MIB, 2)
+    t = session.put_object(s3, Bucket="bucket", Key="plain", source=data)
+    assert t.path == "fallback" and "501" in t.reason
+    assert plain_server.stored("plain") == data.tobytes()
+    into = numpy.zeros(data.size, dtype=numpy.uint8)
+    t = session.get_object(s3, Bucket="bucket", Key="plain", into=into)
+    assert t.path == "fallback" and numpy.array_equal(into, data)
+    with pytest.raises(hipobj.TransferError, match="strict"):
+        session.put_object(s3, Bucket="bucket", Key="strict", source=data, strict=True)
+    assert not pathlib.Path(plain_server.root, "bucket", "strict").exists()
