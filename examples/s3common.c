@@ -389,24 +389,38 @@ static struct {
     char error[1024];
 } gpu = {PTHREAD_ONCE_INIT, NULL, {0}};
 
-/* dlsym's object pointer into a function pointer: memcpy is what ISO C allows. */
-static int gpu_symbol(void *lib, const char *library, const char *name, void *fn, size_t fn_size,
-                      char *why, size_t why_len) {
-    void *sym = dlsym(lib, name);
-    if (sym == NULL) {
-        snprintf(why, why_len, "%s has no %s", library, name);
-        return -1;
-    }
-    memcpy(fn, &sym, fn_size);
-    return 0;
-}
+/* One function of a runtime: its name, and where its pointer goes. */
+struct gpu_sym {
+    const char *name;
+    void *fn;
+    size_t size;
+};
 
-static void *gpu_dlopen(const char *const *names, size_t n) {
+/*
+ * Opens the first of `names` that loads and resolves every one of `syms`;
+ * -1 with why in `why` otherwise. dlsym's object pointer becomes a function
+ * pointer by memcpy, which is what ISO C allows.
+ */
+static int gpu_load(const char *const *names, size_t n, const char *library,
+                    const struct gpu_sym *syms, size_t nsyms, char *why, size_t why_len) {
     void *lib = NULL;
     for (size_t i = 0; i < n && lib == NULL; i++) {
         lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
     }
-    return lib;
+    if (lib == NULL) {
+        snprintf(why, why_len, "cannot load %s", library);
+        return -1;
+    }
+    for (size_t i = 0; i < nsyms; i++) {
+        void *sym = dlsym(lib, syms[i].name);
+        if (sym == NULL) {
+            snprintf(why, why_len, "%s has no %s", library, syms[i].name);
+            return -1;
+        }
+        memcpy(syms[i].fn, &sym, syms[i].size);
+    }
+    /* A runtime that loaded stays loaded for the life of the process. */
+    return 0;
 }
 
 /* ---- HIP */
@@ -453,21 +467,21 @@ static const struct gpu_backend hip_backend = {
     "HIP", hip_count, hip_set_device, hip_alloc, hip_release, hip_copy, hip_describe,
 };
 
+#define GPU_SYM(name, field) {name, &field, sizeof field}
+
 static int hip_open(char *why, size_t why_len) {
     static const char *const names[] = {"libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5",
                                         "libamdhip64.so"};
-    void *lib = gpu_dlopen(names, sizeof names / sizeof names[0]);
-    if (lib == NULL) {
-        snprintf(why, why_len, "cannot load libamdhip64");
-        return -1;
-    }
-    const char *l = "libamdhip64";
-    if (gpu_symbol(lib, l, "hipGetDeviceCount", &hip.get_device_count, sizeof hip.get_device_count, why, why_len) ||
-        gpu_symbol(lib, l, "hipSetDevice", &hip.set_device, sizeof hip.set_device, why, why_len) ||
-        gpu_symbol(lib, l, "hipMalloc", &hip.malloc_, sizeof hip.malloc_, why, why_len) ||
-        gpu_symbol(lib, l, "hipFree", &hip.free_, sizeof hip.free_, why, why_len) ||
-        gpu_symbol(lib, l, "hipMemcpy", &hip.memcpy_, sizeof hip.memcpy_, why, why_len) ||
-        gpu_symbol(lib, l, "hipGetErrorString", &hip.error_string, sizeof hip.error_string, why, why_len)) {
+    const struct gpu_sym syms[] = {
+        GPU_SYM("hipGetDeviceCount", hip.get_device_count),
+        GPU_SYM("hipSetDevice", hip.set_device),
+        GPU_SYM("hipMalloc", hip.malloc_),
+        GPU_SYM("hipFree", hip.free_),
+        GPU_SYM("hipMemcpy", hip.memcpy_),
+        GPU_SYM("hipGetErrorString", hip.error_string),
+    };
+    if (gpu_load(names, sizeof names / sizeof names[0], "libamdhip64", syms,
+                 sizeof syms / sizeof syms[0], why, why_len) != 0) {
         return -1;
     }
     int n = 0;
@@ -555,22 +569,19 @@ static const struct gpu_backend cuda_backend = {
 
 static int cuda_open(char *why, size_t why_len) {
     static const char *const names[] = {"libcuda.so.1"};
-    void *lib = gpu_dlopen(names, 1);
-    if (lib == NULL) {
-        snprintf(why, why_len, "cannot load libcuda.so.1");
-        return -1;
-    }
-    const char *l = "libcuda.so.1";
-    if (gpu_symbol(lib, l, "cuInit", &cuda.init, sizeof cuda.init, why, why_len) ||
-        gpu_symbol(lib, l, "cuDeviceGetCount", &cuda.device_get_count, sizeof cuda.device_get_count, why, why_len) ||
-        gpu_symbol(lib, l, "cuDeviceGet", &cuda.device_get, sizeof cuda.device_get, why, why_len) ||
-        gpu_symbol(lib, l, "cuDevicePrimaryCtxRetain", &cuda.primary_retain, sizeof cuda.primary_retain, why, why_len) ||
-        gpu_symbol(lib, l, "cuCtxSetCurrent", &cuda.ctx_set_current, sizeof cuda.ctx_set_current, why, why_len) ||
-        gpu_symbol(lib, l, "cuMemAlloc_v2", &cuda.mem_alloc, sizeof cuda.mem_alloc, why, why_len) ||
-        gpu_symbol(lib, l, "cuMemFree_v2", &cuda.mem_free, sizeof cuda.mem_free, why, why_len) ||
-        gpu_symbol(lib, l, "cuMemcpyHtoD_v2", &cuda.copy_htod, sizeof cuda.copy_htod, why, why_len) ||
-        gpu_symbol(lib, l, "cuMemcpyDtoH_v2", &cuda.copy_dtoh, sizeof cuda.copy_dtoh, why, why_len) ||
-        gpu_symbol(lib, l, "cuGetErrorString", &cuda.error_string, sizeof cuda.error_string, why, why_len)) {
+    const struct gpu_sym syms[] = {
+        GPU_SYM("cuInit", cuda.init),
+        GPU_SYM("cuDeviceGetCount", cuda.device_get_count),
+        GPU_SYM("cuDeviceGet", cuda.device_get),
+        GPU_SYM("cuDevicePrimaryCtxRetain", cuda.primary_retain),
+        GPU_SYM("cuCtxSetCurrent", cuda.ctx_set_current),
+        GPU_SYM("cuMemAlloc_v2", cuda.mem_alloc),
+        GPU_SYM("cuMemFree_v2", cuda.mem_free),
+        GPU_SYM("cuMemcpyHtoD_v2", cuda.copy_htod),
+        GPU_SYM("cuMemcpyDtoH_v2", cuda.copy_dtoh),
+        GPU_SYM("cuGetErrorString", cuda.error_string),
+    };
+    if (gpu_load(names, 1, "libcuda.so.1", syms, sizeof syms / sizeof syms[0], why, why_len) != 0) {
         return -1;
     }
     int n = 0;
@@ -598,7 +609,6 @@ static void gpu_open(void) {
         return;
     }
     snprintf(gpu.error, sizeof gpu.error, "%s; %s", hip_why, cuda_why);
-    /* A runtime that loaded stays loaded for the life of the process. */
 }
 
 int ex_gpu_load(const char *prog, int device) {

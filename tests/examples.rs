@@ -433,3 +433,16 @@ fn a_bad_command_line_fails_with_exit_1_and_help_exits_0() {
     assert!(bad.stdout.is_empty());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--pattern SEED"));
 }
+
+/// `--device` on this machine, whose HIP runtime sees no GPU and which has
+/// no CUDA driver: the examples say why each runtime cannot serve, and
+/// exit 1 before any request.
+#[test]
+fn device_memory_without_a_gpu_is_refused_naming_both_runtimes() {
+    let srv = server();
+    let r = run(&srv, "get-object", &["--device", "--size", "4096", "--pattern", "1"], "none");
+    assert_eq!(r.code, Some(1), "{}", r.describe());
+    assert!(r.stderr.contains("--device needs a GPU"), "{}", r.describe());
+    assert!(r.stderr.contains("HIP sees no GPU"), "{}", r.describe());
+    assert!(r.stderr.contains("cannot load libcuda.so.1"), "{}", r.describe());
+}
