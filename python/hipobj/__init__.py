@@ -23,9 +23,13 @@ from ._buffers import BufferError_ as BufferError
 from ._buffers import View
 from ._gpu import set_copier
 from ._lib import library
-from ._session import HipObjError, Session, Stats, Transfer, TransferError
+from ._session import HipObjError, Session, Stats, Transfer, TransferError, active
 
 __all__ = [
+    "active",
+    "get_object",
+    "put_object",
+    "upload",
     "BufferError",
     "HipObjError",
     "Session",
@@ -42,3 +46,18 @@ __all__ = [
 def version() -> str:
     """libhipobj's version string."""
     return library().hipObjGetVersionString().decode()
+
+
+def get_object(client, Bucket, Key, into, Range=None, strict=False, **kwargs) -> Transfer:
+    """``active().get_object(...)``: see ``Session.get_object``."""
+    return active().get_object(client, Bucket=Bucket, Key=Key, into=into, Range=Range, strict=strict, **kwargs)
+
+
+def put_object(client, Bucket, Key, source, strict=False, **kwargs) -> Transfer:
+    """``active().put_object(...)``: see ``Session.put_object``."""
+    return active().put_object(client, Bucket=Bucket, Key=Key, source=source, strict=strict, **kwargs)
+
+
+def upload(client, Bucket, Key, source, part_size=64 << 20, strict=False) -> Transfer:
+    """``active().upload(...)``: see ``Session.upload``."""
+    return active().upload(client, Bucket=Bucket, Key=Key, source=source, part_size=part_size, strict=strict)

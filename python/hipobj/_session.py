@@ -77,6 +77,27 @@ class Stats:
             self.fallback_bytes += t.bytes
 
 
+# ---------------------------------------------------------------- the active session
+
+#: The session opened last and not closed: what the module's functions use.
+_active: Optional["Session"] = None
+_default_lock = threading.Lock()
+
+
+def active() -> "Session":
+    """The session opened last and not yet closed; else a new one with the
+    defaults (``Session()``: the current GPU, any NIC, and the fallback
+    where the library cannot initialize), closed when the process exits."""
+    with _default_lock:
+        if _active is not None:
+            return _active
+        import atexit
+
+        session = Session()
+        atexit.register(session.close)
+        return session
+
+
 # ---------------------------------------------------------------- boto3
 
 _current = threading.local()
@@ -200,11 +221,16 @@ class Session:
             if require or err.opError == 3:
                 raise failure
             self.reason = f"the library did not initialize ({failure})"
+        global _active
+        _active = self
 
     # ------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
         """Deregisters every buffer and shuts the library down."""
+        global _active
+        if _active is self:
+            _active = None
         with self._lock:
             views = list(self._registered.values())
             self._registered.clear()

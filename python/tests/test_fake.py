@@ -283,3 +283,15 @@ def test_transfers_on_many_threads_each_land_their_own_bytes(s3, session):
         t.join()
     assert results == {i: True for i in range(8)}
     assert session.stats.rdma == 24
+
+
+def test_the_module_s_functions_use_the_open_session(s3, session):
+    data = pattern(MIB, 30)
+    put(s3, "k", data)
+    assert hipobj.active() is session
+    into = numpy.zeros(MIB, dtype=numpy.uint8)
+    t = hipobj.get_object(s3, Bucket="bucket", Key="k", into=into, Range=f"bytes=0-{MIB - 1}")
+    assert t.path == "rdma" and numpy.array_equal(into, data)
+    assert hipobj.put_object(s3, Bucket="bucket", Key="m", source=into).path == "rdma"
+    assert s3.fake.objects[("bucket", "m")] == data.tobytes()
+    assert session.stats.rdma == 2

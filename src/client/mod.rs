@@ -42,6 +42,41 @@
 //! # }
 //! ```
 
+//!
+//! On the fake platform (feature `fake-platform`, as the tests build it), a
+//! whole GET runs anywhere: a fake NIC, a fake GPU and an RDMA S3 server
+//! in the same process, whose answer the S3 side hands back.
+//!
+//! ```
+//! # #[cfg(feature = "fake-platform")] {
+//! use hipobj::client::{Client, GpuSelect, Route, S3Side};
+//! use hipobj::server::Op;
+//! use hipobj::testing::world::World;
+//!
+//! struct WorldRequest<'a>(&'a World);
+//! impl S3Side for WorldRequest<'_> {
+//!     fn exchange(&mut self, token: &str) -> Result<String, String> {
+//!         let reply = self.0.server.handle(token.as_bytes(), Op::Get);
+//!         String::from_utf8(reply).map_err(|e| e.to_string())
+//!     }
+//! }
+//!
+//! let world = World::new();
+//! world.server.set_object(b"hello, GPU");
+//! let client = Client::builder()
+//!     .platform(world.platform())
+//!     .gpu(GpuSelect::Device(0))
+//!     .build()
+//!     .unwrap();
+//! let mut buffer = client.device_buffer(10).unwrap(); // the fake GPU's memory
+//! let route = client.get(&mut buffer, 0..10, &mut WorldRequest(&world)).unwrap();
+//! assert_eq!(route, Route::Direct);
+//! let mut back = [0u8; 10];
+//! buffer.read_at(0, &mut back).unwrap();
+//! assert_eq!(&back, b"hello, GPU");
+//! # }
+//! ```
+
 #![forbid(unsafe_code)]
 
 use std::ops::Range;
