@@ -440,9 +440,22 @@ fn a_bad_command_line_fails_with_exit_1_and_help_exits_0() {
 #[test]
 fn device_memory_without_a_gpu_is_refused_naming_both_runtimes() {
     let srv = server();
-    let r = run(&srv, "get-object", &["--device", "--size", "4096", "--pattern", "1"], "none");
+    let r = run(
+        &srv,
+        "get-object",
+        &["--device", "--size", "4096", "--pattern", "1"],
+        "none",
+    );
     assert_eq!(r.code, Some(1), "{}", r.describe());
-    assert!(r.stderr.contains("--device needs a GPU"), "{}", r.describe());
+    assert!(
+        r.stderr.contains("--device needs a GPU"),
+        "{}",
+        r.describe()
+    );
     assert!(r.stderr.contains("HIP sees no GPU"), "{}", r.describe());
-    assert!(r.stderr.contains("cannot load libcuda.so.1"), "{}", r.describe());
+    assert!(
+        r.stderr.contains("cannot load libcuda.so.1"),
+        "{}",
+        r.describe()
+    );
 }
