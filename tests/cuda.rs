@@ -85,15 +85,21 @@ struct Setup {
     current: Current,
 }
 
+/// A fake world whose client GPU is the real one (the CUDA driver's).
+fn real_gpu_world() -> (GpuEnv, Arc<RealGpu>, World) {
+    let env = GpuEnv::cuda();
+    let real = Arc::new(RealGpu::new(env.gpu.clone()));
+    let world = World::with(WorldSpec {
+        server_bytes: 64 << 20,
+        ..WorldSpec::default()
+    });
+    world.use_real_gpu(real.clone());
+    (env, real, world)
+}
+
 impl Setup {
     fn new(options: Options) -> Setup {
-        let env = GpuEnv::cuda();
-        let real = Arc::new(RealGpu::new(env.gpu.clone()));
-        let world = World::with(WorldSpec {
-            server_bytes: 64 << 20,
-            ..WorldSpec::default()
-        });
-        world.use_real_gpu(real.clone());
+        let (env, real, world) = real_gpu_world();
         let current = Current::new();
         let config = Config {
             gpu_device: 0,
@@ -280,13 +286,7 @@ fn the_rust_api_allocates_fills_and_transfers_real_gpu_memory() {
     use hipobj::client::{Client, GpuSelect, Route};
     use hipobj::core::buffers::BufKind;
     for dmabuf in [true, false] {
-        let env = GpuEnv::cuda();
-        let real = Arc::new(RealGpu::new(env.gpu.clone()));
-        let world = World::with(WorldSpec {
-            server_bytes: 64 << 20,
-            ..WorldSpec::default()
-        });
-        world.use_real_gpu(real.clone());
+        let (_env, _real, world) = real_gpu_world();
         let client = Client::builder()
             .platform(world.platform())
             .gpu(GpuSelect::Device(0))
