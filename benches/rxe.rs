@@ -34,7 +34,9 @@
 //! THREADS streams (`throughput ... --gate --server SOCKET`), lets them all
 //! start at once when every one has checked its bytes, and reports their
 //! aggregate throughput, from the start to the last one's end, and each
-//! per-transfer mean of theirs (where the time went) averaged over them. The parent
+//! per-transfer mean of theirs (where the time went) averaged over them, the
+//! CPUs' time by kind over the timed transfers (`/proc/stat`), and the
+//! processes' own CPU time (the children's added up, and the parent's). The parent
 //! is their one server, as an S3 server is for a host's processes: one
 //! context and one server side, a thread per stream, reached over a Unix
 //! socket per stream that carries the token and the verdict (`--server`).
@@ -656,6 +658,58 @@ fn sched_times() -> Outcome<(Duration, Duration)> {
     }
 }
 
+/// This process's time on a CPU so far, user and system, every thread's
+/// together (ended threads included): `getrusage(RUSAGE_SELF)`.
+fn process_cpu() -> Duration {
+    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a live, writable rusage for the call's duration.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return Duration::ZERO;
+    }
+    let time = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// The host's CPU time by kind, from the `cpu` line of `/proc/stat` (both
+/// CPUs together, in clock ticks of `sysconf(_SC_CLK_TCK)`): user, nice,
+/// system, idle, iowait, irq, softirq, steal.
+const CPU_KINDS: [&str; 8] = [
+    "user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal",
+];
+
+fn host_cpu() -> Vec<u64> {
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with("cpu "))
+        .map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .take(CPU_KINDS.len())
+                .filter_map(|v| v.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Reports the host's CPU time by kind since `before`, in ms, as
+/// `{name}_cpu_{kind}`.
+fn report_host_cpu(name: &str, before: &[u64]) {
+    // SAFETY: sysconf reads a constant of the C library; no memory is
+    // passed.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks <= 0 {
+        return;
+    }
+    for ((kind, after), was) in CPU_KINDS.iter().zip(host_cpu()).zip(before) {
+        let ms = after.saturating_sub(*was) as f64 * 1000.0 / ticks as f64;
+        report(&format!("{name}_cpu_{kind}"), ms, "ms");
+    }
+}
+
 /// Reports the counters that moved since `before`, as `{name}_rxe_{counter}`.
 fn report_counters(name: &str, before: &[(String, u64)]) {
     for (counter, after) in counters() {
@@ -697,12 +751,14 @@ fn throughput(
         Vec<(Duration, CallTimes)>,
         (Duration, Duration),
     );
+    let process_cpu_start = std::sync::OnceLock::new();
     let runs: Vec<Outcome<Run>> = std::thread::scope(|s| {
         let handles: Vec<_> = streams
             .iter_mut()
             .enumerate()
             .map(|(i, stream)| {
                 let (barrier, gate_passed, gate_failure) = (&barrier, &gate_passed, &gate_failure);
+                let process_cpu_start = &process_cpu_start;
                 s.spawn(move || -> Outcome<Run> {
                     let mut app = Serving::new(server, stream).map(|serving| App::new(serving, op));
                     let checked = match &mut app {
@@ -728,6 +784,9 @@ fn throughput(
                         return Err(e);
                     }
                     let (cpu, waited) = sched_times()?;
+                    if i == 0 {
+                        process_cpu_start.get_or_init(process_cpu);
+                    }
                     let start = Instant::now();
                     let mut times = Vec::with_capacity(count);
                     for _ in 0..count {
@@ -744,6 +803,10 @@ fn throughput(
             .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
             .collect()
     });
+    // Every thread of this process (the library's too) during the timed
+    // transfers; read before the streams and their instance close.
+    let process_cpu_used =
+        process_cpu().saturating_sub(process_cpu_start.get().copied().unwrap_or_default());
     if gate {
         println!("done");
     }
@@ -780,6 +843,11 @@ fn throughput(
     report_us(&format!("{name}_runqueue_wait_mean"), waited / transfers);
     report(&format!("{name}_transfers"), all.len() as f64, "count");
     report(&format!("{name}_seconds"), wall, "s");
+    report(
+        &format!("{name}_process_cpu_sum"),
+        process_cpu_used.as_secs_f64() * 1000.0,
+        "ms",
+    );
     report_counters(&name, &before);
     Ok(())
 }
@@ -1191,6 +1259,8 @@ fn run_children(
             read_until(&mut out, "ready", i)?;
             outs.push(out);
         }
+        let host_before = host_cpu();
+        let server_before = process_cpu();
         let start = Instant::now();
         for child in &mut children {
             let stdin = child.stdin.as_mut().ok_or("no stdin")?;
@@ -1203,7 +1273,17 @@ fn run_children(
             read_until(out, "done", i)?;
         }
         let wall = start.elapsed().as_secs_f64();
+        let server_cpu = process_cpu().saturating_sub(server_before);
+        let name = format!("{}_{}_p{procs}x{threads}", op_name(op), size_name(size));
+        report_host_cpu(&name, &host_before);
+        report(
+            &format!("{name}_server_process_cpu"),
+            server_cpu.as_secs_f64() * 1000.0,
+            "ms",
+        );
         let mut transfers = 0.0;
+        // The children's own CPU time over their timed transfers, added up.
+        let mut clients_cpu = 0.0;
         // Each child's per-transfer means (where the time went), by the
         // part of their names after `get_1MiB_xN_`, to be averaged.
         let mut means: Vec<(String, f64, String)> = Vec::new();
@@ -1221,6 +1301,9 @@ fn run_children(
                 if let (Some(part), Ok(value)) = (part, value.parse::<f64>()) {
                     means.push((part.to_owned(), value, (*unit).to_owned()));
                 }
+                if name.ends_with("_process_cpu_sum") {
+                    clients_cpu += value.parse::<f64>().unwrap_or(0.0);
+                }
             }
             let count = lines
                 .iter()
@@ -1234,7 +1317,7 @@ fn run_children(
                 .ok_or(format!("process {i} reported no transfers"))?;
             transfers += count;
         }
-        let name = format!("{}_{}_p{procs}x{threads}", op_name(op), size_name(size));
+        report(&format!("{name}_client_processes_cpu"), clients_cpu, "ms");
         report(
             &format!("{name}_throughput"),
             transfers * size as f64 / wall / f64::from(1 << 20),

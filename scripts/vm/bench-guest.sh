@@ -13,7 +13,8 @@
 # takes a while to get going, and perftest's -q 16 varies by a sixth from
 # one run to the next at 64 MiB); perftest's minimum of 5 iterations per QP
 # makes its 16-QP 16 MiB runs move 1280 MiB whatever the volume. REPEATS
-# defaults to 1. SECTIONS: all (default), or processes (only the splits).
+# defaults to 1. SECTIONS: all (default), processes (only the splits), or
+# cpu (what a MiB costs the emulated CPUs, perftest against the library).
 #
 # A perftest run that fails or outlives its time limit is recorded in
 # OUT/failed.txt and the others go on: ib_read_bw with 16 QPs and 16 MiB
@@ -144,6 +145,48 @@ library() {
         exit 1
     fi
 }
+
+# The emulated CPUs' time by kind (`/proc/stat`'s cpu line: user, nice,
+# system, idle, iowait, irq, softirq, steal, in clock ticks).
+cpu_line() { awk '$1 == "cpu" { print $2, $3, $4, $5, $6, $7, $8, $9 }' /proc/stat; }
+
+# SECTIONS cpu: what a MiB costs the emulated CPUs, perftest against the
+# library, 1 MiB with 16 streams. perftest runs for 16 s (-D) and the CPUs
+# are sampled from its 8th to its 14th second (its setup, which fills the
+# buffers with rand(), left out); the library reports its own CPU figures
+# over its timed transfers (processes mode, 16 x 1 and 1 x 16, 2560 MiB).
+if [[ $sections == cpu ]]; then
+    cpus=$(nproc)
+    for op in get put; do
+        tool=ib_write_bw
+        [[ $op == get ]] || tool=ib_read_bw
+        for rep in $(seq "$repeats"); do
+            name="perftest_${tool#ib_}_1MiB_x16_steady_r$rep"
+            (sleep 8; cpu_line >"$raw/$name.cpu"; sleep 6; cpu_line >>"$raw/$name.cpu") &
+            sampler=$!
+            echo "bench-guest: $name" >&2
+            if pair "$name" "$tool" -s 1048576 -q 16 -D 16; then
+                wait "$sampler" || true
+                avg=$(awk '$1 == 1048576 && NF >= 5 { print $4 }' "$raw/$name.client")
+                echo "$name ${avg:-0} MiB/s" >>"$out/perftest.txt"
+                awk -v name="$name" -v cpus="$cpus" 'NR == 1 { for (i = 1; i <= 8; i++) a[i] = $i; next }
+                    { for (i = 1; i <= 8; i++) d[i] = $i - a[i]; all = 0
+                      for (i = 1; i <= 8; i++) all += d[i]
+                      if (all > 0) print name "_cpus_busy", (all - d[4]) / all * cpus, "cpus" }' \
+                    "$raw/$name.cpu" >>"$out/perftest.txt"
+            else
+                wait "$sampler" || true
+            fi
+            # 2560 MiB in all, over the split's processes: about 25 s.
+            saved=$volume_mib
+            volume_mib=2560
+            library "_r$rep" processes "$op" 1048576 16 1
+            library "_r$rep" processes "$op" 1048576 1 16
+            volume_mib=$saved
+        done
+    done
+    exit 0
+fi
 
 base_volume_mib=$volume_mib
 for rep in $(seq "$repeats"); do

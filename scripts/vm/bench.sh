@@ -11,6 +11,8 @@
 # each more repetition adds 8 to 12; see bench-guest.sh). NETDEV_MTU 9000
 # runs rxe at path MTU 4096, as RoCE fabrics run; 1500 at 1024, as the lane
 # did before. SECTIONS `processes`: only the many-processes table (about
+# 4 minutes a repetition); `cpu`: only what a MiB of 1 MiB transfers on 16
+# streams costs the emulated CPUs, perftest against the library (about
 # 4 minutes a repetition).
 # Outputs under target/vm/out/bench: machine.txt, perftest.txt, library.txt
 # (`name value unit` lines), failed.txt (perftest runs that failed),
@@ -23,7 +25,8 @@ volume_mib=${1:-64}
 repeats=${2:-1}
 netdev_mtu=${3:-9000}
 sections=${4:-all}
-[[ $sections == all || $sections == processes ]] || { echo "vm/bench: SECTIONS is all or processes" >&2; exit 2; }
+[[ $sections == all || $sections == processes || $sections == cpu ]] ||
+    { echo "vm/bench: SECTIONS is all, processes or cpu" >&2; exit 2; }
 for n in "$volume_mib" "$repeats" "$netdev_mtu"; do
     [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "vm/bench: VOLUME_MIB, REPEATS and NETDEV_MTU are positive integers" >&2; exit 2; }
 done
@@ -112,6 +115,41 @@ print(f"Bandwidths: median of {repeats} runs (lowest–highest); each ratio is t
 if failed:
     print(f"perftest runs that failed or timed out: {', '.join(failed)}")
 print()
+if machine.get("sections") == "cpu":
+    cpus = float(machine.get("cpus", "2"))
+    print("What a MiB costs the emulated CPUs at 1 MiB on 16 streams: perftest sampled in "
+          "the steady state of a 16 s run, the library over its timed transfers (2560 MiB). "
+          "CPU ms per MiB = CPUs busy × 1000 / MiB/s.")
+    print()
+    print("| transfer | who | MiB/s | CPUs busy (of "
+          f"{cpus:.0f}) | CPU ms per MiB | ratio of MiB/s to perftest's | of which in the client "
+          "processes, ms per MiB | in the server process, ms per MiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for op, tool in (("get", "write_bw"), ("put", "read_bw")):
+        for r in range(1, repeats + 1):
+            ref = f"perftest_{tool}_1MiB_x16_steady_r{r}"
+            bw, busy = perf.get(ref), perf.get(f"{ref}_cpus_busy")
+            if bw and busy is not None:
+                print(f"| {op.upper()} 1MiB, pass {r} | ib_{tool} -q 16 | {bw:.1f} | {busy:.2f} | "
+                      f"{busy * 1000 / bw:.1f} | 1 | | |")
+            for procs, threads in ((16, 1), (1, 16)):
+                k = f"{op}_1MiB_p{procs}x{threads}"
+                mine = lib.get(f"{k}_throughput_r{r}")
+                ticks = {kind: lib.get(f"{k}_cpu_{kind}_r{r}", 0.0) for kind in
+                         ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")}
+                seconds = lib.get(f"{k}_seconds_r{r}")
+                if not mine or not seconds:
+                    continue
+                all_ms = sum(ticks.values())
+                lib_busy = (all_ms - ticks["idle"]) / all_ms * cpus if all_ms else 0.0
+                mib = mine * seconds
+                clients = lib.get(f"{k}_client_processes_cpu_r{r}", 0.0) / mib
+                server = lib.get(f"{k}_server_process_cpu_r{r}", 0.0) / mib
+                ratio = f"{mine / bw:.3f}" if bw else "—"
+                print(f"| {op.upper()} 1MiB, pass {r} | library {procs} × {threads} | {mine:.1f} | "
+                      f"{lib_busy:.2f} | {lib_busy * 1000 / mine:.1f} | {ratio} | {clients:.2f} | "
+                      f"{server:.2f} |")
+    sys.exit(0)
 print("| transfer | streams | library MiB/s | perftest MiB/s (GET: ib_write_bw, PUT: "
       "ib_read_bw; -q streams) | ratio | goal | ratio to perftest with 1 in flight |")
 print("|---|---|---|---|---|---|---|")
