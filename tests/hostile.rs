@@ -14,10 +14,10 @@ use hipobj::core::protocol::{encode_connect, encode_reject, final_imm};
 use hipobj::core::token::Token;
 use hipobj::core::transfer::Direction;
 use hipobj::core::{Code, Config, Current, Instance, Options};
-use hipobj::platform::{ConnectOutcome, ConnectRequest, QpCaps, WcStatus};
+use hipobj::platform::{AsyncKind, ConnectOutcome, ConnectRequest, QpCaps, WcStatus};
 use hipobj::server::{ClientQp, Op};
 use hipobj::testing::world::{
-    Behaviour, Scripted, TestServer, World, WorldSpec, CLIENT_IP, SERVER_NIC,
+    Behaviour, Scripted, TestServer, World, WorldSpec, CLIENT_IP, CLIENT_NIC, SERVER_NIC,
 };
 
 const LEN: usize = 8192;
@@ -710,8 +710,18 @@ fn a_dead_driver_fails_transfers_at_once_and_says_why() {
     // A token waits when the driver dies.
     let token = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
     // Only the client's driver reads the device's asynchronous events:
-    // from now on it cannot, and after a run of failures it gives up.
+    // from now on it cannot, and after a run of failures it gives up. The
+    // driver reads them when their descriptor is readable (or at its start,
+    // which may be over by now): a port event makes it readable.
     up.world.platform.faults.fail_always("ibv_get_async_event");
+    assert_eq!(
+        up.world
+            .platform
+            .fabric
+            .raise_async_event(CLIENT_NIC, AsyncKind::PortActive),
+        1,
+        "the client's one context got the event"
+    );
     let until = Instant::now() + Duration::from_secs(10);
     while up.inst.pool().death().is_none() && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(5));

@@ -359,6 +359,24 @@ impl Fabric {
         self.state.lock().held.len()
     }
 
+    /// Raises an unaffiliated asynchronous event (`kind`, no QP) on every
+    /// context open on the device `name`, as a port changing state does:
+    /// each context's event descriptor becomes readable. Returns how many
+    /// contexts got it.
+    pub fn raise_async_event(&self, name: &str, kind: AsyncKind) -> usize {
+        let mut st = self.state.lock();
+        let Some(device) = st.devices.iter().position(|d| d.spec.name == name) else {
+            return 0;
+        };
+        let mut raised = 0;
+        for c in st.contexts.values_mut().filter(|c| c.device == device) {
+            c.events.push_back(AsyncEvent { kind, qp_num: None });
+            c.waker.wake();
+            raised += 1;
+        }
+        raised
+    }
+
     /// The PSN the responder QP `qp_num` of device `name` expects next:
     /// what an attacker on the fabric must match (by sniffing or by
     /// guessing its 24 bits) to have its packets accepted.
@@ -482,6 +500,8 @@ struct State {
 
 /// An open context: where asynchronous events of its QPs go.
 struct CtxRec {
+    /// The device the context was opened on.
+    device: usize,
     events: VecDeque<AsyncEvent>,
     waker: Arc<Waker>,
 }
@@ -1540,6 +1560,7 @@ impl Verbs for FakeVerbs {
             st.contexts.insert(
                 id,
                 CtxRec {
+                    device: index,
                     events: VecDeque::new(),
                     waker: async_waker.clone(),
                 },
