@@ -401,8 +401,9 @@ pub(super) fn reconnect(env: &Env, a: &End, b: &End, link: Link) {
             end.to(QpState::Reset);
             match end.qp.modify(&init(env, ALL)) {
                 Ok(()) => break,
-                Err(_) if late_errors < 5 && end.state() == QpState::Err => {
+                Err(e) if late_errors < 5 && end.state() == QpState::Err => {
                     late_errors += 1;
+                    eprintln!("reconnect: back in ERR after its reset ({e}); reset again");
                     std::thread::sleep(Duration::from_millis(10));
                 }
                 Err(e) => panic!("INIT: {e}"),
