@@ -107,6 +107,10 @@ size_name() {
     if (($1 >= 1048576)); then echo "$(($1 / 1048576))MiB"; else echo "$(($1 / 1024))KiB"; fi
 }
 
+# perftest's BW average (MiB/s) for SIZE in its client's output FILE:
+# perftest_avg FILE SIZE. Prints nothing if it printed no result.
+perftest_avg() { awk -v size="$2" '$1 == size && NF >= 5 { print $4 }' "$1"; }
+
 # Bandwidth: bw REP TOOL SIZE QPS [EXTRA...]. Iterations per QP: enough for
 # the volume, at least perftest's 5. Records BW average (MiB/s: perftest's
 # MB/sec are 2^20 bytes).
@@ -121,7 +125,7 @@ bw() {
     echo "bench-guest: $name ($iters iterations per QP)" >&2
     pair "$name" "$tool" -s "$size" -q "$qps" -n "$iters" "$@" || return 0
     local avg
-    avg=$(awk -v size="$size" '$1 == size && NF >= 5 { print $4 }' "$raw/$name.client")
+    avg=$(perftest_avg "$raw/$name.client" "$size")
     if [[ -z "$avg" ]]; then
         echo "bench-guest: $name: no result in its output" >&2
         echo "$name $tool printed no result" >>"$out/failed.txt"
@@ -167,7 +171,7 @@ if [[ $sections == cpu ]]; then
             echo "bench-guest: $name" >&2
             if pair "$name" "$tool" -s 1048576 -q 16 -D 16; then
                 wait "$sampler" || true
-                avg=$(awk '$1 == 1048576 && NF >= 5 { print $4 }' "$raw/$name.client")
+                avg=$(perftest_avg "$raw/$name.client" 1048576)
                 echo "$name ${avg:-0} MiB/s" >>"$out/perftest.txt"
                 awk -v name="$name" -v cpus="$cpus" 'NR == 1 { for (i = 1; i <= 8; i++) a[i] = $i; next }
                     { for (i = 1; i <= 8; i++) d[i] = $i - a[i]; all = 0

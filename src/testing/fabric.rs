@@ -370,8 +370,7 @@ impl Fabric {
         };
         let mut raised = 0;
         for c in st.contexts.values_mut().filter(|c| c.device == device) {
-            c.events.push_back(AsyncEvent { kind, qp_num: None });
-            c.waker.wake();
+            c.raise(AsyncEvent { kind, qp_num: None });
             raised += 1;
         }
         raised
@@ -504,6 +503,14 @@ struct CtxRec {
     device: usize,
     events: VecDeque<AsyncEvent>,
     waker: Arc<Waker>,
+}
+
+impl CtxRec {
+    /// Queues `event` and makes the context's event descriptor readable.
+    fn raise(&mut self, event: AsyncEvent) {
+        self.events.push_back(event);
+        self.waker.wake();
+    }
 }
 
 struct Device {
@@ -983,11 +990,10 @@ impl State {
             .filter(|_| raises)
             .and_then(|c| self.contexts.get_mut(&c))
         {
-            c.events.push_back(AsyncEvent {
+            c.raise(AsyncEvent {
                 kind,
                 qp_num: Some(key.1),
             });
-            c.waker.wake();
         }
     }
 
