@@ -29,6 +29,10 @@ pub mod core;
 #[cfg(feature = "cli")]
 pub mod doctor;
 /// cbindgen:ignore
+pub mod error;
+/// cbindgen:ignore
+pub mod log;
+/// cbindgen:ignore
 pub mod platform;
 /// cbindgen:ignore
 #[cfg(feature = "s3")]

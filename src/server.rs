@@ -40,7 +40,7 @@ use parking_lot::{Mutex, RawMutex};
 use crate::core::nic::ip_of;
 use crate::core::protocol::{encode_connect, encode_proof, final_imm, grant_imm, is_refusal};
 use crate::core::token::{Token, Transport};
-use crate::core::{Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::{
     Access, Cm, CmConnection, Completion, ConnectOutcome, ConnectRequest, Context, Cq, Gid, Mr, Pd,
     Qp, QpCaps, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,

@@ -2,7 +2,7 @@
 
 use std::ffi::{c_char, CStr};
 
-use crate::core::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Copies an optional C string; NULL gives `None`. Invalid UTF-8 is
 /// replaced, since the values are names and labels, never keys.

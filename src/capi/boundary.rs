@@ -4,7 +4,7 @@
 //! body, catches any panic so that none crosses into C, and turns the body's
 //! value into the C return value through [`ReturnValue`].
 
-use crate::core::log::{log, Level};
+use crate::log::{log, Level};
 use std::ffi::CStr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 

@@ -7,7 +7,7 @@ use super::types::{
     hipObjError_t, hipObjOpErrorValue, HIPOBJ_VERSION_MAJOR, HIPOBJ_VERSION_MINOR,
     HIPOBJ_VERSION_PATCH,
 };
-use crate::core::Error;
+use crate::error::Error;
 
 /// `"M.m.p"`, from the package version the header's macros are made from.
 const VERSION: &CStr =

@@ -86,13 +86,13 @@ use std::time::Instant;
 
 use crate::core::args::{BufferRange, Slice};
 use crate::core::buffers::BufKind;
-use crate::core::log::{log, Level};
 use crate::core::nic::NicChoice;
 use crate::core::reply::REPLY_BUFFER_LEN;
 use crate::core::stats::Snapshot;
 use crate::core::token::TOKEN_HEX_LEN;
 use crate::core::transfer::{Direction, S3Client};
 use crate::core::{Config, Error, Instance, Options};
+use crate::log::{log, Level};
 use crate::platform::{DeviceBuffer, Gpu, GpuCall, Platform};
 
 pub use crate::core::transfer::Route;

@@ -12,7 +12,7 @@
 //! Handing a copy over must not fail, or a running copy would go
 //! untracked: each copy reserves room before it starts ([`Slot`]).
 
-use crate::core::log::{log, Level};
+use crate::log::{log, Level};
 use std::sync::Arc;
 use std::time::Instant;
 

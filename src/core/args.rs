@@ -2,7 +2,7 @@
 //! the spec checks them. `capi` converts raw C values into these types; an
 //! instance then checks what needs the buffer map.
 
-use super::error::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Largest registration: exactly 4 GiB is allowed.
 pub const MAX_BUFFER_BYTES: u64 = 1 << 32;
@@ -148,7 +148,7 @@ mod tests {
         // A too-large size wins over a wrap, as in the spec's order.
         assert_eq!(
             BufferRange::new(usize::MAX, usize::MAX).unwrap_err().code(),
-            crate::core::Code::SizeTooLarge
+            crate::error::Code::SizeTooLarge
         );
     }
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use super::args::MAX_BUFFERS;
-use super::error::{Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::{Access, HostBuffer, Mr, Pd};
 
 /// How a buffer was registered.

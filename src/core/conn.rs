@@ -20,20 +20,20 @@
 //! and replaced. Only a success revokes in place (an invalidation), which
 //! keeps the connection for the next transfer to the same server.
 
-use crate::core::log::{log, Level};
+use crate::log::{log, Level};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::buffers::BufEntry;
-use super::error::{Error, Result};
 use super::mailbox::Mailbox;
 use super::pool::{Pool, SlotInfo};
 use super::protocol::{self, decode_proof, encode_reject, PROOF_LEN};
 use super::stats::Stats;
 use super::token::Token;
 use super::transfer::Direction;
+use crate::error::{Error, Result};
 use crate::platform::{
     AcceptParams, Access, CmConnection, CmRequest, Completion, Cq, Gid, Mr, Mw, Pd, Qp, QpAttr,
     QpCaps, QpState, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,

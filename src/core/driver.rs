@@ -16,7 +16,7 @@
 //! fenced (ERR, bound windows deallocated), every waiting transfer and
 //! every later lease fails with the reason.
 
-use crate::core::log::{log, Level};
+use crate::log::{log, Level};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -29,10 +29,10 @@ use super::sync::Mutex;
 use super::conn::{
     refuse, wr_parts, Armed, Conn, Cooling, Env, Mode, RecvBuffers, Timers, IDLE_EPOCH, QP_CAPS,
 };
-use super::error::{Error, Result};
 use super::mailbox::Mailbox;
 use super::pool::Pool;
 use super::protocol::decode_connect;
+use crate::error::{Error, Result};
 use crate::platform::{wait_readable, AsyncKind, CmEvent, CmListener, Context, Cq, Mw, Pd, Waker};
 /// Completion entries per connection on the pool's CQ: more than a
 /// connection ever has outstanding (its receives and three sends).

@@ -19,14 +19,14 @@ use super::abandoned::AbandonedCopies;
 use super::buffers::BufferMap;
 use super::conn::Mode;
 use super::driver::{self, Commands, Driver, Settings};
-use super::error::{Error, Result, HIP_ERROR_NO_DEVICE};
-use super::log;
 use super::mailbox::Mailbox;
 use super::nic::{self, GpuPlace, NicChoice};
 use super::options::Options;
 use super::pool::Pool;
 use super::stats::{Snapshot, Stats};
 use super::transfer::Direction;
+use crate::error::{Error, Result, HIP_ERROR_NO_DEVICE};
+use crate::log;
 use crate::platform::{Cm, Context, Gid, Gpu, GpuCall, GpuRuntime, Pd, Platform, PortState};
 
 /// What `hipObjInit` was given, copied out of the caller's `hipObjConfig_t`.

@@ -15,9 +15,9 @@ use std::sync::Arc;
 use loom::thread;
 
 use super::driver::{Command, Commands};
-use super::error::Error;
 use super::mailbox::Mailbox;
 use super::pool::{Pool, SlotInfo};
+use crate::error::Error;
 use crate::platform::Pd;
 use crate::testing::fabric::{DeviceSpec, Fabric};
 use crate::testing::{Counters, Faults};

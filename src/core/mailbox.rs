@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::sync::{Condvar, Mutex};
 
-use super::error::{Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::Gid;
 
 /// One outcome, filled once (later fills are ignored), read by any number

@@ -9,9 +9,7 @@ pub mod args;
 pub mod buffers;
 pub mod conn;
 pub mod driver;
-pub mod error;
 pub mod instance;
-pub mod log;
 pub mod mailbox;
 pub mod nic;
 pub mod options;
@@ -26,6 +24,7 @@ pub mod transfer;
 #[cfg(all(test, loom))]
 mod loom_models;
 
-pub use error::{Code, Error, Result};
+pub use crate::error::{self, Code, Error, Result};
+pub use crate::log;
 pub use instance::{Config, Current, Instance, CURRENT};
 pub use options::Options;

@@ -8,7 +8,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::error::{Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::{Gid, GidEntry, GidKind, Mtu, NicInfo, PortState, Topology};
 
 /// The NIC, port and GID init chose.
@@ -286,9 +286,9 @@ mod tests {
             "rxe0"
         );
         let e = choose(&present, &nics, &names(&["down0"]), None, &tree).unwrap_err();
-        assert_eq!(e.code(), crate::core::Code::NicNotFound);
+        assert_eq!(e.code(), crate::error::Code::NicNotFound);
         let e = choose(&names(&[]), &nics, &[], None, &tree).unwrap_err();
-        assert_eq!(e.code(), crate::core::Code::NicNotFound);
+        assert_eq!(e.code(), crate::error::Code::NicNotFound);
     }
 
     #[test]

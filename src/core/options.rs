@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
-use super::log::Level;
+use crate::log::Level;
 use crate::platform::GpuRuntime;
 
 /// The library's settings (ABI spec, section 7; README).

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use super::sync::{Condvar, Mutex};
 
 use super::driver::{Command, Commands};
-use super::error::{Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::{Gid, Pd};
 
 /// What a thread leasing a slot needs to know about it, as the driver left

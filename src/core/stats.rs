@@ -8,7 +8,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::error::{Code, Error};
+use crate::error::{Code, Error};
 
 /// The live counters of one instance.
 #[derive(Debug, Default)]
@@ -137,9 +137,7 @@ impl Stats {
     }
 }
 
-/// How the S3 error of a reply that is not a success begins
-/// (`transfer::converse`): the server declined or failed the request.
-pub(crate) const DECLINED: &str = "the server replied ";
+pub(crate) use crate::error::DECLINED;
 
 impl fmt::Display for Snapshot {
     /// `name=value` pairs, space-separated, in a fixed order: the body of

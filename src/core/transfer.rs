@@ -13,7 +13,7 @@
 //!
 //! No lock is held across a callback, a verbs call or a HIP call.
 
-use crate::core::log::{log, Level};
+use crate::log::{log, Level};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,13 +21,13 @@ use super::args::{BufferRange, Slice, SyncDirection, TokenOp};
 use super::buffers::{BufEntry, BufKind, DmabufSource};
 use super::conn::{Armed, Grant, Mode};
 use super::driver::Command;
-use super::error::{Error, Result};
 use super::instance::{Instance, TokenRecord};
 use super::mailbox::{late, Mailbox};
 use super::pool::{remember_peer, Lease, SlotInfo};
 use super::reply::{parse_reply, REPLY_BUFFER_LEN};
 use super::stats::DECLINED;
 use super::token::{Token, Transport, TOKEN_HEX_LEN};
+use crate::error::{Error, Result};
 use crate::platform::{Access, GpuCall, PointerKind};
 
 /// How much longer than its own deadline a thread waits for the driver's

@@ -26,7 +26,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::core::Result;
+use crate::error::Result;
 
 pub use system::system;
 pub use types::*;

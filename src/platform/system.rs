@@ -15,7 +15,7 @@ use super::gpu::{self, LoadedCuda, LoadedHip};
 use super::topology::SysfsTopology;
 use super::verbs::{self, LoadedVerbs};
 use super::{Cm, Gpu, GpuRuntime, Platform, Topology, Verbs};
-use crate::core::{Error, Result};
+use crate::error::{Error, Result};
 
 /// The production platform.
 #[derive(Default)]
@@ -181,7 +181,7 @@ mod tests {
         let err = choose(missing("libamdhip64.so.6"), || missing("libcuda.so.1"))
             .err()
             .unwrap();
-        assert_eq!(err.hip_error(), crate::core::error::HIP_ERROR_NO_DEVICE);
+        assert_eq!(err.hip_error(), crate::error::HIP_ERROR_NO_DEVICE);
         let text = err.to_string();
         assert!(
             text.contains("libamdhip64.so.6") && text.contains("libcuda.so.1"),

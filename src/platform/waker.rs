@@ -9,7 +9,7 @@ use std::ffi::c_int;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::time::Instant;
 
-use crate::core::{Error, Result};
+use crate::error::{Error, Result};
 
 /// An eventfd, readable from [`Waker::wake`] until [`Waker::take`].
 #[derive(Debug)]

@@ -57,7 +57,7 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex};
 
 use super::fabric::{roce_av, DeviceInfo, Fabric, QpKey, MAX_RD_ATOMIC, PSN_MASK};
-use crate::core::{Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::{
     AcceptParams, Access, Cm, CmConnection, CmEvent, CmListener, CmRequest, ConnectOutcome,
     ConnectRequest, Gid, Mtu, Qp, QpAttr, QpState, Waker, CM_REQ_PRIVATE_DATA_MAX,

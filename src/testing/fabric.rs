@@ -102,7 +102,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use super::cm::{FakeCm, Hub};
 use super::memory::{self, Span};
 use super::{Counters, DeviceMemory, Faults};
-use crate::core::{Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::{
     mask, Access, AddressVector, AsyncEvent, AsyncKind, Cm, Completion, Context, Cq, DeviceLimits,
     Gid, LinkLayer, Mr, Mtu, Mw, Pd, PortAttr, PortState, Qp, QpAttr, QpCaps, QpState, RecvWr,

@@ -64,7 +64,7 @@ pub const HIP_ERROR_INVALID_VALUE: i32 = 1;
 pub const HIP_ERROR_OUT_OF_MEMORY: i32 = 2;
 /// `hipErrorNoDevice`: what `hipGetDeviceCount` and `hipGetDevice` return
 /// on a machine without GPUs.
-pub const HIP_ERROR_NO_DEVICE: i32 = crate::core::error::HIP_ERROR_NO_DEVICE;
+pub const HIP_ERROR_NO_DEVICE: i32 = crate::error::HIP_ERROR_NO_DEVICE;
 /// `hipErrorInvalidDevice`
 pub const HIP_ERROR_INVALID_DEVICE: i32 = 101;
 /// `hipErrorHostMemoryAlreadyRegistered`

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::Faults;
-use crate::core::{Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::{
     Gid, GidEntry, GidKind, LinkLayer, Mtu, NicInfo, PortInfo, PortState, Topology,
 };

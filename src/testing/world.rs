@@ -15,12 +15,12 @@ use super::gpu::{FakeGpu, FakeGpuDevice};
 use super::real_gpu::RealGpu;
 use super::topology::{roce_nic, FakeTopology};
 use super::{Counters, Faults};
-use crate::core::error::HIP_ERROR_NO_DEVICE;
 use crate::core::protocol::{encode_connect, final_imm};
 use crate::core::reply::REPLY_BUFFER_LEN;
 use crate::core::token::{Token, TOKEN_HEX_LEN};
 use crate::core::transfer::S3Client;
-use crate::core::{Error, Result};
+use crate::error::HIP_ERROR_NO_DEVICE;
+use crate::error::{Error, Result};
 use crate::platform::{
     Access, Cm, Gpu, GpuRuntime, Mr, Mtu, Platform, QpAttr, QpCaps, QpState, SendOp, SendWr, Sge,
     Topology, Verbs, WcStatus,

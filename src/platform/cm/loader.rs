@@ -9,7 +9,7 @@
 use std::ffi::{c_int, c_void};
 
 use super::sys::{rdma_cm_event, rdma_cm_id, rdma_conn_param, rdma_event_channel, rdma_port_space};
-use crate::core::{Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::dl::{self, Loaded};
 use crate::platform::verbs::sys::ibv_qp_attr;
 
@@ -154,7 +154,7 @@ mod tests {
         let err = CmTable::open(&["libhipobj-test-no-such-rdmacm.so.1"])
             .err()
             .unwrap();
-        assert_eq!(err.code(), crate::core::Code::Rdma);
+        assert_eq!(err.code(), crate::error::Code::Rdma);
         let text = err.to_string();
         assert!(text.contains("cannot load librdmacm"), "{text}");
         assert!(

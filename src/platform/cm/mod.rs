@@ -37,7 +37,7 @@
 pub mod loader;
 pub mod sys;
 
-use crate::core::log::{log, Level};
+use crate::log::{log, Level};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::io::Write;
@@ -63,7 +63,7 @@ use super::{
     wait_readable, AcceptParams, Cm, CmConnection, CmEvent, CmListener, CmRequest, ConnectOutcome,
     ConnectRequest, Qp, QpAttr, QpState, Waker, CM_REP_PRIVATE_DATA_MAX, CM_REQ_PRIVATE_DATA_MAX,
 };
-use crate::core::{Error, Result};
+use crate::error::{Error, Result};
 
 pub use loader::SONAMES;
 
@@ -1038,7 +1038,7 @@ mod tests {
             let err = listened
                 .err()
                 .expect("no RDMA device, yet listening worked");
-            assert_eq!(err.code(), crate::core::Code::Rdma, "{err}");
+            assert_eq!(err.code(), crate::error::Code::Rdma, "{err}");
             assert!(err.to_string().contains("rdma_"), "{err}");
         } else {
             // The Soft-RoCE lane: the kernel CM binds loopback to a device.

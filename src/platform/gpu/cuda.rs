@@ -64,7 +64,7 @@ use parking_lot::Mutex;
 
 use super::owners::{release_failed, Backoff};
 use super::sys::fn_table;
-use crate::core::{Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::dl::{self, Loaded};
 use crate::platform::{
     DeviceBuffer, Gpu, GpuCall, GpuEvent, HipResult, HostBuffer, PointerKind, RuntimeInfo,
@@ -846,7 +846,7 @@ mod tests {
         let err = LoadedCuda::open(&["libhipobj-test-no-such-cuda.so.1"])
             .err()
             .unwrap();
-        assert_eq!(err.hip_error(), crate::core::error::HIP_ERROR_NO_DEVICE);
+        assert_eq!(err.hip_error(), crate::error::HIP_ERROR_NO_DEVICE);
         assert!(
             err.to_string().contains("libhipobj-test-no-such-cuda.so.1"),
             "{err}"

@@ -24,7 +24,7 @@ use super::sys::{
     HIP_ERROR_INVALID_VALUE, HIP_MEMCPY_DEFAULT, HIP_STREAM_PER_THREAD, HIP_SUCCESS,
     HSA_STATUS_ERROR, HSA_STATUS_SUCCESS,
 };
-use crate::core::{Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::dl::{self, Loaded};
 use crate::platform::{
     DeviceBuffer, Gpu, GpuEvent, HipResult, HostBuffer, PointerKind, RuntimeInfo,
@@ -340,12 +340,12 @@ mod tests {
         let err = LoadedHip::open(&["libhipobj-test-no-such-hip.so.6"])
             .err()
             .unwrap();
-        assert_eq!(err.hip_error(), crate::core::error::HIP_ERROR_NO_DEVICE);
+        assert_eq!(err.hip_error(), crate::error::HIP_ERROR_NO_DEVICE);
         assert!(
             err.to_string().contains("libhipobj-test-no-such-hip.so.6"),
             "{err}"
         );
-        assert_eq!(err.code(), crate::core::Code::Rdma);
+        assert_eq!(err.code(), crate::error::Code::Rdma);
     }
 
     #[test]
@@ -357,7 +357,7 @@ mod tests {
                 .contains("libc.so.6: symbol hipGetDeviceCount not found"),
             "{err}"
         );
-        assert_eq!(err.hip_error(), crate::core::error::HIP_ERROR_NO_DEVICE);
+        assert_eq!(err.hip_error(), crate::error::HIP_ERROR_NO_DEVICE);
     }
 
     #[test]

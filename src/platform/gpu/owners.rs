@@ -19,7 +19,7 @@
 //! concurrent calls on one event itself: `hip::Event::query` takes the
 //! event's own lock (ROCm's CLR, `hipamd/src/hip_event.cpp`).
 
-use crate::core::log::{log, Level};
+use crate::log::{log, Level};
 use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -29,7 +29,7 @@ use std::fs::{self, File};
 use std::io::{ErrorKind, Read};
 use std::path::{Component, Path, PathBuf};
 
-use crate::core::{Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::{GidEntry, GidKind, LinkLayer, NicInfo, PortInfo, PortState, Topology};
 
 /// sysfs attributes are at most a page; anything longer is not one.

@@ -31,7 +31,7 @@ use super::sys::{
     ibv_mw_type, ibv_pd, ibv_port_attr, ibv_qp_cap, ibv_qp_init_attr, ibv_qp_type,
 };
 use super::{check_rc, destroy_failed, null_error};
-use crate::core::{Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::{
     Access, AsyncEvent, AsyncKind, Context, Cq, DeviceLimits, Gid, Mr, Mw, Pd, PortAttr, Qp, QpCaps,
 };

@@ -16,7 +16,7 @@ use super::convert::{self, zeroed};
 use super::inline;
 use super::sys::{ibv_comp_channel, ibv_cq, ibv_wc};
 use super::{check_rc, destroy_failed, null_error};
-use crate::core::{Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::{Completion, Context, Cq};
 
 /// Most completions read by one `ibv_poll_cq`.

@@ -25,7 +25,7 @@ use super::sys::{
     _compat_ibv_port_attr, ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq, ibv_device,
     ibv_device_attr, ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_init_attr,
 };
-use crate::core::{Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::dl::{self, Loaded};
 use crate::platform::{Context, Verbs};
 
@@ -330,7 +330,7 @@ mod tests {
         let err = LoadedVerbs::open(&["libhipobj-test-no-such-verbs.so.1"])
             .err()
             .unwrap();
-        assert_eq!(err.code(), crate::core::Code::Rdma);
+        assert_eq!(err.code(), crate::error::Code::Rdma);
         assert!(
             err.to_string()
                 .contains("libhipobj-test-no-such-verbs.so.1"),

@@ -20,11 +20,11 @@ pub mod loader;
 mod qp;
 pub mod sys;
 
-use crate::core::log::{log, Level};
+use crate::log::{log, Level};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::core::Error;
+use crate::error::Error;
 
 pub use context::{DeviceContext, MemoryRegion, MemoryWindow, ProtectionDomain};
 pub use cq::CompletionQueue;

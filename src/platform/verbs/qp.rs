@@ -9,7 +9,7 @@ use super::convert::{self, zeroed, BindTarget};
 use super::inline;
 use super::sys::{ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_send_wr, ibv_sge};
 use super::{check_rc, destroy_failed, rc_cause, rc_error};
-use crate::core::{Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::{Context, Cq, Mr, Mw, Qp, QpAttr, QpState, RecvWr, SendOp, SendWr};
 
 /// An RC QP (`struct ibv_qp`), destroyed on drop.

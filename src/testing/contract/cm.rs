@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use super::support::{caps, deadline, err_of, eventually, init, quiet, take, to};
 use super::{Env, NOWHERE};
-use crate::core::Result;
+use crate::error::Result;
 use crate::platform::{
     AcceptParams, Access, CmConnection, CmEvent, CmListener, CmRequest, Completion, ConnectOutcome,
     ConnectRequest, Context, Cq, Mr, Mtu, Pd, Qp, QpAttr, QpState, RecvWr, SendOp, SendWr, Sge,

@@ -40,7 +40,7 @@ pub use topology::*;
 pub use verbs::*;
 pub use windows::*;
 
-use crate::core::Result;
+use crate::error::Result;
 use crate::platform::{Cm, Platform, Topology, Verbs};
 use crate::testing::fabric::{DeviceSpec, Fabric};
 use crate::testing::topology::FakeTopology;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Env, PATIENCE};
-use crate::core::{Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::{
     Access, AddressVector, Completion, Context, Cq, Gid, Mr, Mtu, Pd, Qp, QpAttr, QpCaps, QpState,
     RecvWr, SendOp, SendWr, Sge, WcStatus,

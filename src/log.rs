@@ -60,7 +60,7 @@ pub fn write(level: Level, message: std::fmt::Arguments<'_>) {
 /// `log!(Level::Warn, "format", args...)`: [`write`] with `format_args!`.
 macro_rules! log {
     ($level:expr, $($arg:tt)*) => {
-        $crate::core::log::write($level, format_args!($($arg)*))
+        $crate::log::write($level, format_args!($($arg)*))
     };
 }
 pub(crate) use log;

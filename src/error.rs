@@ -114,12 +114,16 @@ pub enum Error {
     Internal(String),
 }
 
+/// How the S3 error of a reply that is not a success begins
+/// (`transfer::converse`): the server declined or failed the request.
+pub(crate) const DECLINED: &str = "the server replied ";
+
 impl Error {
     /// The status of a server reply that was not a success (the server
     /// declined or failed the transfer), for an error that is one.
     pub fn declined(&self) -> Option<u16> {
         match self {
-            Error::S3(why) => why.strip_prefix(super::stats::DECLINED)?.parse().ok(),
+            Error::S3(why) => why.strip_prefix(DECLINED)?.parse().ok(),
             _ => None,
         }
     }
