@@ -272,11 +272,15 @@ HIPOBJ_API hipObjError_t hipObjBufDeregister(void *devPtr);
  * and the staging buffer: `HIPOBJ_SYNC_TO_HOST` before a PUT,
  * `HIPOBJ_SYNC_TO_DEVICE` after a GET. Does nothing, successfully, for a
  * buffer that is not staged. For transfers the application drives with
- * `hipObjGetRdmaToken`.
+ * `hipObjGetRdmaToken`: before copying to the device, it waits (up to
+ * `HIPOBJ_COMPLETION_TIMEOUT_MS`) for the buffer's GETs that a server has
+ * started; it never ends a token.
  *
  * Thread safety: any thread. Returns `hipObjNotInitialized` first;
  * `hipObjInvalidValue` for a `direction` other than 0 or 1; then the buffer
- * codes of `hipObjGet`; `hipObjInternalError` if the copy fails or exceeds
+ * codes of `hipObjGet`; `hipObjRdmaError` (staged buffers only) if a GET
+ * into the buffer failed since the last sync, or one a server started is
+ * still running; `hipObjInternalError` if the copy fails or exceeds
  * `HIPOBJ_STAGE_TIMEOUT_MS`.
  *
  * # Safety
@@ -334,7 +338,11 @@ HIPOBJ_API hipObjError_t hipObjShutdown(void);
  *
  * Thread safety: any thread. Returns `hipObjNotInitialized` first;
  * `hipObjInvalidValue` for a NULL `outToken` or an `op` other than 0 or 1;
- * then the buffer codes of `hipObjGet` with an offset of 0.
+ * then the buffer codes of `hipObjGet` with an offset of 0. When no pool
+ * connection is free, a released token that no server has used gives its
+ * connection up; `hipObjBusy` when every connection holds such a token
+ * not released (at most `HIPOBJ_MAX_TRANSFERS` are outstanding), or when
+ * none came free within `HIPOBJ_COMPLETION_TIMEOUT_MS`.
  *
  * # Safety
  *
@@ -347,11 +355,13 @@ hipObjError_t hipObjGetRdmaToken(const void *devPtr,
                                  char **outToken);
 
 /**
- * Releases a token from `hipObjGetRdmaToken`. If no server has used the
- * token yet (the server declined it, or the application gave up), its
- * transfer ends too: the connection and the buffer it held are free at
- * once, rather than at `HIPOBJ_TOKEN_TIMEOUT_MS`. A token whose transfer
- * has started runs on to its end.
+ * Releases the string of a token from `hipObjGetRdmaToken`. It ends
+ * nothing: a server may still use the token (applications copy it into
+ * their request and release it before sending). The token ends at the
+ * server's final message, at `HIPOBJ_TOKEN_TIMEOUT_MS`, when its buffer
+ * is deregistered, or at `hipObjShutdown`; a released token no server has
+ * used also gives its connection to a newer token when none is free.
+ * Never waits.
  *
  * Needs no initialized library (then it only frees); any thread. Returns
  * `hipObjInvalidValue` for NULL, else `hipObjSuccess`.

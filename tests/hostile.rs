@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hipobj::core::args::{BufferRange, Slice, SyncDirection, TokenOp};
+use hipobj::core::args::{BufferRange, Slice, TokenOp};
 use hipobj::core::protocol::{encode_connect, encode_reject, final_imm};
 use hipobj::core::token::Token;
 use hipobj::core::transfer::Direction;
@@ -331,6 +331,7 @@ fn tokens_carry_fresh_secrets_and_random_window_keys() {
             steps.insert((t.rkey & 0xff).wrapping_sub(last) & 0xff);
         }
         last_rkey = Some(t.rkey & 0xff);
+        // Released unused: the next mint takes its connection back.
         up.inst.release_token(&t);
     }
     // 300 draws of 32 bits: a repeat is a one-in-100,000 chance.
@@ -341,6 +342,7 @@ fn tokens_carry_fresh_secrets_and_random_window_keys() {
         keys.len()
     );
     assert!(steps.len() > 50, "no fixed step from one key to the next");
+    up.inst.deregister(up.base()).unwrap();
     assert!(up.all_free());
 }
 
@@ -434,7 +436,7 @@ fn without_windows_a_transfer_registration_is_its_connection_alone() {
         "another connection's registration was reachable"
     );
     drop(session);
-    up.inst.release_token(&b);
+    up.inst.deregister(up.base()).unwrap();
     assert!(up.settle());
     assert!(up.buf.iter().all(|&x| x == 0));
 }
@@ -537,45 +539,86 @@ fn a_token_granted_at_shutdown_loses_its_access() {
 }
 
 #[test]
-fn two_tokens_on_one_buffer_where_one_fails_in_buf_sync() {
+fn deregistration_ends_every_token_of_its_buffer_and_their_access() {
     let up = Up::new();
     let server = up.world.server.clone();
     let t1 = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
     let t2 = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
-    server.set_object(&pattern(LEN, 8));
-    assert_eq!(server.handle(&t2.to_hex(), Op::Get), b"200");
-    // t1's server never comes: the sync waits for it, ends it, and fails.
-    let sync = up.inst.buf_sync(up.slice(HALF), SyncDirection::ToDevice);
-    assert_eq!(sync.unwrap_err().code(), Code::Rdma);
+    let session = server.side().begin(&t2, None, deadline()).expect("granted");
+    session.abandon();
+    // t1's server never came; t2's was granted and never finished.
+    up.inst.deregister(up.base()).unwrap();
     assert!(up.settle(), "both leases are back");
     assert!(nothing_left(&server, &t1) && nothing_left(&server, &t2));
-    // Nothing holds the buffer any more.
-    up.inst.deregister(up.base()).unwrap();
+    assert_ne!(server.handle(&t1.to_hex(), Op::Get), b"200");
 }
 
 #[test]
-fn releasing_an_unused_token_ends_its_lease_at_once() {
-    let up = Up::new();
-    let token = up.inst.mint_token(up.slice(HALF), TokenOp::Put).unwrap();
-    assert_eq!(up.inst.pool().free_count(), SLOTS - 1);
-    up.inst.release_token(&token);
-    assert!(up.all_free(), "the lease ended with the release");
-    let server = up.world.server.clone();
-    assert_eq!(
-        server.handle(&token.to_hex(), Op::Put),
-        b"500",
-        "the token is dead"
+fn a_released_token_still_ends_at_its_deadline() {
+    let up = Up::with(
+        World::new(),
+        Options {
+            token_timeout: Duration::from_millis(300),
+            ..options()
+        },
     );
-    // A token whose transfer started is not ended by a release.
-    let token = up.inst.mint_token(up.slice(HALF), TokenOp::Put).unwrap();
+    let server = up.world.server.clone();
+    let token = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+    up.inst.release_token(&token);
+    assert!(!up.all_free(), "the release ends nothing");
+    assert!(up.settle(), "the deadline ended the token");
+    assert!(nothing_left(&server, &token));
+    assert_ne!(server.handle(&token.to_hex(), Op::Get), b"200");
+}
+
+/// `hipObjShutdown` while another call holds the instance (a `hipObjGet`
+/// blocked in its callback, a registration on another thread): every
+/// application-driven token's access ends before shutdown returns, and a
+/// token's server that comes later is refused.
+#[test]
+fn shutdown_ends_every_token_whatever_other_calls_hold_the_instance() {
+    let up = Up::new();
+    let server = up.world.server.clone();
+    let granted = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+    let waiting = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
     let session = server
         .side()
-        .begin(&token, None, deadline())
+        .begin(&granted, None, deadline())
         .expect("granted");
-    up.inst.release_token(&token);
-    assert!(!up.all_free(), "a started transfer goes on");
-    drop(session);
-    assert!(up.settle());
+    session.abandon();
+    // What a call in flight holds.
+    let in_flight = up.current.instance().unwrap();
+    let Up {
+        inst,
+        current,
+        buf,
+        world,
+    } = up;
+    drop(inst);
+    current.shutdown();
+    assert!(!current.is_initialized());
+    server.set_object(&pattern(LEN, 0x66));
+    let probe = server.probe(&key(&granted), Op::Get, granted.addr, granted.rkey, 64);
+    assert_ne!(
+        probe,
+        Some(WcStatus::Success),
+        "the granted server wrote after shutdown"
+    );
+    assert_ne!(
+        server.handle(&waiting.to_hex(), Op::Get),
+        b"200",
+        "a token was proved after shutdown"
+    );
+    assert!(buf.iter().all(|&b| b == 0), "bytes landed after shutdown");
+    // A transfer the call in flight starts now is refused too.
+    let later = in_flight.transfer(
+        Direction::Get,
+        Slice::new(buf.as_ptr() as usize, HALF, 0).unwrap(),
+        &mut server.session(Op::Get),
+    );
+    assert_eq!(later.unwrap_err().code(), Code::NotInitialized);
+    drop(in_flight);
+    drop(world);
 }
 
 // ---------------------------------------------------------------- P5
@@ -619,12 +662,9 @@ fn connect_request(up: &Up, private_data: &[u8]) -> Option<Vec<u8>> {
 #[test]
 fn every_refusal_says_the_same() {
     let up = Up::new();
+    // A transfer that ended: its connection has nothing waiting.
+    let idle = recorded(&up, &up.world.server, Op::Get, HALF);
     let waiting = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
-    let idle = {
-        let t = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
-        up.inst.release_token(&t);
-        t
-    };
     let wrong_secret = Token {
         secret: waiting.secret ^ 1,
         ..waiting
@@ -731,10 +771,9 @@ fn a_dead_driver_fails_transfers_at_once_and_says_why() {
         why.to_string().contains("connection driver stopped"),
         "{why}"
     );
-    // The waiting token was answered, and its access is gone.
-    let sync = up.inst.buf_sync(up.slice(HALF), SyncDirection::ToDevice);
-    assert_eq!(sync.unwrap_err().code(), Code::Rdma);
+    // The waiting token's access is gone, and its request fails.
     assert!(nothing_left(&server, &token));
+    assert_ne!(server.handle(&token.to_hex(), Op::Get), b"200");
     // Every later transfer fails at once, with the reason.
     let later = up.transfer(Op::Get, &server, HALF).unwrap_err();
     assert_eq!(later.code(), Code::Rdma);
@@ -781,10 +820,13 @@ fn the_final_message_must_carry_this_transfers_secret() {
     let mut session = server.side().begin(&token, None, deadline()).unwrap();
     session.write(&server.local(), 0, 0, HALF as u64).unwrap();
     let _ = session.finish_with(final_imm(previous.secret));
-    let sync = up.inst.buf_sync(up.slice(HALF), SyncDirection::ToDevice);
-    assert_eq!(sync.unwrap_err().code(), Code::Rdma);
     assert!(up.settle());
     assert!(nothing_left(&server, &token));
+    // It ended in failure: its connection was reset rather than kept, so
+    // the next transfer to the server connects again.
+    let handshakes = up.inst.stats().handshakes;
+    up.transfer(Op::Get, &server, HALF).unwrap();
+    assert_eq!(up.inst.stats().handshakes, handshakes + 1);
 }
 
 // ---------------------------------------------------------------- the fabric, no kinder than hardware

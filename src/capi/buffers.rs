@@ -79,11 +79,15 @@ pub unsafe extern "C" fn hipObjBufDeregister(devPtr: *mut c_void) -> hipObjError
 /// and the staging buffer: `HIPOBJ_SYNC_TO_HOST` before a PUT,
 /// `HIPOBJ_SYNC_TO_DEVICE` after a GET. Does nothing, successfully, for a
 /// buffer that is not staged. For transfers the application drives with
-/// `hipObjGetRdmaToken`.
+/// `hipObjGetRdmaToken`: before copying to the device, it waits (up to
+/// `HIPOBJ_COMPLETION_TIMEOUT_MS`) for the buffer's GETs that a server has
+/// started; it never ends a token.
 ///
 /// Thread safety: any thread. Returns `hipObjNotInitialized` first;
 /// `hipObjInvalidValue` for a `direction` other than 0 or 1; then the buffer
-/// codes of `hipObjGet`; `hipObjInternalError` if the copy fails or exceeds
+/// codes of `hipObjGet`; `hipObjRdmaError` (staged buffers only) if a GET
+/// into the buffer failed since the last sync, or one a server started is
+/// still running; `hipObjInternalError` if the copy fails or exceeds
 /// `HIPOBJ_STAGE_TIMEOUT_MS`.
 ///
 /// # Safety

@@ -32,6 +32,7 @@ use super::pool::{Pool, SlotInfo};
 use super::protocol::{self, decode_proof, encode_reject, PROOF_LEN};
 use super::stats::Stats;
 use super::token::Token;
+use super::tokens::TokenBook;
 use super::transfer::Direction;
 use crate::error::{Error, Result};
 use crate::platform::{
@@ -170,6 +171,10 @@ pub struct Armed {
     pub deadline: Option<Instant>,
     /// An application-driven token (no thread waits on it).
     pub detached: bool,
+    /// The application released the token (`hipObjPutRdmaToken`): it
+    /// runs on, but while no server has proved it, its connection may be
+    /// given to a newer token when the pool runs out.
+    pub released: bool,
 }
 
 /// Where an armed job is.
@@ -315,6 +320,11 @@ pub struct Env<'a> {
     pub idle_timeout: Duration,
     /// `HIPOBJ_RDMA_DEBUG`: say why a connect request was refused.
     pub debug: bool,
+    /// Where application-driven GETs into staged buffers are recorded.
+    pub tokens: &'a TokenBook,
+    /// The instance is shut down: application-driven tokens are ended and
+    /// no new one is armed.
+    pub closing: bool,
 }
 
 /// The receive buffers of every connection: `RECVS` of `RECV_BUF_LEN`
@@ -402,6 +412,8 @@ pub struct Conn {
     /// Bumped whenever the slot goes back to the free list: commands of an
     /// older lease are ignored.
     pub epoch: u64,
+    /// When the present job was armed.
+    armed_at: Instant,
     /// Posted receives, by buffer.
     recvs: [Option<u64>; RECVS],
     /// Posted send work requests (bind, grant, invalidate) not completed.
@@ -433,6 +445,7 @@ impl Conn {
             link: Link::Idle,
             job: Job::Free,
             epoch: 0,
+            armed_at: Instant::now(),
             recvs: [None; RECVS],
             sends: Vec::new(),
             next_seq: 0,
@@ -481,10 +494,40 @@ impl Conn {
         matches!(&self.job, Job::Armed(a, _) if a.detached && a.entry.base == base)
     }
 
-    /// Whether the job is the application-driven token with this secret,
-    /// and no server has proved it yet.
-    pub fn has_unstarted_token(&self, secret: u32) -> bool {
-        matches!(&self.job, Job::Armed(a, Phase::Waiting) if a.detached && a.token.secret == secret)
+    /// Whether the job is application-driven.
+    pub fn has_token(&self) -> bool {
+        matches!(&self.job, Job::Armed(a, _) if a.detached)
+    }
+
+    /// Whether the connection should be free again soon: it serves a
+    /// transfer a thread waits on (or a thread leased it), or a token a
+    /// server has proved (it ends at its final message). A token no server
+    /// has proved holds its connection until its deadline.
+    pub fn frees_soon(&self, pool: &Pool) -> bool {
+        match &self.job {
+            Job::Armed(a, phase) => !a.detached || !matches!(phase, Phase::Waiting),
+            Job::Leased => true,
+            Job::Free => !self.is_retired() && !pool.is_free(self.index),
+        }
+    }
+
+    /// The application released the token with this secret (it ends
+    /// nothing: its server may still be on its way).
+    pub fn on_released(&mut self, secret: u32) {
+        if let Job::Armed(a, _) = &mut self.job {
+            if a.detached && a.token.secret == secret {
+                a.released = true;
+            }
+        }
+    }
+
+    /// When the job was armed, if it is a released token no server has
+    /// proved: one the pool may take back for a newer token.
+    pub fn reclaimable_since(&self) -> Option<Instant> {
+        match &self.job {
+            Job::Armed(a, Phase::Waiting) if a.detached && a.released => Some(self.armed_at),
+            _ => None,
+        }
     }
 
     /// The armed job's deadline, if it is at `epoch`.
@@ -639,6 +682,12 @@ impl Conn {
             )));
             return;
         }
+        if env.closing && armed.detached {
+            // Minted as the library shut down: never armed.
+            armed.mailbox.fill(Err(Error::NotInitialized));
+            return self.release(env);
+        }
+        self.armed_at = Instant::now();
         let window_ok = match (&self.window, &armed.grant) {
             (Some(w), Grant::Window { .. }) => armed.token.rkey & !0xff == w.rkey & !0xff,
             (None, Grant::Region { .. }) => true,
@@ -772,6 +821,7 @@ impl Conn {
     /// Takes the job (its access is revoked already), frees the slot, and
     /// tells the outcome (with the server's GID on success).
     fn end_job(&mut self, outcome: Result<()>, peer: Option<Gid>, env: &mut Env<'_>) {
+        let key = (self.index, self.epoch);
         let armed = std::mem::replace(&mut self.job, Job::Leased);
         // The slot is free again before the outcome is told, so that a
         // thread that has its outcome finds its connection back.
@@ -781,8 +831,12 @@ impl Conn {
                 mailbox,
                 grant,
                 entry,
+                detached,
                 ..
             } = *armed;
+            if detached {
+                env.tokens.ended(entry.base, key, &outcome);
+            }
             // Access is gone (or never was): the region (if any) and the
             // buffer may go, and the outcome may be told.
             drop(grant);
@@ -835,6 +889,9 @@ impl Conn {
                 );
             }
             return refuse(request);
+        }
+        if let Job::Armed(a, _) = &self.job {
+            a.mailbox.set_proved();
         }
         // Re-aiming an RC QP: away from its old server first (the old
         // server's packets no longer reach it).
@@ -1084,6 +1141,7 @@ impl Conn {
             return self.reset(env);
         }
         env.stats.reuse();
+        armed.mailbox.set_proved();
         let imm = protocol::grant_imm(armed.token.secret);
         let access = armed.direction.access();
         let outcome = match &armed.grant {

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use super::stats::Stats;
 use super::sync::Mutex;
+use super::tokens::TokenBook;
 
 use super::conn::{
     refuse, wr_parts, Armed, Conn, Cooling, Env, Mode, RecvBuffers, Timers, IDLE_EPOCH, QP_CAPS,
@@ -86,14 +87,29 @@ pub enum Command {
         /// Filled once they ended.
         done: Arc<Mailbox>,
     },
-    /// Ends the application-driven token with this QP and secret if no
-    /// server has proved it yet (`hipObjPutRdmaToken`), then fills `done`.
-    EndToken {
+    /// The application released the token with this QP and secret
+    /// (`hipObjPutRdmaToken`). It ends nothing; the job is marked, so that
+    /// while no server has proved it, its connection may go to a newer
+    /// token when the pool runs out.
+    Released {
         /// The token's QP number.
         qp_num: u32,
         /// The token's secret.
         secret: u32,
-        /// Filled once it is handled.
+    },
+    /// A token is being minted and no connection is free: end the oldest
+    /// released token no server has proved, if any. `done` gets `Ok` when
+    /// a connection is (or will soon be) free, `Err(Busy)` when every
+    /// connection holds an application-driven token that is not released.
+    Reclaim {
+        /// Answered once decided.
+        done: Arc<Mailbox>,
+    },
+    /// The instance is shut down: end every application-driven token (its
+    /// access revoked), refuse any later one, then fill `done`. Transfers
+    /// that threads wait on run to their end.
+    Close {
+        /// Filled once every token has ended.
         done: Arc<Mailbox>,
     },
     /// Shut down: end every job, disconnect every connection, exit.
@@ -152,9 +168,9 @@ impl Commands {
         for command in left {
             match command {
                 Command::Arm { armed, .. } => armed.mailbox.fill(Err(why.clone())),
-                Command::EndTokens { done, .. } | Command::EndToken { done, .. } => {
-                    done.fill(Ok(()))
-                }
+                Command::EndTokens { done, .. }
+                | Command::Reclaim { done }
+                | Command::Close { done } => done.fill(Ok(())),
                 _ => {}
             }
         }
@@ -191,6 +207,8 @@ pub struct Settings {
     pub debug: bool,
     /// The instance's counters (handshakes, in-band proofs).
     pub stats: Arc<Stats>,
+    /// Application-driven GETs into staged buffers, told when they end.
+    pub tokens: Arc<TokenBook>,
 }
 
 /// Creates `count` connections on `ctx`: one CQ for all, a window each
@@ -260,6 +278,8 @@ pub fn build(
         idle_timeout: settings.idle_timeout,
         debug: settings.debug,
         stats: &settings.stats,
+        tokens: &settings.tokens,
+        closing: false,
     };
     let mut windows = windows.map(Vec::into_iter);
     let mut conns = Vec::with_capacity(count);
@@ -319,6 +339,7 @@ impl Driver {
                 settings,
                 event_errors: 0,
                 stopping: false,
+                closing: false,
             },
         };
         let thread = std::thread::Builder::new()
@@ -378,6 +399,8 @@ struct Shared {
     event_errors: u32,
     /// A Stop command was read.
     stopping: bool,
+    /// A Close command was read.
+    closing: bool,
 }
 
 impl Shared {
@@ -396,6 +419,8 @@ impl Shared {
             idle_timeout: self.settings.idle_timeout,
             debug: self.settings.debug,
             stats: &self.settings.stats,
+            tokens: &self.settings.tokens,
+            closing: self.closing,
         }
     }
 
@@ -538,19 +563,42 @@ impl State {
                 }
                 done.fill(Ok(()));
             }
-            Command::EndToken {
-                qp_num,
-                secret,
-                done,
-            } => {
+            Command::Released { qp_num, secret } => {
                 let found = shared.by_name.get(&qp_num).copied();
                 if let Some(conn) = found.and_then(|i| conns.get_mut(i)) {
-                    if conn.has_unstarted_token(secret) {
-                        let why =
-                            Error::Rdma("the token was released before any server used it".into());
-                        let epoch = conn.epoch;
-                        conn.on_abort(epoch, why, &mut shared.env());
-                    }
+                    conn.on_released(secret);
+                }
+            }
+            Command::Reclaim { done } => {
+                let oldest = conns
+                    .iter()
+                    .filter_map(|c| c.reclaimable_since().map(|at| (at, c.index)))
+                    .min();
+                if let Some(conn) = oldest.and_then(|(_, i)| conns.get_mut(i)) {
+                    let why = Error::Rdma(
+                        "the token was released and no server had used it when a newer \
+                         token needed its connection"
+                            .into(),
+                    );
+                    let epoch = conn.epoch;
+                    conn.on_abort(epoch, why, &mut shared.env());
+                    done.fill(Ok(()));
+                } else if conns.iter().any(|c| c.frees_soon(&shared.pool)) {
+                    // A transfer will end soon and free its connection.
+                    done.fill(Ok(()));
+                } else {
+                    done.fill(Err(Error::Busy(
+                        "every connection holds an application-driven token that no server \
+                         has used and that is not released (at most HIPOBJ_MAX_TRANSFERS \
+                         tokens are outstanding)",
+                    )));
+                }
+            }
+            Command::Close { done } => {
+                shared.closing = true;
+                for conn in conns.iter_mut().filter(|c| c.has_token()) {
+                    let epoch = conn.epoch;
+                    conn.on_abort(epoch, Error::NotInitialized, &mut shared.env());
                 }
                 done.fill(Ok(()));
             }

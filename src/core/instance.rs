@@ -13,18 +13,15 @@ use parking_lot::{Mutex, RwLock};
 
 use std::net::SocketAddr;
 
-use std::time::Instant;
-
 use super::abandoned::AbandonedCopies;
 use super::buffers::BufferMap;
 use super::conn::Mode;
 use super::driver::{self, Commands, Driver, Settings};
-use super::mailbox::Mailbox;
 use super::nic::{self, GpuPlace, NicChoice};
 use super::options::Options;
 use super::pool::Pool;
 use super::stats::{Snapshot, Stats};
-use super::transfer::Direction;
+use super::tokens::TokenBook;
 use crate::error::{Error, Result, HIP_ERROR_NO_DEVICE};
 use crate::log;
 use crate::platform::{Cm, Context, Gid, Gpu, GpuCall, GpuRuntime, Pd, Platform, PortState};
@@ -82,33 +79,9 @@ pub struct GpuChoice {
     pub device: i32,
 }
 
-/// An application-driven token the instance has handed out: what
-/// `hipObjBufSync` waits for and `hipObjPutRdmaToken` ends. The driver owns
-/// its job; this is only where its outcome arrives.
-pub(crate) struct TokenRecord {
-    /// The buffer's registered address.
-    pub(crate) base: usize,
-    /// Its direction.
-    pub(crate) direction: Direction,
-    /// Its slot and lease epoch (to end it).
-    pub(crate) index: usize,
-    pub(crate) epoch: u64,
-    /// Its secret (to find it from the token).
-    pub(crate) secret: u32,
-    /// Where its outcome arrives.
-    pub(crate) mailbox: Arc<Mailbox>,
-    /// When the driver ends it at the latest.
-    pub(crate) deadline: Instant,
-}
-
-impl TokenRecord {
-    /// Whether nothing will ask for it any more: a PUT that ended, or any
-    /// token ended and a whole token timeout past its deadline.
-    pub(crate) fn stale(&self, now: Instant, token_timeout: std::time::Duration) -> bool {
-        self.mailbox.peek().is_some()
-            && (self.direction == Direction::Put || self.deadline + token_timeout <= now)
-    }
-}
+/// How long shutdown waits for the driver to confirm that every token
+/// ended (it takes microseconds unless the driver is wedged).
+const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// One initialized library: everything `hipObjInit` built. Built whole by
 /// [`Current::init_with`] or not at all.
@@ -134,7 +107,7 @@ pub struct Instance {
     driver: Driver,
     /// What moved the bytes, and what failed ([`Instance::stats`]).
     pub(crate) stats: Arc<Stats>,
-    pub(crate) tokens: Mutex<Vec<TokenRecord>>,
+    pub(crate) tokens: Arc<TokenBook>,
     pub(crate) abandoned: AbandonedCopies,
     pub(crate) buffers: BufferMap,
     pub(crate) pool: Arc<Pool>,
@@ -229,8 +202,10 @@ impl Instance {
             idle_timeout: options.idle_timeout,
             debug: options.rdma_debug,
             stats: Arc::new(Stats::default()),
+            tokens: Arc::new(TokenBook::new()),
         };
         let stats = settings.stats.clone();
+        let tokens = settings.tokens.clone();
         let parts = driver::build(&*ctx, &pd, count, &pool, settings.clone())?;
         let mode = parts.mode();
         let listener_port = listener.port();
@@ -251,7 +226,7 @@ impl Instance {
             mode,
             driver,
             stats,
-            tokens: Mutex::new(Vec::new()),
+            tokens,
             abandoned: AbandonedCopies::new(),
             buffers: BufferMap::new(),
             pool,
@@ -317,15 +292,44 @@ impl Instance {
         self.stats.snapshot()
     }
 
+    /// Records of application-driven GETs into staged buffers that a
+    /// later `hipObjBufSync` may need: the running ones, and one failure
+    /// per buffer not reported yet.
+    pub fn token_records(&self) -> usize {
+        self.tokens.len()
+    }
+
     /// Abandoned staging copies still listed.
     pub fn abandoned_count(&self) -> usize {
         self.abandoned.len()
     }
 
-    /// Closes the pool: calls waiting for a connection return
-    /// `NotInitialized`, and no new transfer starts.
+    /// Closes the instance: calls waiting for a connection return
+    /// `NotInitialized`, no new transfer starts, and every
+    /// application-driven token ends (its access revoked: no server
+    /// reaches its buffer after this returns) whatever other calls still
+    /// hold the instance; a proof arriving later is refused. Transfers
+    /// that calls in progress wait on run to their end.
     pub fn close(&self) {
         self.pool.close();
+        let done = Arc::new(crate::core::mailbox::Mailbox::new());
+        let sent = self.commands().send(
+            crate::core::driver::Command::Close { done: done.clone() },
+            true,
+        );
+        // A stopped driver ended every token already.
+        if sent.is_ok()
+            && done
+                .wait(Some(std::time::Instant::now() + CLOSE_GRACE))
+                .is_none()
+        {
+            log::log!(
+                log::Level::Error,
+                "shutdown: the connection driver did not confirm within {} s that the \
+                 application-driven tokens ended",
+                CLOSE_GRACE.as_secs()
+            );
+        }
     }
 }
 

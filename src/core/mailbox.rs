@@ -16,6 +16,8 @@ pub struct Mailbox {
     filled: Condvar,
     /// The server a successful transfer used (set before the fill).
     peer: Mutex<Option<Gid>>,
+    /// A server proved the transfer's token: it may be moving bytes.
+    proved: Mutex<bool>,
 }
 
 impl Mailbox {
@@ -36,6 +38,17 @@ impl Mailbox {
     /// Records the server the transfer used.
     pub fn set_peer(&self, gid: Gid) {
         *self.peer.lock() = Some(gid);
+    }
+
+    /// Records that a server proved the transfer's token (the driver, at
+    /// the grant).
+    pub fn set_proved(&self) {
+        *self.proved.lock() = true;
+    }
+
+    /// Whether a server proved the transfer's token.
+    pub fn proved(&self) -> bool {
+        *self.proved.lock()
     }
 
     /// The server the transfer used, if it was recorded.

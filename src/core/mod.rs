@@ -19,6 +19,7 @@ pub mod reply;
 pub mod stats;
 pub mod sync;
 pub mod token;
+pub mod tokens;
 pub mod transfer;
 
 #[cfg(all(test, loom))]

@@ -47,6 +47,14 @@ struct Inner {
     retired: usize,
 }
 
+/// How long a lease may wait for a free slot.
+#[derive(Clone, Copy)]
+enum Wait {
+    No,
+    Forever,
+    Until(std::time::Instant),
+}
+
 /// The free list.
 pub struct Pool {
     inner: Mutex<Inner>,
@@ -95,6 +103,22 @@ impl Pool {
     /// (the driver frees slots by itself: transfers end, tokens expire). A
     /// closed pool gives `NotInitialized`, a dead driver its error.
     pub fn acquire(&self) -> Result<Lease> {
+        self.lease(Wait::Forever)?
+            .ok_or_else(|| Error::Internal("a lease that waits came back empty".into()))
+    }
+
+    /// [`Pool::acquire`] without waiting: `None` when no slot is free.
+    pub fn try_acquire(&self) -> Result<Option<Lease>> {
+        self.lease(Wait::No)
+    }
+
+    /// [`Pool::acquire`], waiting until `deadline` at most: `None` if no
+    /// slot came free by then.
+    pub fn acquire_until(&self, deadline: std::time::Instant) -> Result<Option<Lease>> {
+        self.lease(Wait::Until(deadline))
+    }
+
+    fn lease(&self, mut wait: Wait) -> Result<Option<Lease>> {
         let mut inner = self.inner.lock();
         loop {
             if inner.closed {
@@ -105,12 +129,12 @@ impl Pool {
             }
             if let Some(info) = Self::pick(&mut inner.free) {
                 HELD.with(|h| h.set(h.get() + 1));
-                return Ok(Lease {
+                return Ok(Some(Lease {
                     info,
                     commands: self.commands.clone(),
                     counted: true,
                     state: LeaseState::Unarmed,
-                });
+                }));
             }
             if inner.retired >= self.total {
                 return Err(Error::Rdma(
@@ -122,7 +146,16 @@ impl Pool {
                     "every connection is leased, one of them by this thread",
                 ));
             }
-            self.available.wait(&mut inner);
+            match wait {
+                Wait::No => return Ok(None),
+                Wait::Forever => self.available.wait(&mut inner),
+                Wait::Until(at) => {
+                    if self.available.wait_until(&mut inner, at).timed_out() {
+                        // One last look at the list, then give up.
+                        wait = Wait::No;
+                    }
+                }
+            }
         }
     }
 

@@ -241,7 +241,7 @@ pub enum HeaderError {
     #[error("malformed token suffix ({0})")]
     Suffix(&'static str),
     /// The suffix's size is not the token's length.
-    #[error("the suffix's size {size} is not the token's length {length}")]
+    #[error("the suffix's size {size:#x} is not the token's length {length:#x}")]
     Size {
         /// The suffix's size.
         size: u64,
@@ -251,10 +251,12 @@ pub enum HeaderError {
 }
 
 /// Parses an `x-amz-rdma-token` header's value as a server receives it: 88
-/// hex digits, optionally followed by `:<addr>:<size>` (what the original's
-/// clients send), each a decimal or `0x` hex number, whose size must be the
-/// token's length. The token's own address is authoritative; the suffix's
-/// is only checked to be a number.
+/// hex digits, optionally followed by `:<addr>:<size>`, the suffix the
+/// original's clients append with `"%s:%016lx:%016lx"` (sixteen lowercase
+/// hex digits each, no `0x`). Each suffix number is hexadecimal, with or
+/// without `0x`, one to sixteen digits, in either case; the size must be
+/// the token's length. The token's own address is authoritative; the
+/// suffix's is only checked to be a number.
 pub fn parse_header(value: &[u8]) -> Result<Token, HeaderError> {
     let mut parts = value.split(|&b| b == b':');
     let hex = parts.next().unwrap_or_default();
@@ -276,18 +278,17 @@ pub fn parse_header(value: &[u8]) -> Result<Token, HeaderError> {
     }
 }
 
-/// A decimal or `0x`-hex number of a token suffix: digits only, no sign or
-/// space, within 64 bits.
+/// A hexadecimal number of a token suffix: one to sixteen digits, with or
+/// without `0x`; no sign or space.
 fn suffix_number(text: &[u8]) -> Option<u64> {
-    let text = std::str::from_utf8(text).ok()?;
-    match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
-        Some(hex) if !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
-            u64::from_str_radix(hex, 16).ok()
-        }
-        Some(_) => None,
-        None if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => text.parse().ok(),
-        None => None,
+    let digits = text
+        .strip_prefix(b"0x")
+        .or_else(|| text.strip_prefix(b"0X"))
+        .unwrap_or(text);
+    if digits.is_empty() || digits.len() > 16 || !digits.iter().all(u8::is_ascii_hexdigit) {
+        return None;
     }
+    u64::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()
 }
 
 /// Copies the `N` bytes of the field that starts at `at`.
@@ -477,7 +478,24 @@ mod tests {
     #[test]
     fn a_token_alone_or_with_the_originals_suffix_parses() {
         assert_eq!(parse_header(rc_cm_hex().as_bytes()), Ok(of_4096()));
-        for suffix in [":140737488355328:4096", ":0x7fff0000:4096", ":1:0x1000"] {
+        // What the original's clients send: "%s:%016lx:%016lx".
+        let buffer = vec![0u8; 4096];
+        let addr = buffer.as_ptr() as u64;
+        let original = format!("{}:{addr:016x}:{:016x}", rc_cm_hex(), 4096u64);
+        assert_eq!(original.len(), TOKEN_HEX_LEN + 34, "{original}");
+        assert_eq!(
+            parse_header(original.as_bytes()),
+            Ok(of_4096()),
+            "{original}"
+        );
+        for suffix in [
+            ":00007f2a5c000000:0000000000001000",
+            ":7f2a5c000000:1000",
+            ":0x7fff0000:0x1000",
+            ":0X7FFF0000:1000",
+            ":ffffffffffffffff:0000000000001000",
+            ":0:1000",
+        ] {
             let value = format!("{}{suffix}", rc_cm_hex());
             assert_eq!(parse_header(value.as_bytes()), Ok(of_4096()), "{suffix}");
         }
@@ -486,16 +504,23 @@ mod tests {
     #[test]
     fn a_suffix_must_be_well_formed_and_its_size_the_tokens_length() {
         for suffix in [
-            ":1:4097",
-            ":1:4095",
+            // Decimal 4096 read as hex is 0x4096.
+            ":1:4096",
+            ":1:1001",
+            ":1:fff",
             ":1",
-            ":1:4096:9",
-            "::4096",
+            ":1:1000:9",
+            "::1000",
             ":1:",
-            ":x:4096",
-            ":1:-4096",
-            ":1: 4096",
-            ":0x:4096",
+            ":x:1000",
+            ":1:-1000",
+            ":1: 1000",
+            ":0x:1000",
+            ":1:0x",
+            // Seventeen digits, though their value would fit.
+            ":00000000000000001:1000",
+            ":1:00000000000001000",
+            ":+1:1000",
         ] {
             let value = format!("{}{suffix}", rc_cm_hex());
             assert!(
@@ -503,13 +528,17 @@ mod tests {
                 "{suffix} was accepted"
             );
         }
-        let size = parse_header(format!("{}:1:4097", rc_cm_hex()).as_bytes()).unwrap_err();
+        let size = parse_header(format!("{}:1:1001", rc_cm_hex()).as_bytes()).unwrap_err();
         assert_eq!(
             size,
             HeaderError::Size {
-                size: 4097,
+                size: 0x1001,
                 length: 4096
             }
+        );
+        assert_eq!(
+            size.to_string(),
+            "the suffix's size 0x1001 is not the token's length 0x1000"
         );
         assert!(parse_header(b"zz").is_err());
     }

@@ -21,7 +21,7 @@ use super::args::{BufferRange, Slice, SyncDirection, TokenOp};
 use super::buffers::{BufEntry, BufKind, DmabufSource};
 use super::conn::{Armed, Grant, Mode};
 use super::driver::Command;
-use super::instance::{Instance, TokenRecord};
+use super::instance::Instance;
 use super::mailbox::{late, Mailbox};
 use super::pool::{remember_peer, Lease, SlotInfo};
 use super::reply::{parse_reply, REPLY_BUFFER_LEN};
@@ -245,7 +245,7 @@ impl Instance {
         if !self.driver_does(|done| Command::EndTokens { base, done }, within) {
             return Err(late("ending the buffer's tokens"));
         }
-        self.tokens.lock().retain(|t| t.base != base);
+        self.tokens.forget(base);
         self.abandoned.prune_all();
         self.buffers.remove(base)
     }
@@ -493,10 +493,17 @@ impl Instance {
     /// transfer the application drives, and returns its token. The driver
     /// ends it by itself: at the server's final message (access revoked at
     /// once) or at `HIPOBJ_TOKEN_TIMEOUT_MS`; deregistering the buffer and
-    /// releasing an unused token end it too.
+    /// shutdown end it too. When no connection is free, the oldest released
+    /// token that no server has proved gives its connection up; when every
+    /// connection holds a token that is not released, the mint fails with
+    /// `Busy` at once; otherwise it waits for a transfer to end, at most
+    /// `HIPOBJ_COMPLETION_TIMEOUT_MS`.
     pub fn mint_token(&self, slice: Slice, op: TokenOp) -> Result<Token> {
         let entry = self.lookup(&slice)?;
-        let mut lease = self.pool.acquire()?;
+        let mut lease = match self.pool.try_acquire()? {
+            Some(lease) => lease,
+            None => self.lease_for_token()?,
+        };
         lease.detach();
         let direction = Direction::from(op);
         let (token, grant) = self.prepare(lease.info(), &entry, 0, slice.len, direction)?;
@@ -513,66 +520,72 @@ impl Instance {
         )?;
         // The job is the driver's alone now.
         lease.settle();
-        let mut tokens = self.tokens.lock();
-        let now = Instant::now();
-        tokens.retain(|t| !t.stale(now, self.options.token_timeout));
-        tokens.push(TokenRecord {
-            base: entry.base,
-            direction,
-            index: info.index,
-            epoch: info.epoch,
-            secret: token.secret,
-            mailbox,
-            deadline,
-        });
+        if direction == Direction::Get && entry.staging.is_some() {
+            self.tokens
+                .add(entry.base, (info.index, info.epoch), mailbox);
+        }
         Ok(token)
     }
 
-    /// `hipObjBufSync` after the argument checks. Before a copy to the
-    /// device, the buffer's application-driven GETs must have ended: each
-    /// is awaited (up to `HIPOBJ_COMPLETION_TIMEOUT_MS`), and one that
-    /// failed, or does not end in time (it is ended now), fails the sync.
+    /// A lease for a token when none was free: asks the driver to take
+    /// back a released, unproved token's connection, then waits a bounded
+    /// time for a free one.
+    fn lease_for_token(&self) -> Result<Lease> {
+        let done = Arc::new(Mailbox::new());
+        if self
+            .commands()
+            .send(Command::Reclaim { done: done.clone() }, true)
+            .is_ok()
+        {
+            if let Some(Err(busy)) = done.wait(Some(Instant::now() + DRIVER_GRACE)) {
+                return Err(busy);
+            }
+        }
+        self.pool
+            .acquire_until(Instant::now() + self.options.completion_timeout)?
+            .ok_or(Error::Busy(
+                "no connection came free for a token within HIPOBJ_COMPLETION_TIMEOUT_MS",
+            ))
+    }
+
+    /// `hipObjBufSync` after the argument checks. A buffer that is not
+    /// staged needs nothing: the NIC wrote it (or will read it) directly,
+    /// and a finished GET's access ended at its final message. Before a
+    /// staged buffer's copy to the device, the application-driven GETs
+    /// into it that a server has proved must have ended: each is awaited
+    /// up to `HIPOBJ_COMPLETION_TIMEOUT_MS` (a sync never ends one; one
+    /// still running fails the sync, which may be tried again), and a GET
+    /// into it that failed since the last sync fails this one. Tokens no
+    /// server has proved are not waited for: their request may not have
+    /// been sent yet.
     pub fn buf_sync(&self, slice: Slice, direction: SyncDirection) -> Result<()> {
         let entry = self.lookup(&slice)?;
+        if entry.staging.is_none() {
+            return Ok(());
+        }
         if direction == SyncDirection::ToDevice {
-            let mine: Vec<TokenRecord> = {
-                let mut tokens = self.tokens.lock();
-                let (mine, rest) = std::mem::take(&mut *tokens)
-                    .into_iter()
-                    .partition(|t| t.base == entry.base && t.direction == Direction::Get);
-                *tokens = rest;
-                mine
-            };
             let deadline = Instant::now() + self.options.completion_timeout;
-            let mut first_error = None;
-            for t in mine {
-                let outcome = t.mailbox.wait(Some(deadline)).unwrap_or_else(|| {
-                    let _ = self.commands().send(
-                        Command::Abort {
-                            index: t.index,
-                            epoch: t.epoch,
-                        },
-                        true,
-                    );
-                    Err(Error::Rdma(format!(
-                        "an application-driven GET into this buffer did not end within {} ms",
+            for mailbox in self.tokens.live(entry.base) {
+                if mailbox.proved() && mailbox.wait(Some(deadline)).is_none() {
+                    return Err(Error::Rdma(format!(
+                        "an application-driven GET into this buffer is still running after {} ms \
+                         (HIPOBJ_COMPLETION_TIMEOUT_MS); sync again once it has ended",
                         self.options.completion_timeout.as_millis()
-                    )))
-                });
-                if let Err(e) = outcome {
-                    first_error.get_or_insert(e);
+                    )));
                 }
             }
-            if let Some(e) = first_error {
+            if let Some(e) = self.tokens.take_failure(entry.base) {
                 return Err(e);
             }
         }
         self.stage(&entry, direction, slice.offset, slice.len)
     }
 
-    /// `hipObjPutRdmaToken` of a token of this instance: ends its lease if
-    /// no server has proved it (the server declined, the application gave
-    /// up), so that its connection and buffer are free at once.
+    /// `hipObjPutRdmaToken` of a token of this instance: ends nothing (the
+    /// original's clients release a token as soon as they have copied it
+    /// into their request). The driver marks it released: while no server
+    /// has proved it, a newer token may take its connection when none is
+    /// free. Never waits for the driver.
     pub fn release_token(&self, token: &Token) {
         if token.transport != Transport::RcCm
             || token.gid != self.gid
@@ -581,18 +594,10 @@ impl Instance {
             return;
         }
         let (qp_num, secret) = (token.qp_num, token.secret);
-        // Late or not, what the driver has ended is pruned below.
-        let _ = self.driver_does(
-            |done| Command::EndToken {
-                qp_num,
-                secret,
-                done,
-            },
-            DRIVER_GRACE,
-        );
-        self.tokens
-            .lock()
-            .retain(|t| !(t.secret == token.secret && t.mailbox.peek().is_some()));
+        // A stopped driver has ended every token already.
+        let _ = self
+            .commands()
+            .send(Command::Released { qp_num, secret }, false);
     }
 
     /// Sends the driver the command `make` builds around a mailbox it
@@ -635,6 +640,7 @@ fn arm(
                 mailbox: mailbox.clone(),
                 deadline,
                 detached,
+                released: false,
             }),
         },
         detached,

@@ -337,7 +337,9 @@ impl TestServer {
     /// Serves one request as the current behaviour says; returns the reply.
     pub fn handle(&self, token_text: &[u8], op: Op) -> Vec<u8> {
         self.requests.fetch_add(1, Ordering::SeqCst);
-        let Ok(token) = Token::parse_hex(token_text) else {
+        // The header's value as a real server receives it: the token,
+        // perhaps with the original clients' `:<addr>:<size>` suffix.
+        let Ok(token) = crate::core::token::parse_header(token_text) else {
             return b"400".to_vec();
         };
         let deadline = Instant::now() + self.step_timeout;

@@ -8,6 +8,8 @@
 #include "check.h"
 #include "hipobj_fake.h"
 
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 enum { SIZE = 65536 };
@@ -106,6 +108,26 @@ int main(void) {
     CHECK_ERR(hipObjBufSync(buf, SIZE, 0, HIPOBJ_SYNC_TO_DEVICE), hipObjSuccess, 0);
     CHECK(memcmp(buf, object, SIZE) == 0);
     CHECK_ERR(hipObjPutRdmaToken(token), hipObjSuccess, 0);
+
+    /* As the original's clients do it: the token copied into the request's
+     * header with the address and size appended ("%s:%016lx:%016lx"), and
+     * released at once, before the request is sent. */
+    char header[TOKEN_HEX + 40];
+    token = NULL;
+    CHECK_ERR(hipObjGetRdmaToken(buf, SIZE, HIPOBJ_RDMA_OP_GET, &token), hipObjSuccess, 0);
+    CHECK(token != NULL);
+    if (token == NULL) {
+        return CHECK_DONE();
+    }
+    int written = snprintf(header, sizeof header, "%s:%016lx:%016lx", token,
+                           (unsigned long)(uintptr_t)buf, (unsigned long)SIZE);
+    CHECK_INT(written, TOKEN_HEX + 34);
+    CHECK_ERR(hipObjPutRdmaToken(token), hipObjSuccess, 0);
+    memset(buf, 0, SIZE);
+    CHECK(hipobjFakeSetObject(object, SIZE) == 0);
+    CHECK_INT(hipobjFakeServe(header, HIPOBJ_RDMA_OP_GET), 200);
+    CHECK_ERR(hipObjBufSync(buf, SIZE, 0, HIPOBJ_SYNC_TO_DEVICE), hipObjSuccess, 0);
+    CHECK(memcmp(buf, object, SIZE) == 0);
 
     /* Fake GPU memory: registered as GPU memory, filled by a GET, read
      * back through the fake runtime's copy. */
