@@ -6,9 +6,10 @@
 //!
 //! Every message starts with the same 8-byte header: magic `HOBJ`, the
 //! version, the message's kind, two zero bytes. Everything is
-//! little-endian and laid out field by field. Private data arrives padded
-//! by the CM, so decoders read their fixed length from the front and
-//! ignore the rest.
+//! little-endian and laid out field by field; the immediate values are
+//! numbers here, and travel in network byte order as verbs carries them
+//! (`imm_data = htonl(value)`). Private data arrives padded by the CM, so
+//! decoders read their fixed length from the front and ignore the rest.
 
 use super::token::{Token, Transport, TOKEN_BYTES};
 
@@ -34,8 +35,8 @@ pub enum Kind {
 }
 
 /// Bytes of a connect request's private data: the header, the token (44),
-/// 4 reserved bytes (zero, ignored). This fills the 56 bytes a REQ can
-/// carry.
+/// 4 reserved bytes, which must be zero (a request with anything else
+/// there is refused). This fills the 56 bytes a REQ can carry.
 pub const CONNECT_DATA_LEN: usize = HEADER_LEN + TOKEN_BYTES + 4;
 /// Bytes of an in-band proof: the header and the token.
 pub const PROOF_LEN: usize = HEADER_LEN + TOKEN_BYTES;
@@ -152,7 +153,8 @@ const GRANT_DOMAIN: u32 = u32::from_le_bytes(*b"GRNT");
 /// Domain of [`final_imm`].
 const FINAL_DOMAIN: u32 = u32::from_le_bytes(*b"DONE");
 
-/// SplitMix64's finalizer over `domain` and `secret`, folded to 32 bits.
+/// One SplitMix64 step over `domain << 32 | secret` (its increment, then
+/// its finalizer), folded to 32 bits: the upper half XORed into the lower.
 fn derive(domain: u32, secret: u32) -> u32 {
     let mut z = (u64::from(domain) << 32 | u64::from(secret)).wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

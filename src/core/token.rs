@@ -87,7 +87,9 @@ pub enum TokenError {
 pub struct Token {
     /// How the server reaches the queue pair.
     pub transport: Transport,
-    /// The client's queue pair number.
+    /// The client's queue pair number. A `0x02` token carries the
+    /// connection's name here: the number of its first QP, which stays
+    /// while the QP behind it is replaced (`docs/protocol.md`).
     pub qp_num: u32,
     /// The client's GID, raw as `ibv_query_gid` returns it.
     pub gid: [u8; 16],
@@ -100,7 +102,8 @@ pub struct Token {
     /// The NIC's port number; not carried by `0x02` tokens (always 0 there).
     pub port: u8,
     /// The port's LID; 0 on RoCE. A `0x02` token carries the client
-    /// listener's port here.
+    /// listener's RDMA CM port here: the number itself, little-endian like
+    /// every field (not in `sin_port`'s network order).
     pub lid: u16,
     /// `0x02` only (0 for the other transports): 32 bits from the operating
     /// system's CSPRNG, fresh for every token. A server proves it holds the

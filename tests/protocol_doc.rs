@@ -1,0 +1,59 @@
+//! `docs/protocol.md` gives byte-exact examples so that a server can be
+//! written from it alone: its example token, that token's CONNECT, and
+//! the values of the grant and final immediates. These are what the code
+//! computes.
+
+use hipobj::core::protocol::{encode_connect, final_imm, grant_imm};
+use hipobj::core::token::{Token, Transport};
+
+const DOC: &str = include_str!("../docs/protocol.md");
+
+/// The document's example: name 17, `::ffff:192.0.2.1`, window index
+/// 0x251 with key byte 0xa7, 16 MiB at 0x7f2a5c000000, port 38908.
+fn example() -> Token {
+    Token {
+        transport: Transport::RcCm,
+        qp_num: 17,
+        gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 0, 2, 1],
+        rkey: 0x0002_51a7,
+        addr: 0x7f2a_5c00_0000,
+        length: 16 << 20,
+        port: 0,
+        lid: 38908,
+        secret: 0x89ab_cdef,
+    }
+}
+
+fn assert_documented(text: &str) {
+    assert!(DOC.contains(text), "docs/protocol.md does not say:\n{text}");
+}
+
+#[test]
+fn the_documented_example_token_is_what_the_codec_writes() {
+    let hex = String::from_utf8(example().to_hex().to_vec()).unwrap();
+    assert_documented(&hex);
+    // Field by field, split at the documented offsets.
+    let bytes = example().to_bytes();
+    let fields: Vec<String> = [0, 1, 5, 21, 25, 33, 38, 42, 44]
+        .windows(2)
+        .map(|w| hex::encode(&bytes[w[0]..w[1]]))
+        .collect();
+    assert_documented(&fields.join(" "));
+    assert_documented(&hex::encode(encode_connect(&example())));
+    assert_documented(&format!("{hex}:00007f2a5c000000:0000000001000000"));
+}
+
+#[test]
+fn the_documented_immediates_are_what_the_protocol_computes() {
+    let grant = u32::from_le_bytes(*b"GRNT");
+    let done = u32::from_le_bytes(*b"DONE");
+    assert_documented(&format!("(grant, `0x{grant:08x}`)"));
+    assert_documented(&format!("(final, `0x{done:08x}`)"));
+    for secret in [0, 1, 0x1234_5678, 0x89ab_cdef, 0xffff_ffff] {
+        assert_documented(&format!(
+            "| `0x{secret:08x}` | `0x{:08x}` | `0x{:08x}` |",
+            grant_imm(secret),
+            final_imm(secret)
+        ));
+    }
+}
