@@ -19,23 +19,26 @@ or DLPack, contiguous; registered on first use and kept registered until
 ``release`` or ``close``.
 """
 
-from ._buffers import BufferError_ as BufferError
-from ._buffers import View
+from ._buffers import UnusableBufferError, View
 from ._gpu import set_copier
 from ._lib import library
 from ._session import HipObjError, Session, Stats, Transfer, TransferError, active
+
+#: The earlier name of ``UnusableBufferError`` (not in ``__all__``: a star
+#: import would hide Python's own ``BufferError``).
+BufferError = UnusableBufferError
 
 __all__ = [
     "active",
     "get_object",
     "put_object",
     "upload",
-    "BufferError",
     "HipObjError",
     "Session",
     "Stats",
     "Transfer",
     "TransferError",
+    "UnusableBufferError",
     "View",
     "library",
     "set_copier",

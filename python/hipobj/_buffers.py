@@ -11,8 +11,14 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 
-class BufferError_(TypeError):
-    """An object whose memory a transfer cannot use."""
+class UnusableBufferError(TypeError):
+    """An object whose memory a transfer cannot use: not a buffer, not
+    contiguous, or read-only where a GET writes. Raised before any request.
+    (``hipobj.BufferError`` is its earlier name.)"""
+
+
+# Shown as the package's own class in tracebacks, where it is exported.
+UnusableBufferError.__module__ = "hipobj"
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,9 @@ def _itemsize(typestr: str) -> int:
     try:
         return int(typestr[2:])
     except ValueError as e:
-        raise BufferError_(f"an array interface with typestr {typestr!r}") from e
+        raise UnusableBufferError(
+            f"the array interface's typestr {typestr!r} gives no item size (expected e.g. '<f4')"
+        ) from e
 
 
 def _contiguous_bytes(shape, strides, itemsize: int) -> int:
@@ -47,7 +55,7 @@ def _contiguous_bytes(shape, strides, itemsize: int) -> int:
         expected = itemsize
         for dim, stride in zip(reversed(shape), reversed(strides)):
             if int(dim) > 1 and int(stride) != expected:
-                raise BufferError_("the array is not C-contiguous: transfers move one range of bytes")
+                raise UnusableBufferError("the array is not C-contiguous: transfers move one range of bytes")
             expected *= int(dim)
     return n
 
@@ -97,7 +105,7 @@ def _dlpack(obj: Any) -> View:
     tensor = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
     kind = tensor.device.device_type
     if kind not in _DL_HOST | _DL_GPU:
-        raise BufferError_(f"DLPack device type {kind} is neither host nor GPU memory")
+        raise UnusableBufferError(f"DLPack device type {kind} is neither host nor GPU memory")
     itemsize = (tensor.dtype.bits * tensor.dtype.lanes + 7) // 8
     shape = [tensor.shape[i] for i in range(tensor.ndim)]
     strides = None
@@ -113,15 +121,15 @@ def _host(obj: Any, writable: bool) -> View:
     try:
         mv = memoryview(obj)
     except TypeError as e:
-        raise BufferError_(
+        raise UnusableBufferError(
             f"{type(obj).__name__} is not a buffer, a CUDA array or a DLPack tensor"
         ) from e
     if not mv.c_contiguous:
-        raise BufferError_("the buffer is not C-contiguous: transfers move one range of bytes")
+        raise UnusableBufferError("the buffer is not C-contiguous: transfers move one range of bytes")
     nbytes = mv.nbytes
     if mv.readonly:
         if writable:
-            raise BufferError_("the buffer is read-only: a GET writes into it")
+            raise UnusableBufferError("the buffer is read-only: a GET writes into it")
         # ctypes reaches writable buffers only; a read-only source is copied
         # (the library's registrations are writable memory anyway).
         copy = bytearray(mv.cast("B"))
@@ -132,7 +140,7 @@ def _host(obj: Any, writable: bool) -> View:
 
 
 def view_of(obj: Any, writable: bool) -> View:
-    """The bytes of `obj` (see the module's doc); ``BufferError_`` (a
+    """The bytes of `obj` (see the module's doc); ``UnusableBufferError`` (a
     ``TypeError``) for an object a transfer cannot use."""
     if isinstance(obj, View):
         return obj
@@ -143,7 +151,7 @@ def view_of(obj: Any, writable: bool) -> View:
     else:
         view = _host(obj, writable)
     if writable and not view.writable:
-        raise BufferError_("the array is read-only: a GET writes into it")
+        raise UnusableBufferError("the array is read-only: a GET writes into it")
     return view
 
 

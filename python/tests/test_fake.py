@@ -4,6 +4,7 @@ the fallback, strictness, GPU memory, buffers of every kind, failures."""
 
 import ctypes
 import threading
+import traceback
 
 import numpy
 import pytest
@@ -213,13 +214,26 @@ def test_dlpack_tensors_and_memoryviews_are_buffers_too(s3, session):
 
 def test_memory_a_transfer_cannot_use_is_refused_clearly(s3, session):
     put(s3, "k", pattern(4096, 14))
-    with pytest.raises(hipobj.BufferError, match="not C-contiguous"):
+    with pytest.raises(hipobj.UnusableBufferError, match="not C-contiguous"):
         session.get_object(s3, Bucket="bucket", Key="k", into=numpy.zeros((64, 128), numpy.uint8)[:, ::2])
-    with pytest.raises(hipobj.BufferError, match="read-only"):
+    with pytest.raises(hipobj.UnusableBufferError, match="read-only"):
         session.get_object(s3, Bucket="bucket", Key="k", into=b"\0" * 4096)
-    with pytest.raises(hipobj.BufferError, match="not a buffer"):
+    with pytest.raises(hipobj.UnusableBufferError, match="not a buffer"):
         session.get_object(s3, Bucket="bucket", Key="k", into=object())
     assert s3.fake.requests == [], "nothing was sent"
+
+
+def test_a_refused_buffer_is_reported_under_its_public_name(s3, session):
+    with pytest.raises(hipobj.UnusableBufferError) as e:
+        session.get_object(s3, Bucket="bucket", Key="k", into=b"\0" * 4096)
+    shown = "".join(traceback.format_exception_only(e.type, e.value))
+    assert shown == "hipobj.UnusableBufferError: the buffer is read-only: a GET writes into it\n"
+    odd = {"shape": (4,), "typestr": "<f", "data": (4096, False), "version": 3}
+    with pytest.raises(hipobj.UnusableBufferError, match="item size"):
+        session.get_object(s3, Bucket="bucket", Key="k", into=type("A", (), {"__cuda_array_interface__": odd})())
+    # The name it was exported under before, and what it still is.
+    assert hipobj.BufferError is hipobj.UnusableBufferError
+    assert issubclass(hipobj.UnusableBufferError, TypeError)
 
 
 def test_s3_errors_and_short_objects_are_errors_with_their_cause(s3, session):
