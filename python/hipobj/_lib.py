@@ -106,6 +106,7 @@ def _prototypes(lib: ctypes.CDLL) -> None:
         "hipObjParseRdmaReply": ([ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)], ErrorT),
         "hipObjGetErrorString": ([ctypes.c_int], ctypes.c_char_p),
         "hipObjGetVersionString": ([], ctypes.c_char_p),
+        "hipObjGetVersion": ([ctypes.POINTER(ctypes.c_int)] * 3, ErrorT),
     }
     for name, (args, result) in table.items():
         fn = getattr(lib, name)
