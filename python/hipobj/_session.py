@@ -205,22 +205,30 @@ class Session:
     """
 
     def __init__(self, nic: Optional[str] = None, gpu: int = -1, require: bool = False):
-        self._lib = _lib.library()
         self._lock = threading.Lock()
         self._registered: Dict[Tuple[int, int], _buffers.View] = {}
         self.stats = Stats()
-        config = _lib.ConfigT()
-        config.gpuDevice = gpu
-        config.nicHint = nic.encode() if nic else None
-        err = self._lib.hipObjInit(ctypes.byref(config))
-        self.available = err.opError == _lib.SUCCESS
+        self.available = False
         self.reason: Optional[str] = None
-        self._open = self.available
-        if not self.available:
-            failure = HipObjError("hipObjInit", err.opError, err.hipError)
-            if require or err.opError == 3:
-                raise failure
-            self.reason = f"the library did not initialize ({failure})"
+        self._open = False
+        try:
+            self._lib = _lib.library()
+        except ImportError as e:
+            if require:
+                raise
+            self._lib = None
+            self.reason = str(e)
+        else:
+            config = _lib.ConfigT()
+            config.gpuDevice = gpu
+            config.nicHint = nic.encode() if nic else None
+            err = self._lib.hipObjInit(ctypes.byref(config))
+            self.available = self._open = err.opError == _lib.SUCCESS
+            if not self.available:
+                failure = HipObjError("hipObjInit", err.opError, err.hipError)
+                if require or err.opError == 3:
+                    raise failure
+                self.reason = f"the library did not initialize ({failure})"
         global _active
         _active = self
 

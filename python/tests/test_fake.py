@@ -309,3 +309,39 @@ def test_the_module_s_functions_use_the_open_session(s3, session):
     assert hipobj.put_object(s3, Bucket="bucket", Key="m", source=into).path == "rdma"
     assert s3.fake.objects[("bucket", "m")] == data.tobytes()
     assert session.stats.rdma == 2
+
+
+def test_without_the_library_a_session_falls_back_and_says_where_it_looked(s3, monkeypatch, tmp_path):
+    missing = tmp_path / "libhipobj.so.0"
+    monkeypatch.setattr(hipobj._lib, "_loaded", None)
+    monkeypatch.setenv("HIPOBJ_LIBRARY", str(missing))
+    data = pattern(8192, 40)
+    put(s3, "k", data)
+    with hipobj.Session() as s:
+        assert not s.available
+        assert str(missing) in s.reason and "HIPOBJ_LIBRARY" in s.reason
+        into = bytearray(8192)
+        t = s.get_object(s3, Bucket="bucket", Key="k", into=into)
+        assert t.path == "fallback" and bytes(into) == data.tobytes()
+        assert str(missing) in t.reason
+        with pytest.raises(hipobj.TransferError, match="strict"):
+            s.put_object(s3, Bucket="bucket", Key="strict", source=into, strict=True)
+    assert hipobj.library_version() is None
+    with pytest.raises(ImportError, match="HIPOBJ_LIBRARY"):
+        hipobj.Session(require=True)
+
+
+def test_the_library_is_searched_in_the_checkout_only_from_a_checkout(monkeypatch, tmp_path):
+    monkeypatch.delenv("HIPOBJ_LIBRARY")
+    # This package is installed: the loader's search only.
+    assert hipobj._lib._candidates() == [hipobj._lib.SONAME]
+    repo = tmp_path / "repo"
+    (repo / "python" / "hipobj").mkdir(parents=True)
+    (repo / "Cargo.toml").write_text("")
+    (repo / "python" / "pyproject.toml").write_text("")
+    assert hipobj._lib._candidates(repo / "python" / "hipobj") == [
+        hipobj._lib.SONAME,
+        str(repo / "target" / "release" / "libhipobj.so"),
+    ]
+    monkeypatch.setenv("HIPOBJ_LIBRARY", "/opt/x/libhipobj.so")
+    assert hipobj._lib._candidates() == ["/opt/x/libhipobj.so"]
