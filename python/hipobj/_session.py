@@ -35,13 +35,25 @@ class HipObjError(RuntimeError):
 
 class TransferError(RuntimeError):
     """A transfer that did not complete: by RDMA, and (where allowed) not
-    over plain HTTP either. ``reply`` is the server's ``x-amz-rdma-reply``,
-    ``cause`` what the S3 client raised, if anything."""
+    over plain HTTP either. The message names the operation, the bucket and
+    key, and the endpoint, then why. ``reply`` is the server's
+    ``x-amz-rdma-reply``, ``cause`` what the S3 client raised (botocore's
+    exception), if anything; ``s3_code`` and ``http_status`` the S3 error's
+    code and status, where the server answered with one."""
 
-    def __init__(self, message: str, reply: Optional[str] = None, cause: Optional[BaseException] = None):
+    def __init__(
+        self,
+        message: str,
+        reply: Optional[str] = None,
+        cause: Optional[BaseException] = None,
+        s3_code: Optional[str] = None,
+        http_status: Optional[int] = None,
+    ):
         super().__init__(message)
         self.reply = reply
         self.cause = cause
+        self.s3_code = s3_code
+        self.http_status = http_status
 
 
 @dataclass(frozen=True)
@@ -131,6 +143,28 @@ def _headers(response: Dict[str, Any]) -> Dict[str, str]:
 
 def _status(response: Dict[str, Any]) -> int:
     return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+def _where(what: str, client: Any) -> str:
+    """``GET bucket/key at http://endpoint``: what a message is about."""
+    endpoint = getattr(getattr(client, "meta", None), "endpoint_url", None)
+    return f"{what} at {endpoint}" if endpoint else what
+
+
+def _s3_failure(where: str, error: BaseException, reply: Optional[str] = None) -> TransferError:
+    """`error`, raised by the S3 client, as the ``TransferError`` of both
+    paths: the S3 error's code, status and message where the server
+    answered with one, else the client's own words."""
+    response = getattr(error, "response", None)
+    detail = response.get("Error") if isinstance(response, dict) else None
+    if isinstance(detail, dict) and detail.get("Code"):
+        code = str(detail["Code"])
+        status = _status(response) or None
+        text = f"S3 error {code}" + (f" (HTTP {status})" if status else "")
+        if detail.get("Message"):
+            text += f": {detail['Message']}"
+        return TransferError(f"{where}: {text}", reply, error, code, status)
+    return TransferError(f"{where}: {type(error).__name__}: {error}", reply, error)
 
 
 class _Exchange:
@@ -357,7 +391,7 @@ class Session:
         def call() -> Dict[str, Any]:
             return client.get_object(Bucket=Bucket, Key=Key, Range=Range, **kwargs)
 
-        what = f"GET {Bucket}/{Key}"
+        what = _where(f"GET {Bucket}/{Key}", client)
         if not self.available:
             exchange = None
             reason = f"no RDMA: {self.reason}"
@@ -381,8 +415,8 @@ class Session:
             raise TransferError(f"{what}: {reason}, and strict forbids the fallback")
         response = exchange.response if exchange is not None else None
         if response is None or not 200 <= _status(response) < 300:
-            response = client.get_object(Bucket=Bucket, Key=Key, Range=Range, **kwargs)
-        body = response["Body"].read()
+            response = self._s3(what, call)
+        body = self._s3(what, response["Body"].read)
         if len(body) != length:
             self.stats.failed += 1
             raise TransferError(f"{what}: {len(body)} bytes came, {length} were asked for")
@@ -418,13 +452,13 @@ class Session:
             raise ValueError(f"{length} bytes at offset {offset} do not fit a buffer of {view.nbytes}")
         _hook(client)
         if part is None:
-            what = f"PUT {Bucket}/{Key}"
+            what = _where(f"PUT {Bucket}/{Key}", client)
 
             def send(body: bytes) -> Dict[str, Any]:
                 return client.put_object(Bucket=Bucket, Key=Key, Body=body, **kwargs)
         else:
             upload_id, number = part
-            what = f"PUT {Bucket}/{Key} part {number}"
+            what = _where(f"PUT {Bucket}/{Key} part {number}", client)
 
             def send(body: bytes) -> Dict[str, Any]:
                 return client.upload_part(
@@ -443,7 +477,7 @@ class Session:
             self.stats.failed += 1
             raise TransferError(f"{what}: {reason}, and strict forbids the fallback")
         body = _buffers.host_bytes(view, offset, length, _gpu.copier()[1] if view.device else None)
-        response = send(body)
+        response = self._s3(what, lambda: send(body))
         etag = _headers(response).get("etag")
         return self._counted(Transfer("fallback", length, reason)), etag
 
@@ -465,7 +499,10 @@ class Session:
             return self.put_object(client, Bucket, Key, source, strict=strict)
         if part_size < MIN_PART:
             raise ValueError(f"parts of a multipart upload are at least {MIN_PART} bytes")
-        upload_id = client.create_multipart_upload(Bucket=Bucket, Key=Key)["UploadId"]
+        upload_id = self._s3(
+            _where(f"CreateMultipartUpload {Bucket}/{Key}", client),
+            lambda: client.create_multipart_upload(Bucket=Bucket, Key=Key),
+        )["UploadId"]
         parts = []
         paths = set()
         reason = None
@@ -478,8 +515,11 @@ class Session:
                 paths.add(t.path)
                 reason = reason or t.reason
                 parts.append({"PartNumber": number, "ETag": etag})
-            client.complete_multipart_upload(
-                Bucket=Bucket, Key=Key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            self._s3(
+                _where(f"CompleteMultipartUpload {Bucket}/{Key}", client),
+                lambda: client.complete_multipart_upload(
+                    Bucket=Bucket, Key=Key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                ),
             )
         except BaseException:
             client.abort_multipart_upload(Bucket=Bucket, Key=Key, UploadId=upload_id)
@@ -493,6 +533,15 @@ class Session:
         self.stats.count(t)
         return t
 
+    def _s3(self, where: str, call: Callable[[], Any]) -> Any:
+        """`call`'s result; what the S3 client raised as a ``TransferError``
+        (counted as a failure)."""
+        try:
+            return call()
+        except Exception as e:  # noqa: BLE001 - botocore's and urllib3's, all of them
+            self.stats.failed += 1
+            raise _s3_failure(where, e) from e
+
     def _refusal(self, what: str, exchange: _Exchange, strict: bool) -> str:
         """Why a transfer did not complete by RDMA, when it may fall back
         (a decline); else raises."""
@@ -501,10 +550,11 @@ class Session:
             return f"the server declined RDMA (x-amz-rdma-reply {exchange.reply})"
         self.stats.failed += 1
         if exchange.error is not None:
-            raise TransferError(f"{what}: {exchange.error}", exchange.reply, exchange.error) from exchange.error
+            raise _s3_failure(what, exchange.error, exchange.reply) from exchange.error
         detail = f"x-amz-rdma-reply {exchange.reply}" if exchange.reply else ""
         raise TransferError(
-            str(HipObjError("hipObjGet" if what.startswith("GET") else "hipObjPut", code, getattr(exchange, "hip_error"), detail)),
+            f"{what}: "
+            + str(HipObjError("hipObjGet" if what.startswith("GET") else "hipObjPut", code, getattr(exchange, "hip_error"), detail)),
             exchange.reply,
         )
 

@@ -247,6 +247,38 @@ def test_s3_errors_and_short_objects_are_errors_with_their_cause(s3, session):
         session.get_object(s3, Bucket="bucket", Key="short", into=into)
 
 
+def test_s3_failures_are_one_transfer_error_on_the_rdma_and_the_plain_path(s3, fake):
+    def failure(call):
+        with pytest.raises(hipobj.TransferError) as e:
+            call()
+        assert isinstance(e.value.cause, ClientError)
+        return e.value
+
+    into = bytearray(4096)
+    # A session without RDMA (the NIC it names is not there): plain HTTP.
+    with hipobj.Session(nic="mlx5_9") as plain:
+        assert not plain.available
+        missing = failure(lambda: plain.get_object(s3, Bucket="bucket", Key="missing", into=into))
+        s3.fake.refuse_plain = (403, "SignatureDoesNotMatch")
+        denied = failure(lambda: plain.put_object(s3, Bucket="bucket", Key="k", source=into))
+        parts = failure(lambda: plain.upload(s3, Bucket="bucket", Key="big", source=bytearray(11 * MIB), part_size=5 * MIB))
+        s3.fake.refuse_plain = None
+    assert str(missing) == "GET bucket/missing at http://s3.test:9000: S3 error NoSuchKey (HTTP 404): no such key"
+    assert (missing.s3_code, missing.http_status) == ("NoSuchKey", 404)
+    assert str(denied) == (
+        "PUT bucket/k at http://s3.test:9000: S3 error SignatureDoesNotMatch (HTTP 403): refused by the test"
+    )
+    assert "CreateMultipartUpload bucket/big at http://s3.test:9000: S3 error SignatureDoesNotMatch" in str(parts)
+    with hipobj.Session(gpu=0) as session:
+        # By RDMA: the same error, in the same words.
+        rdma = failure(lambda: session.get_object(s3, Bucket="bucket", Key="missing", into=into))
+        assert str(rdma) == str(missing)
+        # Declined, then refused over plain HTTP.
+        assert fake.hipobjFakeSetServerBehaviour(1) == 0
+        s3.fake.refuse_plain = (403, "SignatureDoesNotMatch")
+        assert str(failure(lambda: session.put_object(s3, Bucket="bucket", Key="k", source=into))) == str(denied)
+
+
 def test_a_server_without_its_final_message_fails_the_transfer_and_the_next_works(s3, session, fake):
     data = pattern(MIB, 15)
     put(s3, "k", data)
