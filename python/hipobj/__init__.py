@@ -15,8 +15,10 @@ botocore's own ``before-sign`` event so that SigV4 signs it; the server's
 (501) makes the transfer fall back to a plain GET or PUT, unless
 ``strict=True``. Buffers: anything with the buffer protocol (bytearray,
 NumPy), ``__cuda_array_interface__`` (CuPy, PyTorch CUDA and ROCm tensors)
-or DLPack, contiguous; registered on first use and kept registered until
-``release`` or ``close``.
+or DLPack, contiguous. ``Session.register`` keeps a buffer registered
+until ``release`` or ``close``; one passed to a transfer stays registered
+among the 16 used last, while it lives; ``bytes`` go through one
+registered bounce buffer per session.
 """
 
 import ctypes as _ctypes

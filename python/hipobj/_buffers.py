@@ -35,6 +35,9 @@ class View:
     writable: bool
     #: What keeps them alive (the object, or a ctypes array over it).
     owner: Any
+    #: Read-only host memory, which ctypes cannot address (``ptr`` is 0):
+    #: its bytes. A PUT sends them from the session's bounce buffer.
+    data: Optional[memoryview] = None
 
 
 def _itemsize(typestr: str) -> int:
@@ -130,11 +133,9 @@ def _host(obj: Any, writable: bool) -> View:
     if mv.readonly:
         if writable:
             raise UnusableBufferError("the buffer is read-only: a GET writes into it")
-        # ctypes reaches writable buffers only; a read-only source is copied
-        # (the library's registrations are writable memory anyway).
-        copy = bytearray(mv.cast("B"))
-        array = (ctypes.c_char * nbytes).from_buffer(copy) if nbytes else None
-        return View(ctypes.addressof(array) if array is not None else 0, nbytes, False, True, (copy, array))
+        # ctypes reaches writable buffers only, and the library registers
+        # writable memory: a read-only source is copied when it is sent.
+        return View(0, nbytes, False, False, (obj, mv), mv.cast("B"))
     array = (ctypes.c_char * nbytes).from_buffer(mv.cast("B")) if nbytes else None
     return View(ctypes.addressof(array) if array is not None else 0, nbytes, False, True, (obj, mv, array))
 
@@ -161,6 +162,8 @@ def host_bytes(view: View, offset: int, length: int, copy_from_device) -> bytes:
         out = (ctypes.c_char * length)()
         copy_from_device(ctypes.addressof(out), view.ptr + offset, length)
         return bytes(out)
+    if view.data is not None:
+        return bytes(view.data[offset : offset + length])
     return ctypes.string_at(view.ptr + offset, length)
 
 

@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from . import _buffers, _gpu, _lib
+from . import _buffers, _gpu, _lib, _registry
 
 TOKEN_HEADER = "x-amz-rdma-token"
 REPLY_HEADER = "x-amz-rdma-reply"
@@ -236,12 +236,33 @@ class Session:
     ``available`` and ``reason`` say which. Use it as a context manager, or
     call ``close`` (``hipObjShutdown``): buffers registered through it are
     released then.
+
+    Registration: what ``register`` was asked for stays registered until
+    ``release`` or ``close``. Memory passed to a transfer stays registered
+    after it while its object lives, among the `registration_cache` (16)
+    used last, and is deregistered when evicted or when its object is
+    freed; an object that takes no weak reference (``bytearray``) is
+    registered for its transfer only. Read-only sources (``bytes``) are
+    sent from one registered bounce buffer of at most `bounce_limit` bytes.
     """
 
-    def __init__(self, nic: Optional[str] = None, gpu: int = -1, require: bool = False):
+    def __init__(
+        self,
+        nic: Optional[str] = None,
+        gpu: int = -1,
+        require: bool = False,
+        *,
+        registration_cache: int = _registry.CACHE,
+        bounce_limit: int = _registry.BOUNCE_LIMIT,
+    ):
+        if registration_cache < 0 or bounce_limit < 0:
+            raise ValueError("registration_cache and bounce_limit are counts: 0 or more")
         self._lock = threading.Lock()
-        self._registered: Dict[Tuple[int, int], _buffers.View] = {}
         self.stats = Stats()
+        #: Buffers passed to transfers that stay registered after them.
+        self.registration_cache = registration_cache
+        #: The most bytes the bounce buffer of read-only sources grows to.
+        self.bounce_limit = bounce_limit
         self.available = False
         self.reason: Optional[str] = None
         self._open = False
@@ -263,23 +284,26 @@ class Session:
                 if require or err.opError == 3:
                     raise failure
                 self.reason = f"the library did not initialize ({failure})"
+        self._registry = _registry.Registry(self._lib, registration_cache, HipObjError)
+        self._bounce = _registry.Bounce(self._registry, bounce_limit)
         global _active
         _active = self
 
     # ------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Deregisters every buffer and shuts the library down."""
+        """Deregisters every buffer and shuts the library down; transfers
+        after it fall back."""
         global _active
         if _active is self:
             _active = None
         with self._lock:
-            views = list(self._registered.values())
-            self._registered.clear()
             was_open, self._open = self._open, False
-        for view in views:
-            self._lib.hipObjBufDeregister(view.ptr)
+            if self.available:
+                self.available = False
+                self.reason = "the session is closed"
         if was_open:
+            self._registry.close()
             self._lib.hipObjShutdown()
 
     def __enter__(self) -> "Session":
@@ -293,72 +317,94 @@ class Session:
     def register(self, obj: Any) -> _buffers.View:
         """Registers the memory of `obj` (host or GPU) and keeps it
         registered, and `obj` alive, until ``release(obj)`` or ``close``; a
-        loop of transfers into the same array registers once. Registering
-        it again returns the same registration."""
-        view = _buffers.view_of(obj, writable=False)
-        return self._register_view(view)
+        loop of transfers into the same array, or into parts of it,
+        registers once. Registering it again returns the same registration.
+        A read-only buffer cannot be registered (``UnusableBufferError``);
+        ``HipObjError`` when the library refuses."""
+        return self._register(obj)[0]
 
-    def _register_view(self, view: _buffers.View) -> _buffers.View:
+    def _register(self, obj: Any) -> Tuple[_buffers.View, bool]:
+        """`register`, and whether it made the registration explicit."""
+        view = _buffers.view_of(obj, writable=False)
+        if view.data is not None:
+            raise _buffers.UnusableBufferError(
+                "the buffer is read-only and the library registers writable memory "
+                "(a PUT of it goes through the session's bounce buffer, registered once)"
+            )
         if not self.available:
             raise HipObjError("hipObjBufRegister", 2, detail=self.reason or "")
-        key = (view.ptr, view.nbytes)
-        with self._lock:
-            known = self._registered.get(key)
-            if known is not None:
-                return known
-            call = self._lib.hipObjBufRegister if view.device else self._lib.hipObjBufRegisterHost
-            err = call(view.ptr, view.nbytes)
-            if err.opError != _lib.SUCCESS:
-                raise HipObjError(
-                    "hipObjBufRegister" if view.device else "hipObjBufRegisterHost",
-                    err.opError,
-                    err.hipError,
-                )
-            self._registered[key] = view
-            return view
+        try:
+            return view, self._registry.register(view, obj)[1]
+        except _registry.RegistrationError as e:
+            raise e.error from None
 
     def release(self, obj: Any) -> bool:
-        """Deregisters `obj`'s memory if this session registered it;
-        whether it did."""
+        """Deregisters `obj`'s memory if this session registered it
+        (``register``, or a transfer that cached it): at once, or when the
+        transfers using it end. Whether it did."""
         view = _buffers.view_of(obj, writable=False)
-        with self._lock:
-            known = self._registered.pop((view.ptr, view.nbytes), None)
-        if known is None:
+        if view.data is not None or self._lib is None:
             return False
-        err = self._lib.hipObjBufDeregister(known.ptr)
-        if err.opError != _lib.SUCCESS:
-            raise HipObjError("hipObjBufDeregister", err.opError, err.hipError)
-        return True
+        return self._registry.release(view)
 
-    def registered(self, obj: Any) -> "_Registration":
+    def registered(self, obj: Any) -> "_RegisteredBlock":
         """``with session.registered(tensor): ...``: registered for the
         block (released after it, unless it was registered before)."""
-        return _Registration(self, obj)
+        return _RegisteredBlock(self, obj)
 
     def registered_count(self) -> int:
-        """Buffers registered now."""
-        with self._lock:
-            return len(self._registered)
+        """Registrations this session holds now: explicit ones, cached
+        ones, those of transfers in flight, and the bounce buffer once made."""
+        return self._registry.count() if self._lib is not None else 0
 
     # ------------------------------------------------------------ transfers
 
-    def _transfer(self, op: int, view: _buffers.View, offset: int, length: int, call) -> _Exchange:
-        """Runs one hipObjGet/hipObjPut with `call` as its S3 request;
-        returns the exchange (its `error` set on failure)."""
-        base = self._register_view(view)
+    def _run(self, op: int, base: int, offset: int, length: int, call: Callable[[], Dict[str, Any]]) -> _Exchange:
+        """One hipObjGet/hipObjPut of the registration at `base`, with
+        `call` as its S3 request; the exchange (its `error` set on
+        failure)."""
         exchange = _Exchange(call)
         fn = self._lib.hipObjGet if op == _lib.OP_GET else self._lib.hipObjPut
-        err = fn(None, base.ptr, length, offset, ctypes.byref(exchange.ops), None)
+        err = fn(None, base, length, offset, ctypes.byref(exchange.ops), None)
         exchange.code = err.opError  # type: ignore[attr-defined]
         exchange.hip_error = err.hipError  # type: ignore[attr-defined]
         return exchange
 
-    def _owning_view(self, obj: Any, writable: bool) -> _buffers.View:
-        """The registered view covering `obj` (its own, or the cached one of
-        the same memory)."""
-        view = _buffers.view_of(obj, writable=writable)
-        with self._lock:
-            return self._registered.get((view.ptr, view.nbytes), view)
+    def _by_rdma(
+        self,
+        op: int,
+        view: _buffers.View,
+        obj: Any,
+        offset: int,
+        length: int,
+        call: Callable[[], Dict[str, Any]],
+        held: Optional[_registry.Entry] = None,
+    ) -> Tuple[Optional[_Exchange], Optional[str], Optional[BaseException]]:
+        """Runs the transfer by RDMA where it can be tried: ``(exchange,
+        None, None)``; else ``(None, why not, the error behind it)``.
+        `held` is a registration of `view` the caller holds."""
+        if not self.available:
+            return None, f"no RDMA: {self.reason}", None
+        if view.data is not None:
+            too_large = self._bounce.too_large(length)
+            if too_large is not None:
+                return None, too_large, None
+            try:
+                with self._bounce.fill(view.data[offset : offset + length]) as entry:
+                    return self._run(op, entry.ptr, 0, length, call), None, None
+            except _registry.RegistrationError as e:
+                return None, f"registering the bounce buffer failed ({e.error})", e.error
+        entry = held
+        if entry is None:
+            try:
+                entry = self._registry.acquire(view, obj)
+            except _registry.RegistrationError as e:
+                return None, f"registering the buffer failed ({e.error})", e.error
+        try:
+            return self._run(op, entry.ptr, offset + view.ptr - entry.ptr, length, call), None, None
+        finally:
+            if held is None:
+                self._registry.unlease(entry)
 
     def get_object(
         self,
@@ -374,11 +420,12 @@ class Session:
         """Fills `into` (from byte `offset`) with the object's bytes: with
         `Range` (``bytes=FIRST-LAST``) those, else the object's first
         ``len(into) - offset``; an object shorter than that is an error. By
-        RDMA into `into` itself (host or GPU memory, registered on first
-        use), else, when the server declines and not `strict`, from the
-        body of the same answer. Other keyword arguments go to the client's
-        ``get_object``."""
-        view = self._owning_view(into, writable=True)
+        RDMA into `into` itself (host or GPU memory, registered as the
+        class says), else, when the server declines or the memory cannot be
+        registered, and not `strict`, over plain HTTP (from the body of the
+        same answer, where the server sent one). Other keyword arguments go
+        to the client's ``get_object``."""
+        view = _buffers.view_of(into, writable=True)
         if Range is None:
             length = view.nbytes - offset
             Range = f"bytes=0-{length - 1}" if length > 0 else None
@@ -392,11 +439,8 @@ class Session:
             return client.get_object(Bucket=Bucket, Key=Key, Range=Range, **kwargs)
 
         what = _where(f"GET {Bucket}/{Key}", client)
-        if not self.available:
-            exchange = None
-            reason = f"no RDMA: {self.reason}"
-        else:
-            exchange = self._transfer(_lib.OP_GET, view, offset, length, call)
+        exchange, reason, cause = self._by_rdma(_lib.OP_GET, view, into, offset, length, call)
+        if exchange is not None:
             if exchange.code == _lib.SUCCESS:
                 response = exchange.response or {}
                 if "Body" in response:
@@ -409,10 +453,9 @@ class Session:
                         exchange.reply,
                     )
                 return self._counted(Transfer("rdma", length))
-            reason = self._refusal(what, exchange, strict)
+            reason = self._refusal(what, exchange)
         if strict:
-            self.stats.failed += 1
-            raise TransferError(f"{what}: {reason}, and strict forbids the fallback")
+            self._strict(what, reason, cause)
         response = exchange.response if exchange is not None else None
         if response is None or not 200 <= _status(response) < 300:
             response = self._s3(what, call)
@@ -435,17 +478,20 @@ class Session:
         **kwargs: Any,
     ) -> Transfer:
         """Stores `length` bytes of `source` from `offset` (by default all
-        of it) as the object: by RDMA from `source` itself, else, when the
-        server declines and not `strict`, as the request's body. Other
-        keyword arguments go to the client's ``put_object``."""
-        return self._put(client, Bucket, Key, source, offset, length, strict, None, kwargs)[0]
+        of it) as the object: by RDMA from `source` itself (a read-only
+        source from the session's bounce buffer), else, when the server
+        declines or the memory cannot be registered, and not `strict`, as
+        the request's body. Other keyword arguments go to the client's
+        ``put_object``."""
+        view = _buffers.view_of(source, writable=False)
+        return self._put(client, Bucket, Key, source, view, offset, length, strict, None, kwargs)[0]
 
     def _put(
-        self, client, Bucket, Key, source, offset, length, strict, part, kwargs
+        self, client, Bucket, Key, source, view, offset, length, strict, part, kwargs, held=None
     ) -> Tuple[Transfer, Optional[str]]:
-        """A PUT (or, with `part` = (upload id, number), an UploadPart):
-        what it did, and the answer's ETag."""
-        view = self._owning_view(source, writable=False)
+        """A PUT (or, with `part` = (upload id, number), an UploadPart) of
+        `view`, the memory of `source` (`held`: its registration, held by
+        the caller): what it did, and the answer's ETag."""
         if length is None:
             length = view.nbytes - offset
         if length <= 0 or offset < 0 or offset + length > view.nbytes:
@@ -465,17 +511,16 @@ class Session:
                     Bucket=Bucket, Key=Key, UploadId=upload_id, PartNumber=number, Body=body, **kwargs
                 )
 
-        if not self.available:
-            reason = f"no RDMA: {self.reason}"
-        else:
-            exchange = self._transfer(_lib.OP_PUT, view, offset, length, lambda: send(b""))
+        exchange, reason, cause = self._by_rdma(
+            _lib.OP_PUT, view, source, offset, length, lambda: send(b""), held
+        )
+        if exchange is not None:
             if exchange.code == _lib.SUCCESS:
                 etag = _headers(exchange.response or {}).get("etag")
                 return self._counted(Transfer("rdma", length)), etag
-            reason = self._refusal(what, exchange, strict)
+            reason = self._refusal(what, exchange)
         if strict:
-            self.stats.failed += 1
-            raise TransferError(f"{what}: {reason}, and strict forbids the fallback")
+            self._strict(what, reason, cause)
         body = _buffers.host_bytes(view, offset, length, _gpu.copier()[1] if view.device else None)
         response = self._s3(what, lambda: send(body))
         etag = _headers(response).get("etag")
@@ -492,13 +537,29 @@ class Session:
     ) -> Transfer:
         """Stores all of `source` as the object: one ``put_object`` up to
         `part_size` bytes, a multipart upload of `part_size` parts above
-        (aborted if a part fails), each part by RDMA or its own fallback."""
-        view = self._owning_view(source, writable=False)
+        (aborted if a part fails), each part by RDMA or its own fallback.
+        The source is registered once for all its parts (a read-only one
+        goes through the bounce buffer part by part)."""
+        view = _buffers.view_of(source, writable=False)
         total = view.nbytes
         if total <= part_size:
             return self.put_object(client, Bucket, Key, source, strict=strict)
         if part_size < MIN_PART:
             raise ValueError(f"parts of a multipart upload are at least {MIN_PART} bytes")
+        held = None
+        if self.available and view.data is None:
+            try:
+                held = self._registry.acquire(view, source)
+            except _registry.RegistrationError:
+                pass  # each part tries again, and says why it fell back
+        try:
+            return self._upload(client, Bucket, Key, source, view, part_size, strict, held)
+        finally:
+            if held is not None:
+                self._registry.unlease(held)
+
+    def _upload(self, client, Bucket, Key, source, view, part_size, strict, held) -> Transfer:
+        total = view.nbytes
         upload_id = self._s3(
             _where(f"CreateMultipartUpload {Bucket}/{Key}", client),
             lambda: client.create_multipart_upload(Bucket=Bucket, Key=Key),
@@ -510,7 +571,7 @@ class Session:
             for number, offset in enumerate(range(0, total, part_size), start=1):
                 length = min(part_size, total - offset)
                 t, etag = self._put(
-                    client, Bucket, Key, source, offset, length, strict, (upload_id, number), {}
+                    client, Bucket, Key, source, view, offset, length, strict, (upload_id, number), {}, held
                 )
                 paths.add(t.path)
                 reason = reason or t.reason
@@ -542,7 +603,12 @@ class Session:
             self.stats.failed += 1
             raise _s3_failure(where, e) from e
 
-    def _refusal(self, what: str, exchange: _Exchange, strict: bool) -> str:
+    def _strict(self, what: str, reason: Optional[str], cause: Optional[BaseException]) -> None:
+        """Raises the refusal of a fallback that `strict` forbids."""
+        self.stats.failed += 1
+        raise TransferError(f"{what}: {reason}, and strict forbids the fallback", cause=cause) from cause
+
+    def _refusal(self, what: str, exchange: _Exchange) -> str:
         """Why a transfer did not complete by RDMA, when it may fall back
         (a decline); else raises."""
         code = getattr(exchange, "code")
@@ -559,19 +625,16 @@ class Session:
         )
 
 
-class _Registration:
+class _RegisteredBlock:
     def __init__(self, session: Session, obj: Any):
         self.session = session
         self.obj = obj
         self.ours = False
 
     def __enter__(self) -> _buffers.View:
-        before = self.session.registered_count()
-        view = self.session.register(self.obj)
-        self.ours = self.session.registered_count() > before
+        view, self.ours = self.session._register(self.obj)
         return view
 
     def __exit__(self, *exc: Any) -> None:
         if self.ours:
             self.session.release(self.obj)
-

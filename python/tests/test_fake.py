@@ -3,8 +3,10 @@ signing and events) whose S3 answers from tests/fake_s3.py: RDMA paths,
 the fallback, strictness, GPU memory, buffers of every kind, failures."""
 
 import ctypes
+import gc
 import threading
 import traceback
+import weakref
 
 import numpy
 import pytest
@@ -291,12 +293,126 @@ def test_a_server_without_its_final_message_fails_the_transfer_and_the_next_work
     assert numpy.array_equal(into, data)
 
 
-def test_an_injected_verbs_failure_is_reported_and_changes_nothing(s3, session, fake):
-    put(s3, "k", pattern(4096, 16))
+def test_a_failed_registration_falls_back_and_says_why_unless_strict(s3, session, fake):
+    data = pattern(4096, 16)
+    put(s3, "k", data)
     assert fake.hipobjFakeFailCall(b"ibv_reg_mr", 1) == 0
-    with pytest.raises(hipobj.HipObjError, match="hipObjRdmaError"):
-        session.get_object(s3, Bucket="bucket", Key="k", into=bytearray(4096))
-    assert session.registered_count() == 0 and s3.fake.requests == []
+    into = bytearray(4096)
+    t = session.get_object(s3, Bucket="bucket", Key="k", into=into)
+    assert t.path == "fallback" and bytes(into) == data.tobytes()
+    assert "registering the buffer failed" in t.reason and "hipObjRdmaError" in t.reason
+    assert fake.hipobjFakeFailCall(b"ibv_reg_mr", 1) == 0
+    with pytest.raises(hipobj.TransferError, match="hipObjRdmaError.*strict") as e:
+        session.get_object(s3, Bucket="bucket", Key="k", into=bytearray(4096), strict=True)
+    assert isinstance(e.value.cause, hipobj.HipObjError)
+    # The application registered the same memory itself.
+    array = numpy.zeros(4096, numpy.uint8)
+    assert fake.hipObjBufRegisterHost(array.ctypes.data, 4096).opError == 0
+    t = session.get_object(s3, Bucket="bucket", Key="k", into=array)
+    assert t.path == "fallback" and "hipObjBufAlreadyRegistered" in t.reason
+    assert numpy.array_equal(array, data)
+    assert fake.hipObjBufDeregister(array.ctypes.data).opError == 0
+    assert session.registered_count() == 0
+    assert session.get_object(s3, Bucket="bucket", Key="k", into=array).path == "rdma"
+    # The bounce buffer of read-only sources, likewise.
+    assert fake.hipobjFakeFailCall(b"ibv_reg_mr", 1) == 0
+    t = session.put_object(s3, Bucket="bucket", Key="ro", source=data.tobytes())
+    assert t.path == "fallback" and "registering the bounce buffer failed" in t.reason
+    assert s3.fake.objects[("bucket", "ro")] == data.tobytes()
+    assert session.put_object(s3, Bucket="bucket", Key="ro", source=data.tobytes()).path == "rdma"
+
+
+def test_hundreds_of_distinct_buffers_all_go_by_rdma_and_few_stay_registered(s3, session, fake):
+    data = pattern(4096, 17)
+    put(s3, "k", data)
+    session.get_object(s3, Bucket="bucket", Key="k", into=bytearray(4096))
+    mrs = fake.hipobjFakeLiveObjects(b"mr")
+    kept = []
+    for i in range(420):
+        # Every one kept alive: the session lets go of them itself.
+        into = numpy.zeros(4096, numpy.uint8) if i % 3 else bytearray(4096)
+        kept.append(into)
+        t = session.get_object(s3, Bucket="bucket", Key="k", into=into)
+        assert t.path == "rdma", (i, t)
+        assert session.registered_count() <= session.registration_cache == 16
+    assert fake.hipobjFakeLiveObjects(b"mr") <= mrs + 16
+    assert all(bytes(b) == data.tobytes() for b in kept)
+    for i in range(3):
+        assert session.put_object(s3, Bucket="bucket", Key=f"up{i}", source=kept[i]).path == "rdma"
+
+
+def test_read_only_sources_go_through_one_registered_bounce_buffer(s3, session, fake):
+    for i in range(300):
+        source = pattern(4096 + i, i).tobytes()
+        t = session.put_object(s3, Bucket="bucket", Key=f"ro{i}", source=source)
+        assert t.path == "rdma", (i, t)
+        assert s3.fake.objects[("bucket", f"ro{i}")] == source
+    assert session.registered_count() == 1, "the bounce buffer alone"
+    # It grows for a larger source, a read-only memoryview too, and stays one.
+    big = pattern(3 * MIB, 18)
+    big.flags.writeable = False
+    t = session.upload(s3, Bucket="bucket", Key="big", source=memoryview(big))
+    assert t.path == "rdma" and s3.fake.objects[("bucket", "big")] == big.tobytes()
+    assert session.registered_count() == 1
+    # Nothing to release: it was never the source's own registration.
+    assert not session.release(big.tobytes())
+    with pytest.raises(hipobj.UnusableBufferError, match="read-only"):
+        session.register(b"\0" * 4096)
+    assert session.registered_count() == 1
+
+
+def test_a_read_only_source_beyond_the_bounce_buffer_s_bound_falls_back(s3, fake):
+    source = pattern(2 * MIB, 19).tobytes()
+    with hipobj.Session(gpu=0, bounce_limit=MIB) as s:
+        t = s.put_object(s3, Bucket="bucket", Key="k", source=source)
+        assert t.path == "fallback" and "bounce_limit" in t.reason
+        assert s3.fake.objects[("bucket", "k")] == source
+        with pytest.raises(hipobj.TransferError, match="bounce_limit.*strict"):
+            s.put_object(s3, Bucket="bucket", Key="strict", source=source, strict=True)
+        assert s.put_object(s3, Bucket="bucket", Key="small", source=source[:MIB]).path == "rdma"
+
+
+def test_an_explicit_registration_stays_until_released(s3, session, fake):
+    data = pattern(MIB, 20)
+    put(s3, "k", data)
+    array = numpy.zeros(MIB, numpy.uint8)
+    session.register(array)
+    assert session.get_object(s3, Bucket="bucket", Key="k", into=array).path == "rdma"
+    mrs = fake.hipobjFakeLiveObjects(b"mr")
+    for _ in range(3):
+        assert session.get_object(s3, Bucket="bucket", Key="k", into=array).path == "rdma"
+    # A part of it is reached through the same registration.
+    part = array[4096:8192]
+    t = session.get_object(s3, Bucket="bucket", Key="k", into=part, Range="bytes=0-4095")
+    assert t.path == "rdma" and numpy.array_equal(part, data[:4096])
+    assert fake.hipobjFakeLiveObjects(b"mr") == mrs and session.registered_count() == 1
+    # Kept alive while registered, let go once released.
+    ref = weakref.ref(array)
+    del array, part
+    gc.collect()
+    assert ref() is not None
+    assert session.release(ref()) and not session.release(ref())
+    assert session.registered_count() == 0
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_buffer_passed_to_a_transfer_is_not_kept_alive(s3, session, fake):
+    put(s3, "k", pattern(MIB, 21))
+    session.get_object(s3, Bucket="bucket", Key="k", into=bytearray(MIB))
+    mrs = fake.hipobjFakeLiveObjects(b"mr")
+    array = numpy.zeros(MIB, numpy.uint8)
+    gpu = FakeCudaArray(fake, MIB)
+    ptr = gpu.ptr
+    assert session.get_object(s3, Bucket="bucket", Key="k", into=array).path == "rdma"
+    assert session.get_object(s3, Bucket="bucket", Key="k", into=gpu).path == "rdma"
+    refs = [weakref.ref(array), weakref.ref(gpu)]
+    del array, gpu
+    gc.collect()
+    assert all(r() is None for r in refs)
+    assert session.registered_count() == 0
+    assert fake.hipobjFakeLiveObjects(b"mr") <= mrs
+    assert fake.hipobjFakeDeviceFree(ptr) == 0
 
 
 def test_one_session_at_a_time_and_closing_releases_everything(fake):
