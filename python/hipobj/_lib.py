@@ -43,8 +43,11 @@ CODES = {
     13: "hipObjBusy",
 }
 SUCCESS = 0
+RDMA_ERROR = 4
 S3_ERROR = 5
 BUF_ALREADY_REGISTERED = 7
+#: ``hipErrorNoDevice``: the ``hipError`` of ``hipObjInit`` without a GPU.
+HIP_ERROR_NO_DEVICE = 100
 
 
 class ErrorT(ctypes.Structure):

@@ -4,11 +4,12 @@ transfers through a boto3 client."""
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from . import _buffers, _gpu, _lib, _registry
+from . import _buffers, _gpu, _lib, _nics, _registry
 
 TOKEN_HEADER = "x-amz-rdma-token"
 REPLY_HEADER = "x-amz-rdma-reply"
@@ -254,6 +255,7 @@ class Session:
         *,
         registration_cache: int = _registry.CACHE,
         bounce_limit: int = _registry.BOUNCE_LIMIT,
+        sysfs_root: str = "/",
     ):
         if registration_cache < 0 or bounce_limit < 0:
             raise ValueError("registration_cache and bounce_limit are counts: 0 or more")
@@ -265,7 +267,12 @@ class Session:
         self.bounce_limit = bounce_limit
         self.available = False
         self.reason: Optional[str] = None
+        #: The NICs the library was initialized with (``nicHint``): `nic`,
+        #: or those this session chose for host memory on a host without
+        #: a GPU; ``None`` when the library chose.
+        self.nic: Optional[str] = None
         self._open = False
+        self._asked = (nic or None, gpu, sysfs_root)
         try:
             self._lib = _lib.library()
         except ImportError as e:
@@ -274,22 +281,63 @@ class Session:
             self._lib = None
             self.reason = str(e)
         else:
-            config = _lib.ConfigT()
-            config.gpuDevice = gpu
-            config.nicHint = nic.encode() if nic else None
-            err = self._lib.hipObjInit(ctypes.byref(config))
-            self.available = self._open = err.opError == _lib.SUCCESS
-            if not self.available:
-                failure = HipObjError("hipObjInit", err.opError, err.hipError)
-                if require or err.opError == 3:
-                    raise failure
-                self.reason = f"the library did not initialize ({failure})"
+            self._initialize(require)
         self._registry = _registry.Registry(self._lib, registration_cache, HipObjError)
         self._bounce = _registry.Bounce(self._registry, bounce_limit)
         global _active
         _active = self
 
     # ------------------------------------------------------------ lifecycle
+
+    def _init_call(self, nic: Optional[str], gpu: int) -> Any:
+        config = _lib.ConfigT()
+        config.gpuDevice = gpu
+        config.nicHint = nic.encode() if nic else None
+        return self._lib.hipObjInit(ctypes.byref(config))
+
+    def _initialize(self, require: bool) -> None:
+        """``hipObjInit`` with what the session was asked for. Without a
+        GPU (hipError 100), with no NIC named and no GPU asked for, again
+        on the NICs with an active port (``_nics``), serving host memory.
+        Sets `available`, or `reason`; raises when `require` (and for
+        ``hipObjAlreadyInitialized``)."""
+        nic, gpu, sysfs_root = self._asked
+        err = self._init_call(nic, gpu)
+        if err.opError == _lib.SUCCESS:
+            self.available = self._open = True
+            self.nic = nic
+            return
+        if err.opError == 3:
+            raise HipObjError("hipObjInit", err.opError, err.hipError)
+        why = ""
+        no_gpu = err.opError == _lib.RDMA_ERROR and err.hipError == _lib.HIP_ERROR_NO_DEVICE
+        if no_gpu and nic is None and not _nics.named_by_environment():
+            if gpu != -1:
+                why = (
+                    f"no GPU can be used, and gpu={gpu} was asked for: open the session without gpu= "
+                    "to serve host memory only"
+                )
+            else:
+                nics = _nics.active_devices(sysfs_root)
+                if not nics:
+                    where = os.path.join(sysfs_root, "sys", "class", "infiniband")
+                    why = (
+                        "no GPU and no NIC named (pass nic= or set HIPOBJ_NIC_HINT), and no RDMA device "
+                        f"with an active port under {where} to serve host memory with"
+                    )
+                else:
+                    hint = ",".join(nics)
+                    retry = self._init_call(hint, gpu)
+                    if retry.opError == _lib.SUCCESS:
+                        self.available = self._open = True
+                        self.nic = hint
+                        return
+                    err = retry
+                    why = f"no GPU, so host memory on the RDMA devices with an active port ({hint}), which failed too"
+        failure = HipObjError("hipObjInit", err.opError, err.hipError, why)
+        if require:
+            raise failure
+        self.reason = f"the library did not initialize ({failure})"
 
     def close(self) -> None:
         """Deregisters every buffer and shuts the library down; transfers

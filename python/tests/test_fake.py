@@ -4,6 +4,7 @@ the fallback, strictness, GPU memory, buffers of every kind, failures."""
 
 import ctypes
 import gc
+import pathlib
 import threading
 import traceback
 import weakref
@@ -15,6 +16,7 @@ from botocore.exceptions import ClientError
 import hipobj
 
 MIB = 1 << 20
+SYSFS = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "sysfs"
 
 
 def pattern(n, seed):
@@ -493,3 +495,79 @@ def test_the_library_is_searched_in_the_checkout_only_from_a_checkout(monkeypatc
     ]
     monkeypatch.setenv("HIPOBJ_LIBRARY", "/opt/x/libhipobj.so")
     assert hipobj._lib._candidates() == ["/opt/x/libhipobj.so"]
+
+
+def sysfs(root, **ports):
+    """A sysfs tree under `root` with RDMA devices NAME=[port states]."""
+    for name, states in ports.items():
+        for number, state in enumerate(states, start=1):
+            port = root / "sys" / "class" / "infiniband" / name / "ports" / str(number)
+            port.mkdir(parents=True)
+            (port / "state").write_text(state + "\n")
+    return str(root)
+
+
+class WithoutGpu:
+    """The library on a host with no GPU: hipObjInit without a NIC hint
+    fails as the C ABI says (hipObjRdmaError, hipError 100); with one it
+    runs (on the fake world, whose NIC is client0). Records each init's
+    NIC hint."""
+
+    def __init__(self, lib):
+        self.lib = lib
+        self.hints = []
+
+    def __getattr__(self, name):
+        return getattr(self.lib, name)
+
+    def hipObjInit(self, config):
+        hint = config._obj.nicHint
+        self.hints.append(hint)
+        if hint is None:
+            return hipobj._lib.ErrorT(4, 100)
+        return self.lib.hipObjInit(config)
+
+
+def test_the_nics_a_session_without_a_gpu_may_use_are_those_with_an_active_port(tmp_path):
+    active = hipobj._nics.active_devices
+    assert active(str(SYSFS / "softroce")) == ["rxe0"]
+    assert active(str(SYSFS / "port-down")) == ["mlx4_0"]  # port 2 is
+    assert active(str(SYSFS / "two-sockets")) == ["bnxt_re0", "bnxt_re1"]
+    assert active(str(SYSFS / "switch")) == ["bnxt_re0", "ionic_0"]
+    # Malformed states and port numbers the kernel never makes are not.
+    assert active(str(SYSFS / "garbage")) == ["bad0"]
+    assert active(sysfs(tmp_path / "down", mlx5_0=["1: DOWN", "2: INIT"])) == []
+    assert active(str(tmp_path / "nothing")) == []
+
+
+def test_a_session_not_asked_for_a_gpu_serves_host_memory_on_the_active_nics(s3, fake, monkeypatch, tmp_path):
+    monkeypatch.delenv("HIPOBJ_NIC_HINT", raising=False)
+    lib = WithoutGpu(hipobj.library())
+    monkeypatch.setattr(hipobj._lib, "library", lambda: lib)
+    root = sysfs(tmp_path, client0=["4: ACTIVE"], down0=["1: DOWN"])
+    data = pattern(MIB, 60)
+    put(s3, "k", data)
+    with hipobj.Session(sysfs_root=root) as s:
+        assert s.available, s.reason
+        assert lib.hints == [None, b"client0"] and s.nic == "client0"
+        into = numpy.zeros(MIB, numpy.uint8)
+        assert s.get_object(s3, Bucket="bucket", Key="k", into=into).path == "rdma"
+        assert numpy.array_equal(into, data)
+
+
+def test_without_a_gpu_or_an_active_nic_the_reason_says_so(fake, monkeypatch, tmp_path):
+    monkeypatch.delenv("HIPOBJ_NIC_HINT", raising=False)
+    lib = WithoutGpu(hipobj.library())
+    monkeypatch.setattr(hipobj._lib, "library", lambda: lib)
+    root = sysfs(tmp_path, down0=["1: DOWN"])
+    with hipobj.Session(sysfs_root=root) as s:
+        assert not s.available
+        assert "no RDMA device with an active port" in s.reason
+        assert "pass nic= or set HIPOBJ_NIC_HINT" in s.reason
+    with pytest.raises(hipobj.HipObjError, match="no RDMA device with an active port"):
+        hipobj.Session(sysfs_root=root, require=True)
+    # A GPU asked for is not dropped for host memory.
+    lib.hints.clear()
+    with hipobj.Session(gpu=0, sysfs_root=sysfs(tmp_path / "up", client0=["4: ACTIVE"])) as s:
+        assert not s.available and lib.hints == [None]
+        assert "no GPU" in s.reason and "gpu=0" in s.reason
