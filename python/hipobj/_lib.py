@@ -182,6 +182,12 @@ def library() -> ctypes.CDLL:
         return _loaded
 
 
+def after_fork_in_child() -> None:
+    """A fresh lock in a forked child (another thread may have held it)."""
+    global _lock
+    _lock = threading.Lock()
+
+
 def error_name(code: int) -> str:
     """The name of a ``hipObjOpError_t`` value."""
     return CODES.get(code, f"hipObjOpError_t {code}")

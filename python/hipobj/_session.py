@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -95,6 +96,26 @@ class Stats:
 #: The session opened last and not closed: what the module's functions use.
 _active: Optional["Session"] = None
 _default_lock = threading.Lock()
+#: Every session alive, for the fork handler.
+_sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """``os.register_at_fork``'s child handler: the child has only the
+    forking thread, so every lock another thread held stays held, and the
+    library's instance (its driver thread, its connections) is the
+    parent's. Fresh locks, and each session forgets the parent's instance
+    and registrations without a call into the library."""
+    global _default_lock
+    _default_lock = threading.Lock()
+    _lib.after_fork_in_child()
+    _gpu.after_fork_in_child()
+    for session in list(_sessions):
+        session._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def active() -> "Session":
@@ -284,6 +305,9 @@ class Session:
             self._initialize(require)
         self._registry = _registry.Registry(self._lib, registration_cache, HipObjError)
         self._bounce = _registry.Bounce(self._registry, bounce_limit)
+        #: Opened in a parent process: initialized again at first use.
+        self._inherited = False
+        _sessions.add(self)
         global _active
         _active = self
 
@@ -339,12 +363,51 @@ class Session:
             raise failure
         self.reason = f"the library did not initialize ({failure})"
 
+    def _forked(self) -> None:
+        """In a forked child (``_after_fork_in_child``): the instance and
+        the registrations are the parent's. They are forgotten, never
+        deregistered or shut down from here; an open session initializes
+        the library afresh, for this process, at its next use."""
+        self._lock = threading.Lock()
+        self._registry.abandon()
+        self._bounce.abandon()
+        self._registry = _registry.Registry(self._lib, self.registration_cache, HipObjError)
+        self._bounce = _registry.Bounce(self._registry, self.bounce_limit)
+        if self._open:
+            self._open = False
+            self.available = False
+            self._inherited = True
+            self.reason = "opened in the parent of this forked process, not initialized in it yet"
+
+    def _initialize_in_child(self) -> None:
+        """A session inherited by fork: ``hipObjInit`` for this process, once
+        (a library that keeps the parent's instance in a child answers
+        ``hipObjAlreadyInitialized``: the session then falls back)."""
+        if not self._inherited:
+            return
+        with self._lock:
+            if not self._inherited:
+                return
+            self._inherited = False
+            try:
+                self._initialize(require=False)
+            except HipObjError as e:
+                self.reason = (
+                    f"the session was opened before this process was forked, and in this process {e}: "
+                    "this libhipobj keeps the parent's instance in a forked child, where it cannot be used, "
+                    "so transfers here go over plain HTTP"
+                )
+            else:
+                if not self.available:
+                    self.reason = f"the session was opened before this process was forked, and {self.reason}"
+
     def close(self) -> None:
         """Deregisters every buffer and shuts the library down; transfers
         after it fall back."""
         global _active
         if _active is self:
             _active = None
+        self._inherited = False
         with self._lock:
             was_open, self._open = self._open, False
             if self.available:
@@ -379,6 +442,7 @@ class Session:
                 "the buffer is read-only and the library registers writable memory "
                 "(a PUT of it goes through the session's bounce buffer, registered once)"
             )
+        self._initialize_in_child()
         if not self.available:
             raise HipObjError("hipObjBufRegister", 2, detail=self.reason or "")
         try:
@@ -391,7 +455,7 @@ class Session:
         (``register``, or a transfer that cached it): at once, or when the
         transfers using it end. Whether it did."""
         view = _buffers.view_of(obj, writable=False)
-        if view.data is not None or self._lib is None:
+        if view.data is not None or self._lib is None or self._inherited:
             return False
         return self._registry.release(view)
 
@@ -431,6 +495,7 @@ class Session:
         """Runs the transfer by RDMA where it can be tried: ``(exchange,
         None, None)``; else ``(None, why not, the error behind it)``.
         `held` is a registration of `view` the caller holds."""
+        self._initialize_in_child()
         if not self.available:
             return None, f"no RDMA: {self.reason}", None
         if view.data is not None:
@@ -595,6 +660,7 @@ class Session:
         if part_size < MIN_PART:
             raise ValueError(f"parts of a multipart upload are at least {MIN_PART} bytes")
         held = None
+        self._initialize_in_child()
         if self.available and view.data is None:
             try:
                 held = self._registry.acquire(view, source)

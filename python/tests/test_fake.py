@@ -4,6 +4,7 @@ the fallback, strictness, GPU memory, buffers of every kind, failures."""
 
 import ctypes
 import gc
+import multiprocessing
 import pathlib
 import threading
 import traceback
@@ -571,3 +572,134 @@ def test_without_a_gpu_or_an_active_nic_the_reason_says_so(fake, monkeypatch, tm
     with hipobj.Session(gpu=0, sysfs_root=sysfs(tmp_path / "up", client0=["4: ACTIVE"])) as s:
         assert not s.available and lib.hints == [None]
         assert "no GPU" in s.reason and "gpu=0" in s.reason
+
+
+SPIED = (
+    "hipObjInit",
+    "hipObjShutdown",
+    "hipObjBufRegister",
+    "hipObjBufRegisterHost",
+    "hipObjBufDeregister",
+    "hipObjGet",
+    "hipObjPut",
+)
+
+
+def in_forked_child(session, s3, data, kept):
+    """In a child forked from the test: a GET and a PUT of bytes on the
+    parent's session, a release of the parent's registration of `kept`,
+    then close; every library call made, with its first argument and
+    result."""
+    calls = []
+    lib = session._lib
+    for name in SPIED:
+        real = getattr(lib, name)
+
+        def spy(*args, _name=name, _real=real):
+            err = _real(*args)
+            first = args[0] if args and isinstance(args[0], int) else None
+            calls.append((_name, first, err.opError))
+            return err
+
+        setattr(lib, name, spy)
+    into = numpy.zeros(data.size, numpy.uint8)
+    got = session.get_object(s3, Bucket="bucket", Key="k", into=into)
+    sent = session.put_object(s3, Bucket="bucket", Key="from-child", source=data.tobytes())
+    released = session.release(kept)
+    session.close()
+    return {
+        "calls": calls,
+        "paths": (got.path, sent.path),
+        "reasons": (got.reason, sent.reason),
+        "same": numpy.array_equal(into, data),
+        "stored": s3.fake.objects.get(("bucket", "from-child")) == data.tobytes(),
+        "released": released,
+    }
+
+
+def test_a_forked_child_never_calls_into_the_parent_s_instance(s3, session, fake):
+    data = pattern(MIB, 70)
+    put(s3, "k", data)
+    kept = numpy.zeros(MIB, numpy.uint8)
+    session.register(kept)
+    cached = numpy.zeros(MIB, numpy.uint8)
+    assert session.get_object(s3, Bucket="bucket", Key="k", into=cached).path == "rdma"
+    assert session.put_object(s3, Bucket="bucket", Key="b", source=data.tobytes()).path == "rdma"
+    count, mrs = session.registered_count(), fake.hipobjFakeLiveObjects(b"mr")
+    parent = {kept.ctypes.data, cached.ctypes.data} | {
+        e.ptr for e in session._registry.entries.values()
+    }
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+
+    def child():
+        try:
+            send.send(in_forked_child(session, s3, data, kept))
+        except BaseException as e:  # the parent reports it
+            send.send({"error": f"{type(e).__name__}: {e}"})
+
+    process = context.Process(target=child)
+    process.start()
+    # A generous bound: only a hang exceeds it.
+    assert receive.poll(120), "the child hung"
+    result = receive.recv()
+    process.join(120)
+    assert process.exitcode == 0
+    assert "error" not in result, result["error"]
+    calls = result["calls"]
+    # Nothing before the child's own hipObjInit; nothing at all after one
+    # that failed (this library keeps the parent's instance in a child).
+    if calls:
+        assert calls[0][0] == "hipObjInit", calls
+    if calls and calls[0][2] != 0:
+        assert len(calls) == 1, calls
+        assert result["paths"] == ("fallback", "fallback")
+        assert all("fork" in reason for reason in result["reasons"]), result["reasons"]
+    # Never the parent's registrations.
+    assert not [c for c in calls if c[0] == "hipObjBufDeregister" and c[1] in parent], calls
+    assert result["same"] and result["stored"] and not result["released"]
+    # The parent's session is as it was.
+    assert session.registered_count() == count and fake.hipobjFakeLiveObjects(b"mr") == mrs
+    assert session.get_object(s3, Bucket="bucket", Key="k", into=kept).path == "rdma"
+    assert numpy.array_equal(kept, data)
+
+
+class ForkAwareLibrary:
+    """A library that forgets its parent's instance in a forked child, so
+    that hipObjInit there succeeds (the fake library may not yet): records
+    every call, and answers success."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def call(*args):
+            first = args[0] if args and isinstance(args[0], int) else None
+            self.calls.append((name, first))
+            return hipobj._lib.ErrorT(0, 0)
+
+        return call
+
+
+def test_a_session_inherited_by_fork_initializes_afresh_where_the_library_allows(monkeypatch):
+    lib = ForkAwareLibrary()
+    monkeypatch.setattr(hipobj._lib, "library", lambda: lib)
+    session = hipobj.Session(nic="client0")
+    parents = [numpy.zeros(4096, numpy.uint8) for _ in range(2)]
+    for array in parents:
+        session.register(array)
+    lib.calls.clear()
+    # What os.register_at_fork runs in the child.
+    hipobj._session._after_fork_in_child()
+    assert lib.calls == [] and session.registered_count() == 0
+    assert not session.release(parents[0]), "the parent's, forgotten"
+    mine = numpy.zeros(4096, numpy.uint8)
+    session.register(mine)
+    assert session.available and session.registered_count() == 1
+    session.close()
+    assert lib.calls == [
+        ("hipObjInit", None),
+        ("hipObjBufRegisterHost", mine.ctypes.data),
+        ("hipObjBufDeregister", mine.ctypes.data),
+        ("hipObjShutdown", None),
+    ]
