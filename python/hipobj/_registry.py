@@ -54,7 +54,7 @@ class RegistrationError(Exception):
 class Entry:
     """One registration."""
 
-    __slots__ = ("ptr", "nbytes", "device", "kind", "ref", "held", "busy", "dead", "doomed")
+    __slots__ = ("ptr", "nbytes", "device", "kind", "ref", "held", "exact", "busy", "dead", "doomed")
 
     def __init__(self, ptr: int, nbytes: int, device: bool, kind: str):
         self.ptr = ptr
@@ -65,6 +65,9 @@ class Entry:
         self.ref: Optional[weakref.ref] = None
         #: What keeps an explicit entry's memory allocated.
         self.held: Any = None
+        #: An explicit entry's object whose memory is exactly the
+        #: registered range (a cached one's is `ref`'s), if known.
+        self.exact: Any = None
         #: Transfers using it now.
         self.busy = 0
         #: Its object is gone (the memory may be freed as soon as this is
@@ -79,6 +82,20 @@ class Entry:
             and self.ptr <= view.ptr
             and view.ptr + view.nbytes <= self.ptr + self.nbytes
         )
+
+    def moved(self) -> bool:
+        """Whether the object registered here now has other memory (a
+        NumPy array or a tensor resized in place): the registration names
+        memory that may be freed and, at the same address, another
+        object's, reached through the old pages."""
+        obj = self.ref() if self.ref is not None else self.exact
+        if obj is None:
+            return False
+        try:
+            now = _buffers.view_of(obj, writable=False)
+        except Exception:  # noqa: BLE001 - whatever it became, not this memory
+            return True
+        return (now.ptr, now.nbytes, now.device) != (self.ptr, self.nbytes, self.device)
 
 
 class Registry:
@@ -123,6 +140,15 @@ class Registry:
         for entry in [e for e in self.entries.values() if (e.dead or e.doomed) and not e.busy]:
             self._drop(entry)
 
+    def _forget_moved(self, view: _buffers.View) -> None:
+        """Marks dead the registrations covering `view` whose objects now
+        have other memory, and deregisters those not in use. Under the
+        lock."""
+        for entry in list(self.entries.values()):
+            if entry.kind != BOUNCE and not entry.dead and entry.covers(view) and entry.moved():
+                entry.dead = True
+        self._reap()
+
     def _died(self, entry: Entry) -> None:
         """The weak reference's callback: `entry`'s object is being freed."""
         entry.dead = True
@@ -144,7 +170,7 @@ class Registry:
         until ``unlease``: one there is, else a new one. Raises
         ``RegistrationError``."""
         with self.lock:
-            self._reap()
+            self._forget_moved(view)
             for entry in self.entries.values():
                 if entry.kind != BOUNCE and not entry.dead and not entry.doomed and entry.covers(view):
                     entry.busy += 1
@@ -220,20 +246,24 @@ class Registry:
         """Registers `view` (the memory of `obj`) until ``release``; the
         entry, and whether it was not already an explicit one."""
         with self.lock:
-            self._reap()
+            self._forget_moved(view)
             there = self.entries.get(view.ptr)
             if there is not None and not there.dead and there.kind != BOUNCE and there.covers(view):
                 created = there.kind != EXPLICIT
                 if created:
                     self.lru.pop(there.ptr, None)
-                    there.held = (there.ref() if there.ref is not None else None, obj)
+                    if there.ref is not None:
+                        there.exact = there.ref()
+                    elif there.nbytes == view.nbytes:
+                        there.exact = obj
+                    there.held = (there.exact, obj)
                     there.ref = None
                     there.kind = EXPLICIT
                 there.doomed = False
                 return there, created
             self._clear_address(view)
             entry = Entry(view.ptr, view.nbytes, view.device, EXPLICIT)
-            entry.held = obj
+            entry.held = entry.exact = obj
             self._register(entry)
             self.entries[entry.ptr] = entry
             return entry, True
@@ -248,7 +278,7 @@ class Registry:
             if entry is None or entry.kind not in (EXPLICIT, CACHED) or entry.dead or entry.doomed:
                 return False
             entry.doomed = True
-            entry.held = None
+            entry.held = entry.exact = None
             self.lru.pop(entry.ptr, None)
             self._reap()
             return True

@@ -400,6 +400,29 @@ def test_an_explicit_registration_stays_until_released(s3, session, fake):
     assert ref() is None
 
 
+def test_memory_that_moved_under_its_object_is_not_reached_through_its_old_registration(s3, session, fake):
+    # An array resized in place gets new memory; a new object may then get
+    # the old address, which the old registration still names (with the
+    # old pages, where the memory was unmapped in between).
+    put(s3, "k", pattern(MIB, 22))
+    moved = FakeCudaArray(fake, MIB)
+    old = moved.ptr
+    assert session.get_object(s3, Bucket="bucket", Key="k", into=moved).path == "rdma"
+    elsewhere = FakeCudaArray(fake, MIB)
+    moved.__cuda_array_interface__ = dict(moved.__cuda_array_interface__, data=(elsewhere.ptr, False))
+    newcomer = FakeCudaArray(fake, MIB)
+    spare, newcomer.ptr = newcomer.ptr, old
+    newcomer.__cuda_array_interface__ = dict(newcomer.__cuda_array_interface__, data=(old, False))
+    assert session.get_object(s3, Bucket="bucket", Key="k", into=newcomer).path == "rdma"
+    # The newcomer's own registration, which goes with it.
+    del newcomer
+    gc.collect()
+    assert session.registered_count() == 0
+    session.close()
+    for ptr in (old, elsewhere.ptr, spare):
+        assert fake.hipobjFakeDeviceFree(ptr) == 0
+
+
 def test_a_buffer_passed_to_a_transfer_is_not_kept_alive(s3, session, fake):
     put(s3, "k", pattern(MIB, 21))
     session.get_object(s3, Bucket="bucket", Key="k", into=bytearray(MIB))
