@@ -46,6 +46,7 @@ SUCCESS = 0
 RDMA_ERROR = 4
 S3_ERROR = 5
 BUF_ALREADY_REGISTERED = 7
+NIC_NOT_FOUND = 8
 #: ``hipErrorNoDevice``: the ``hipError`` of ``hipObjInit`` without a GPU.
 HIP_ERROR_NO_DEVICE = 100
 

@@ -120,8 +120,9 @@ if hasattr(os, "register_at_fork"):
 
 def active() -> "Session":
     """The session opened last and not yet closed; else a new one with the
-    defaults (``Session()``: the current GPU, any NIC, and the fallback
-    where the library cannot initialize), closed when the process exits."""
+    defaults (``Session()``: the current GPU, any NIC; host memory on the
+    NICs with an active port where there is no GPU; the fallback where
+    the library cannot initialize), closed when the process exits."""
     with _default_lock:
         if _active is not None:
             return _active
@@ -358,6 +359,15 @@ class Session:
                         return
                     err = retry
                     why = f"no GPU, so host memory on the RDMA devices with an active port ({hint}), which failed too"
+        elif nic is not None and err.opError in (_lib.RDMA_ERROR, _lib.NIC_NOT_FOUND):
+            # The library's own words go to stderr only: say what sysfs shows.
+            active = _nics.active_devices(sysfs_root)
+            missing = [name.strip() for name in nic.split(",") if name.strip() and name.strip() not in active]
+            if missing:
+                why = (
+                    f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not among the RDMA devices "
+                    f"with an active port (those: {', '.join(active) or 'none'})"
+                )
         failure = HipObjError("hipObjInit", err.opError, err.hipError, why)
         if require:
             raise failure

@@ -590,6 +590,10 @@ def test_without_a_gpu_or_an_active_nic_the_reason_says_so(fake, monkeypatch, tm
         assert "pass nic= or set HIPOBJ_NIC_HINT" in s.reason
     with pytest.raises(hipobj.HipObjError, match="no RDMA device with an active port"):
         hipobj.Session(sysfs_root=root, require=True)
+    # A NIC named that has no active port.
+    with hipobj.Session(nic="mlx5_9", sysfs_root=root) as s:
+        assert not s.available
+        assert "mlx5_9 is not among the RDMA devices with an active port (those: none)" in s.reason
     # A GPU asked for is not dropped for host memory.
     lib.hints.clear()
     with hipobj.Session(gpu=0, sysfs_root=sysfs(tmp_path / "up", client0=["4: ACTIVE"])) as s:
