@@ -4,7 +4,9 @@
 # from PyPI), builds the fake library (cargo build --profile fake --features
 # fake-library), and runs its unit tests there (python/tests/test_fake.py:
 # a real boto3 client whose S3 answers from tests/fake_s3.py, on the fake
-# library). The lane's tests (test_lane.py) run in the VM
+# library), and its packaging tests (python/tests/test_package.py: its
+# metadata, and that building it writes nothing into its sources). The
+# lane's tests (test_lane.py) run in the VM
 # (scripts/vm/python-guest.sh), with the venv this script leaves.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -21,4 +23,4 @@ fi
 cargo build --locked --profile fake --features fake-library --lib
 # Run from outside the source tree: the installed package is the one tested.
 cd "$root/python/tests"
-HIPOBJ_LIBRARY="$target/fake/libhipobj.so" "$venv/bin/python" -m pytest -q -p no:cacheprovider test_fake.py
+HIPOBJ_LIBRARY="$target/fake/libhipobj.so" "$venv/bin/python" -m pytest -q -p no:cacheprovider test_fake.py test_package.py

@@ -15,37 +15,64 @@ botocore's own ``before-sign`` event so that SigV4 signs it; the server's
 (501) makes the transfer fall back to a plain GET or PUT, unless
 ``strict=True``. Buffers: anything with the buffer protocol (bytearray,
 NumPy), ``__cuda_array_interface__`` (CuPy, PyTorch CUDA and ROCm tensors)
-or DLPack, contiguous; registered on first use and kept registered until
-``release`` or ``close``.
+or DLPack, contiguous. ``Session.register`` keeps a buffer registered
+until ``release`` or ``close``; one passed to a transfer stays registered
+among the 16 used last, while it lives; ``bytes`` go through one
+registered bounce buffer per session.
 """
 
-from ._buffers import BufferError_ as BufferError
-from ._buffers import View
+import ctypes as _ctypes
+from typing import Optional as _Optional
+from typing import Tuple as _Tuple
+
+from ._buffers import UnusableBufferError, View
 from ._gpu import set_copier
 from ._lib import library
 from ._session import HipObjError, Session, Stats, Transfer, TransferError, active
 
+#: The earlier name of ``UnusableBufferError`` (not in ``__all__``: a star
+#: import would hide Python's own ``BufferError``).
+BufferError = UnusableBufferError
+
+#: This package's version (the packaging metadata reads it from here).
+__version__ = "0.1.0"
+
 __all__ = [
+    "__version__",
     "active",
     "get_object",
     "put_object",
     "upload",
-    "BufferError",
     "HipObjError",
     "Session",
     "Stats",
     "Transfer",
     "TransferError",
+    "UnusableBufferError",
     "View",
     "library",
+    "library_version",
     "set_copier",
     "version",
 ]
 
 
 def version() -> str:
-    """libhipobj's version string."""
+    """libhipobj's version string (``"M.m.p"``); ``ImportError`` when no
+    library loads. The package's own is ``__version__``."""
     return library().hipObjGetVersionString().decode()
+
+
+def library_version() -> _Optional[_Tuple[int, int, int]]:
+    """libhipobj's ``(major, minor, patch)`` (``hipObjGetVersion``), or
+    ``None`` when no library loads."""
+    try:
+        lib = library()
+    except ImportError:
+        return None
+    major, minor, patch = _ctypes.c_int(), _ctypes.c_int(), _ctypes.c_int()
+    lib.hipObjGetVersion(_ctypes.byref(major), _ctypes.byref(minor), _ctypes.byref(patch))
+    return major.value, minor.value, patch.value
 
 
 def get_object(client, Bucket, Key, into, Range=None, strict=False, **kwargs) -> Transfer:

@@ -11,8 +11,14 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 
-class BufferError_(TypeError):
-    """An object whose memory a transfer cannot use."""
+class UnusableBufferError(TypeError):
+    """An object whose memory a transfer cannot use: not a buffer, not
+    contiguous, or read-only where a GET writes. Raised before any request.
+    (``hipobj.BufferError`` is its earlier name.)"""
+
+
+# Shown as the package's own class in tracebacks, where it is exported.
+UnusableBufferError.__module__ = "hipobj"
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,9 @@ class View:
     writable: bool
     #: What keeps them alive (the object, or a ctypes array over it).
     owner: Any
+    #: Read-only host memory, which ctypes cannot address (``ptr`` is 0):
+    #: its bytes. A PUT sends them from the session's bounce buffer.
+    data: Optional[memoryview] = None
 
 
 def _itemsize(typestr: str) -> int:
@@ -36,7 +45,9 @@ def _itemsize(typestr: str) -> int:
     try:
         return int(typestr[2:])
     except ValueError as e:
-        raise BufferError_(f"an array interface with typestr {typestr!r}") from e
+        raise UnusableBufferError(
+            f"the array interface's typestr {typestr!r} gives no item size (expected e.g. '<f4')"
+        ) from e
 
 
 def _contiguous_bytes(shape, strides, itemsize: int) -> int:
@@ -47,7 +58,7 @@ def _contiguous_bytes(shape, strides, itemsize: int) -> int:
         expected = itemsize
         for dim, stride in zip(reversed(shape), reversed(strides)):
             if int(dim) > 1 and int(stride) != expected:
-                raise BufferError_("the array is not C-contiguous: transfers move one range of bytes")
+                raise UnusableBufferError("the array is not C-contiguous: transfers move one range of bytes")
             expected *= int(dim)
     return n
 
@@ -97,7 +108,7 @@ def _dlpack(obj: Any) -> View:
     tensor = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
     kind = tensor.device.device_type
     if kind not in _DL_HOST | _DL_GPU:
-        raise BufferError_(f"DLPack device type {kind} is neither host nor GPU memory")
+        raise UnusableBufferError(f"DLPack device type {kind} is neither host nor GPU memory")
     itemsize = (tensor.dtype.bits * tensor.dtype.lanes + 7) // 8
     shape = [tensor.shape[i] for i in range(tensor.ndim)]
     strides = None
@@ -113,26 +124,24 @@ def _host(obj: Any, writable: bool) -> View:
     try:
         mv = memoryview(obj)
     except TypeError as e:
-        raise BufferError_(
+        raise UnusableBufferError(
             f"{type(obj).__name__} is not a buffer, a CUDA array or a DLPack tensor"
         ) from e
     if not mv.c_contiguous:
-        raise BufferError_("the buffer is not C-contiguous: transfers move one range of bytes")
+        raise UnusableBufferError("the buffer is not C-contiguous: transfers move one range of bytes")
     nbytes = mv.nbytes
     if mv.readonly:
         if writable:
-            raise BufferError_("the buffer is read-only: a GET writes into it")
-        # ctypes reaches writable buffers only; a read-only source is copied
-        # (the library's registrations are writable memory anyway).
-        copy = bytearray(mv.cast("B"))
-        array = (ctypes.c_char * nbytes).from_buffer(copy) if nbytes else None
-        return View(ctypes.addressof(array) if array is not None else 0, nbytes, False, True, (copy, array))
+            raise UnusableBufferError("the buffer is read-only: a GET writes into it")
+        # ctypes reaches writable buffers only, and the library registers
+        # writable memory: a read-only source is copied when it is sent.
+        return View(0, nbytes, False, False, (obj, mv), mv.cast("B"))
     array = (ctypes.c_char * nbytes).from_buffer(mv.cast("B")) if nbytes else None
     return View(ctypes.addressof(array) if array is not None else 0, nbytes, False, True, (obj, mv, array))
 
 
 def view_of(obj: Any, writable: bool) -> View:
-    """The bytes of `obj` (see the module's doc); ``BufferError_`` (a
+    """The bytes of `obj` (see the module's doc); ``UnusableBufferError`` (a
     ``TypeError``) for an object a transfer cannot use."""
     if isinstance(obj, View):
         return obj
@@ -143,7 +152,7 @@ def view_of(obj: Any, writable: bool) -> View:
     else:
         view = _host(obj, writable)
     if writable and not view.writable:
-        raise BufferError_("the array is read-only: a GET writes into it")
+        raise UnusableBufferError("the array is read-only: a GET writes into it")
     return view
 
 
@@ -153,6 +162,8 @@ def host_bytes(view: View, offset: int, length: int, copy_from_device) -> bytes:
         out = (ctypes.c_char * length)()
         copy_from_device(ctypes.addressof(out), view.ptr + offset, length)
         return bytes(out)
+    if view.data is not None:
+        return bytes(view.data[offset : offset + length])
     return ctypes.string_at(view.ptr + offset, length)
 
 

@@ -87,6 +87,12 @@ def _cuda() -> Optional[Tuple[Copy, Copy]]:
     return to_device, to_host
 
 
+def after_fork_in_child() -> None:
+    """A fresh lock in a forked child (another thread may have held it)."""
+    global _lock
+    _lock = threading.Lock()
+
+
 def copier() -> Tuple[Copy, Copy]:
     """``(to_device, to_host)``; ``OSError`` when no GPU runtime is there."""
     global _loaded

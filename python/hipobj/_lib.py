@@ -1,10 +1,12 @@
 """The C ABI of libhipobj (``hipobj.h``), loaded with ctypes.
 
-The library is found, in order, at ``HIPOBJ_LIBRARY`` (a path), by the
-dynamic loader's own search (``libhipobj.so.0``: an installed prefix on
-``LD_LIBRARY_PATH`` or in the loader's cache), or in this repository's
-``target/release``. Nothing else is linked: libhipobj opens libibverbs and
-the GPU runtime itself, and says on stderr what it could not find.
+The library is the one ``HIPOBJ_LIBRARY`` names (a path; then nothing
+else is tried), else the dynamic loader's own search finds
+(``libhipobj.so.0``: an installed prefix on ``LD_LIBRARY_PATH`` or in the
+loader's cache), else, when this package runs from a checkout of the
+repository (not installed), the checkout's ``target/release``. Nothing else
+is linked: libhipobj opens libibverbs and the GPU runtime itself, and says
+on stderr what it could not find.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import ctypes
 import os
 import pathlib
 import threading
-from typing import Optional
+from typing import List, Optional
 
 SONAME = "libhipobj.so.0"
 
@@ -41,8 +43,12 @@ CODES = {
     13: "hipObjBusy",
 }
 SUCCESS = 0
+RDMA_ERROR = 4
 S3_ERROR = 5
 BUF_ALREADY_REGISTERED = 7
+NIC_NOT_FOUND = 8
+#: ``hipErrorNoDevice``: the ``hipError`` of ``hipObjInit`` without a GPU.
+HIP_ERROR_NO_DEVICE = 100
 
 
 class ErrorT(ctypes.Structure):
@@ -79,12 +85,49 @@ class OpsT(ctypes.Structure):
     _fields_ = [("sendRequest", SEND_REQUEST), ("recvReply", RECV_REPLY)]
 
 
-def _candidates() -> list:
+#: This package's directory.
+PACKAGE = pathlib.Path(__file__).resolve().parent
+
+
+def _checkout(package: pathlib.Path) -> Optional[pathlib.Path]:
+    """The repository's root when `package` is its ``python/hipobj``."""
+    python, root = package.parent, package.parent.parent
+    if python.name == "python" and (python / "pyproject.toml").is_file() and (root / "Cargo.toml").is_file():
+        return root
+    return None
+
+
+def _candidates(package: pathlib.Path = PACKAGE) -> List[str]:
+    """What ``library()`` tries, in order."""
     explicit = os.environ.get("HIPOBJ_LIBRARY")
     if explicit:
         return [explicit]
-    repo = pathlib.Path(__file__).resolve().parents[2]
-    return [SONAME, str(repo / "target" / "release" / "libhipobj.so")]
+    names = [SONAME]
+    root = _checkout(package)
+    if root is not None:
+        names.append(str(root / "target" / "release" / "libhipobj.so"))
+    return names
+
+
+def _tried(name: str, error: OSError) -> str:
+    """One failed candidate, said with where it came from (the loader's
+    message names the file)."""
+    if os.environ.get("HIPOBJ_LIBRARY"):
+        return f"HIPOBJ_LIBRARY: {error}"
+    if name == SONAME:
+        return f"the dynamic loader's search (LD_LIBRARY_PATH, then its cache): {error}"
+    return f"this checkout's build: {error}"
+
+
+def _not_found(errors: List[str]) -> str:
+    if os.environ.get("HIPOBJ_LIBRARY"):
+        fix = "point HIPOBJ_LIBRARY at the library's path, or unset it to use the dynamic loader's search"
+    else:
+        fix = (
+            "install it where the loader finds it (scripts/install.sh --prefix /usr/local, then ldconfig), "
+            "or set HIPOBJ_LIBRARY to its path"
+        )
+    return f"libhipobj not found ({'; '.join(errors)}): {fix}"
 
 
 def _prototypes(lib: ctypes.CDLL) -> None:
@@ -106,6 +149,7 @@ def _prototypes(lib: ctypes.CDLL) -> None:
         "hipObjParseRdmaReply": ([ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)], ErrorT),
         "hipObjGetErrorString": ([ctypes.c_int], ctypes.c_char_p),
         "hipObjGetVersionString": ([], ctypes.c_char_p),
+        "hipObjGetVersion": ([ctypes.POINTER(ctypes.c_int)] * 3, ErrorT),
     }
     for name, (args, result) in table.items():
         fn = getattr(lib, name)
@@ -118,8 +162,9 @@ _lock = threading.Lock()
 
 
 def library() -> ctypes.CDLL:
-    """libhipobj, loaded once (``ImportError`` naming what was tried when
-    none loads)."""
+    """libhipobj, loaded once; ``ImportError`` naming what was tried, and
+    how to point at the library, when none loads (tried again at the next
+    call)."""
     global _loaded
     with _lock:
         if _loaded is None:
@@ -128,17 +173,20 @@ def library() -> ctypes.CDLL:
                 try:
                     lib = ctypes.CDLL(name)
                 except OSError as e:
-                    errors.append(f"{name}: {e}")
+                    errors.append(_tried(name, e))
                     continue
                 _prototypes(lib)
                 _loaded = lib
                 break
             else:
-                raise ImportError(
-                    "libhipobj not found (set HIPOBJ_LIBRARY to its path, or install it "
-                    "with scripts/install.sh): " + "; ".join(errors)
-                )
+                raise ImportError(_not_found(errors))
         return _loaded
+
+
+def after_fork_in_child() -> None:
+    """A fresh lock in a forked child (another thread may have held it)."""
+    global _lock
+    _lock = threading.Lock()
 
 
 def error_name(code: int) -> str:

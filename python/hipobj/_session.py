@@ -4,11 +4,13 @@ transfers through a boto3 client."""
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from . import _buffers, _gpu, _lib
+from . import _buffers, _gpu, _lib, _nics, _registry
 
 TOKEN_HEADER = "x-amz-rdma-token"
 REPLY_HEADER = "x-amz-rdma-reply"
@@ -35,13 +37,25 @@ class HipObjError(RuntimeError):
 
 class TransferError(RuntimeError):
     """A transfer that did not complete: by RDMA, and (where allowed) not
-    over plain HTTP either. ``reply`` is the server's ``x-amz-rdma-reply``,
-    ``cause`` what the S3 client raised, if anything."""
+    over plain HTTP either. The message names the operation, the bucket and
+    key, and the endpoint, then why. ``reply`` is the server's
+    ``x-amz-rdma-reply``, ``cause`` what the S3 client raised (botocore's
+    exception), if anything; ``s3_code`` and ``http_status`` the S3 error's
+    code and status, where the server answered with one."""
 
-    def __init__(self, message: str, reply: Optional[str] = None, cause: Optional[BaseException] = None):
+    def __init__(
+        self,
+        message: str,
+        reply: Optional[str] = None,
+        cause: Optional[BaseException] = None,
+        s3_code: Optional[str] = None,
+        http_status: Optional[int] = None,
+    ):
         super().__init__(message)
         self.reply = reply
         self.cause = cause
+        self.s3_code = s3_code
+        self.http_status = http_status
 
 
 @dataclass(frozen=True)
@@ -82,12 +96,33 @@ class Stats:
 #: The session opened last and not closed: what the module's functions use.
 _active: Optional["Session"] = None
 _default_lock = threading.Lock()
+#: Every session alive, for the fork handler.
+_sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """``os.register_at_fork``'s child handler: the child has only the
+    forking thread, so every lock another thread held stays held, and the
+    library's instance (its driver thread, its connections) is the
+    parent's. Fresh locks, and each session forgets the parent's instance
+    and registrations without a call into the library."""
+    global _default_lock
+    _default_lock = threading.Lock()
+    _lib.after_fork_in_child()
+    _gpu.after_fork_in_child()
+    for session in list(_sessions):
+        session._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def active() -> "Session":
     """The session opened last and not yet closed; else a new one with the
-    defaults (``Session()``: the current GPU, any NIC, and the fallback
-    where the library cannot initialize), closed when the process exits."""
+    defaults (``Session()``: the current GPU, any NIC; host memory on the
+    NICs with an active port where there is no GPU; the fallback where
+    the library cannot initialize), closed when the process exits."""
     with _default_lock:
         if _active is not None:
             return _active
@@ -131,6 +166,28 @@ def _headers(response: Dict[str, Any]) -> Dict[str, str]:
 
 def _status(response: Dict[str, Any]) -> int:
     return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+def _where(what: str, client: Any) -> str:
+    """``GET bucket/key at http://endpoint``: what a message is about."""
+    endpoint = getattr(getattr(client, "meta", None), "endpoint_url", None)
+    return f"{what} at {endpoint}" if endpoint else what
+
+
+def _s3_failure(where: str, error: BaseException, reply: Optional[str] = None) -> TransferError:
+    """`error`, raised by the S3 client, as the ``TransferError`` of both
+    paths: the S3 error's code, status and message where the server
+    answered with one, else the client's own words."""
+    response = getattr(error, "response", None)
+    detail = response.get("Error") if isinstance(response, dict) else None
+    if isinstance(detail, dict) and detail.get("Code"):
+        code = str(detail["Code"])
+        status = _status(response) or None
+        text = f"S3 error {code}" + (f" (HTTP {status})" if status else "")
+        if detail.get("Message"):
+            text += f": {detail['Message']}"
+        return TransferError(f"{where}: {text}", reply, error, code, status)
+    return TransferError(f"{where}: {type(error).__name__}: {error}", reply, error)
 
 
 class _Exchange:
@@ -202,42 +259,172 @@ class Session:
     ``available`` and ``reason`` say which. Use it as a context manager, or
     call ``close`` (``hipObjShutdown``): buffers registered through it are
     released then.
+
+    Registration: what ``register`` was asked for stays registered until
+    ``release`` or ``close``. Memory passed to a transfer stays registered
+    after it while its object lives, among the `registration_cache` (16)
+    used last, and is deregistered when evicted or when its object is
+    freed; an object that takes no weak reference (``bytearray``) is
+    registered for its transfer only. Read-only sources (``bytes``) are
+    sent from one registered bounce buffer of at most `bounce_limit` bytes.
     """
 
-    def __init__(self, nic: Optional[str] = None, gpu: int = -1, require: bool = False):
-        self._lib = _lib.library()
+    def __init__(
+        self,
+        nic: Optional[str] = None,
+        gpu: int = -1,
+        require: bool = False,
+        *,
+        registration_cache: int = _registry.CACHE,
+        bounce_limit: int = _registry.BOUNCE_LIMIT,
+        sysfs_root: str = "/",
+    ):
+        if registration_cache < 0 or bounce_limit < 0:
+            raise ValueError("registration_cache and bounce_limit are counts: 0 or more")
         self._lock = threading.Lock()
-        self._registered: Dict[Tuple[int, int], _buffers.View] = {}
         self.stats = Stats()
-        config = _lib.ConfigT()
-        config.gpuDevice = gpu
-        config.nicHint = nic.encode() if nic else None
-        err = self._lib.hipObjInit(ctypes.byref(config))
-        self.available = err.opError == _lib.SUCCESS
+        #: Buffers passed to transfers that stay registered after them.
+        self.registration_cache = registration_cache
+        #: The most bytes the bounce buffer of read-only sources grows to.
+        self.bounce_limit = bounce_limit
+        self.available = False
         self.reason: Optional[str] = None
-        self._open = self.available
-        if not self.available:
-            failure = HipObjError("hipObjInit", err.opError, err.hipError)
-            if require or err.opError == 3:
-                raise failure
-            self.reason = f"the library did not initialize ({failure})"
+        #: The NICs the library was initialized with (``nicHint``): `nic`,
+        #: or those this session chose for host memory on a host without
+        #: a GPU; ``None`` when the library chose.
+        self.nic: Optional[str] = None
+        self._open = False
+        self._asked = (nic or None, gpu, sysfs_root)
+        try:
+            self._lib = _lib.library()
+        except ImportError as e:
+            if require:
+                raise
+            self._lib = None
+            self.reason = str(e)
+        else:
+            self._initialize(require)
+        self._registry = _registry.Registry(self._lib, registration_cache, HipObjError)
+        self._bounce = _registry.Bounce(self._registry, bounce_limit)
+        #: Opened in a parent process: initialized again at first use.
+        self._inherited = False
+        _sessions.add(self)
         global _active
         _active = self
 
     # ------------------------------------------------------------ lifecycle
 
+    def _init_call(self, nic: Optional[str], gpu: int) -> Any:
+        config = _lib.ConfigT()
+        config.gpuDevice = gpu
+        config.nicHint = nic.encode() if nic else None
+        return self._lib.hipObjInit(ctypes.byref(config))
+
+    def _initialize(self, require: bool) -> None:
+        """``hipObjInit`` with what the session was asked for. Without a
+        GPU (hipError 100), with no NIC named and no GPU asked for, again
+        on the NICs with an active port (``_nics``), serving host memory.
+        Sets `available`, or `reason`; raises when `require` (and for
+        ``hipObjAlreadyInitialized``)."""
+        nic, gpu, sysfs_root = self._asked
+        err = self._init_call(nic, gpu)
+        if err.opError == _lib.SUCCESS:
+            self.available = self._open = True
+            self.nic = nic
+            return
+        if err.opError == 3:
+            raise HipObjError("hipObjInit", err.opError, err.hipError)
+        why = ""
+        no_gpu = err.opError == _lib.RDMA_ERROR and err.hipError == _lib.HIP_ERROR_NO_DEVICE
+        if no_gpu and nic is None and not _nics.named_by_environment():
+            if gpu != -1:
+                why = (
+                    f"no GPU can be used, and gpu={gpu} was asked for: open the session without gpu= "
+                    "to serve host memory only"
+                )
+            else:
+                nics = _nics.active_devices(sysfs_root)
+                if not nics:
+                    where = os.path.join(sysfs_root, "sys", "class", "infiniband")
+                    why = (
+                        "no GPU and no NIC named (pass nic= or set HIPOBJ_NIC_HINT), and no RDMA device "
+                        f"with an active port under {where} to serve host memory with"
+                    )
+                else:
+                    hint = ",".join(nics)
+                    retry = self._init_call(hint, gpu)
+                    if retry.opError == _lib.SUCCESS:
+                        self.available = self._open = True
+                        self.nic = hint
+                        return
+                    err = retry
+                    why = f"no GPU, so host memory on the RDMA devices with an active port ({hint}), which failed too"
+        elif nic is not None and err.opError in (_lib.RDMA_ERROR, _lib.NIC_NOT_FOUND):
+            # The library's own words go to stderr only: say what sysfs shows.
+            active = _nics.active_devices(sysfs_root)
+            missing = [name.strip() for name in nic.split(",") if name.strip() and name.strip() not in active]
+            if missing:
+                why = (
+                    f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not among the RDMA devices "
+                    f"with an active port (those: {', '.join(active) or 'none'})"
+                )
+        failure = HipObjError("hipObjInit", err.opError, err.hipError, why)
+        if require:
+            raise failure
+        self.reason = f"the library did not initialize ({failure})"
+
+    def _forked(self) -> None:
+        """In a forked child (``_after_fork_in_child``): the instance and
+        the registrations are the parent's. They are forgotten, never
+        deregistered or shut down from here; an open session initializes
+        the library afresh, for this process, at its next use."""
+        self._lock = threading.Lock()
+        self._registry.abandon()
+        self._bounce.abandon()
+        self._registry = _registry.Registry(self._lib, self.registration_cache, HipObjError)
+        self._bounce = _registry.Bounce(self._registry, self.bounce_limit)
+        if self._open:
+            self._open = False
+            self.available = False
+            self._inherited = True
+            self.reason = "opened in the parent of this forked process, not initialized in it yet"
+
+    def _initialize_in_child(self) -> None:
+        """A session inherited by fork: ``hipObjInit`` for this process, once
+        (a library that keeps the parent's instance in a child answers
+        ``hipObjAlreadyInitialized``: the session then falls back)."""
+        if not self._inherited:
+            return
+        with self._lock:
+            if not self._inherited:
+                return
+            self._inherited = False
+            try:
+                self._initialize(require=False)
+            except HipObjError as e:
+                self.reason = (
+                    f"the session was opened before this process was forked, and in this process {e}: "
+                    "this libhipobj keeps the parent's instance in a forked child, where it cannot be used, "
+                    "so transfers here go over plain HTTP"
+                )
+            else:
+                if not self.available:
+                    self.reason = f"the session was opened before this process was forked, and {self.reason}"
+
     def close(self) -> None:
-        """Deregisters every buffer and shuts the library down."""
+        """Deregisters every buffer and shuts the library down; transfers
+        after it fall back."""
         global _active
         if _active is self:
             _active = None
+        self._inherited = False
         with self._lock:
-            views = list(self._registered.values())
-            self._registered.clear()
             was_open, self._open = self._open, False
-        for view in views:
-            self._lib.hipObjBufDeregister(view.ptr)
+            if self.available:
+                self.available = False
+                self.reason = "the session is closed"
         if was_open:
+            self._registry.close()
             self._lib.hipObjShutdown()
 
     def __enter__(self) -> "Session":
@@ -251,72 +438,96 @@ class Session:
     def register(self, obj: Any) -> _buffers.View:
         """Registers the memory of `obj` (host or GPU) and keeps it
         registered, and `obj` alive, until ``release(obj)`` or ``close``; a
-        loop of transfers into the same array registers once. Registering
-        it again returns the same registration."""
-        view = _buffers.view_of(obj, writable=False)
-        return self._register_view(view)
+        loop of transfers into the same array, or into parts of it,
+        registers once. Registering it again returns the same registration.
+        A read-only buffer cannot be registered (``UnusableBufferError``);
+        ``HipObjError`` when the library refuses."""
+        return self._register(obj)[0]
 
-    def _register_view(self, view: _buffers.View) -> _buffers.View:
+    def _register(self, obj: Any) -> Tuple[_buffers.View, bool]:
+        """`register`, and whether it made the registration explicit."""
+        view = _buffers.view_of(obj, writable=False)
+        if view.data is not None:
+            raise _buffers.UnusableBufferError(
+                "the buffer is read-only and the library registers writable memory "
+                "(a PUT of it goes through the session's bounce buffer, registered once)"
+            )
+        self._initialize_in_child()
         if not self.available:
             raise HipObjError("hipObjBufRegister", 2, detail=self.reason or "")
-        key = (view.ptr, view.nbytes)
-        with self._lock:
-            known = self._registered.get(key)
-            if known is not None:
-                return known
-            call = self._lib.hipObjBufRegister if view.device else self._lib.hipObjBufRegisterHost
-            err = call(view.ptr, view.nbytes)
-            if err.opError != _lib.SUCCESS:
-                raise HipObjError(
-                    "hipObjBufRegister" if view.device else "hipObjBufRegisterHost",
-                    err.opError,
-                    err.hipError,
-                )
-            self._registered[key] = view
-            return view
+        try:
+            return view, self._registry.register(view, obj)[1]
+        except _registry.RegistrationError as e:
+            raise e.error from None
 
     def release(self, obj: Any) -> bool:
-        """Deregisters `obj`'s memory if this session registered it;
-        whether it did."""
+        """Deregisters `obj`'s memory if this session registered it
+        (``register``, or a transfer that cached it): at once, or when the
+        transfers using it end. Whether it did."""
         view = _buffers.view_of(obj, writable=False)
-        with self._lock:
-            known = self._registered.pop((view.ptr, view.nbytes), None)
-        if known is None:
+        if view.data is not None or self._lib is None or self._inherited:
             return False
-        err = self._lib.hipObjBufDeregister(known.ptr)
-        if err.opError != _lib.SUCCESS:
-            raise HipObjError("hipObjBufDeregister", err.opError, err.hipError)
-        return True
+        return self._registry.release(view)
 
-    def registered(self, obj: Any) -> "_Registration":
+    def registered(self, obj: Any) -> "_RegisteredBlock":
         """``with session.registered(tensor): ...``: registered for the
         block (released after it, unless it was registered before)."""
-        return _Registration(self, obj)
+        return _RegisteredBlock(self, obj)
 
     def registered_count(self) -> int:
-        """Buffers registered now."""
-        with self._lock:
-            return len(self._registered)
+        """Registrations this session holds now: explicit ones, cached
+        ones, those of transfers in flight, and the bounce buffer once made."""
+        return self._registry.count() if self._lib is not None else 0
 
     # ------------------------------------------------------------ transfers
 
-    def _transfer(self, op: int, view: _buffers.View, offset: int, length: int, call) -> _Exchange:
-        """Runs one hipObjGet/hipObjPut with `call` as its S3 request;
-        returns the exchange (its `error` set on failure)."""
-        base = self._register_view(view)
+    def _run(self, op: int, base: int, offset: int, length: int, call: Callable[[], Dict[str, Any]]) -> _Exchange:
+        """One hipObjGet/hipObjPut of the registration at `base`, with
+        `call` as its S3 request; the exchange (its `error` set on
+        failure)."""
         exchange = _Exchange(call)
         fn = self._lib.hipObjGet if op == _lib.OP_GET else self._lib.hipObjPut
-        err = fn(None, base.ptr, length, offset, ctypes.byref(exchange.ops), None)
+        err = fn(None, base, length, offset, ctypes.byref(exchange.ops), None)
         exchange.code = err.opError  # type: ignore[attr-defined]
         exchange.hip_error = err.hipError  # type: ignore[attr-defined]
         return exchange
 
-    def _owning_view(self, obj: Any, writable: bool) -> _buffers.View:
-        """The registered view covering `obj` (its own, or the cached one of
-        the same memory)."""
-        view = _buffers.view_of(obj, writable=writable)
-        with self._lock:
-            return self._registered.get((view.ptr, view.nbytes), view)
+    def _by_rdma(
+        self,
+        op: int,
+        view: _buffers.View,
+        obj: Any,
+        offset: int,
+        length: int,
+        call: Callable[[], Dict[str, Any]],
+        held: Optional[_registry.Entry] = None,
+    ) -> Tuple[Optional[_Exchange], Optional[str], Optional[BaseException]]:
+        """Runs the transfer by RDMA where it can be tried: ``(exchange,
+        None, None)``; else ``(None, why not, the error behind it)``.
+        `held` is a registration of `view` the caller holds."""
+        self._initialize_in_child()
+        if not self.available:
+            return None, f"no RDMA: {self.reason}", None
+        if view.data is not None:
+            too_large = self._bounce.too_large(length)
+            if too_large is not None:
+                return None, too_large, None
+            try:
+                with self._bounce.fill(view.data[offset : offset + length]) as entry:
+                    return self._run(op, entry.ptr, 0, length, call), None, None
+            except _registry.RegistrationError as e:
+                return None, f"registering the bounce buffer failed ({e.error})", e.error
+        entry = held
+        if entry is None:
+            try:
+                entry = self._registry.acquire(view, obj)
+            except _registry.RegistrationError as e:
+                return None, f"registering the buffer failed ({e.error})", e.error
+        try:
+            return self._run(op, entry.ptr, offset + view.ptr - entry.ptr, length, call), None, None
+        finally:
+            if held is None:
+                self._registry.unlease(entry)
 
     def get_object(
         self,
@@ -332,11 +543,12 @@ class Session:
         """Fills `into` (from byte `offset`) with the object's bytes: with
         `Range` (``bytes=FIRST-LAST``) those, else the object's first
         ``len(into) - offset``; an object shorter than that is an error. By
-        RDMA into `into` itself (host or GPU memory, registered on first
-        use), else, when the server declines and not `strict`, from the
-        body of the same answer. Other keyword arguments go to the client's
-        ``get_object``."""
-        view = self._owning_view(into, writable=True)
+        RDMA into `into` itself (host or GPU memory, registered as the
+        class says), else, when the server declines or the memory cannot be
+        registered, and not `strict`, over plain HTTP (from the body of the
+        same answer, where the server sent one). Other keyword arguments go
+        to the client's ``get_object``."""
+        view = _buffers.view_of(into, writable=True)
         if Range is None:
             length = view.nbytes - offset
             Range = f"bytes=0-{length - 1}" if length > 0 else None
@@ -349,12 +561,9 @@ class Session:
         def call() -> Dict[str, Any]:
             return client.get_object(Bucket=Bucket, Key=Key, Range=Range, **kwargs)
 
-        what = f"GET {Bucket}/{Key}"
-        if not self.available:
-            exchange = None
-            reason = f"no RDMA: {self.reason}"
-        else:
-            exchange = self._transfer(_lib.OP_GET, view, offset, length, call)
+        what = _where(f"GET {Bucket}/{Key}", client)
+        exchange, reason, cause = self._by_rdma(_lib.OP_GET, view, into, offset, length, call)
+        if exchange is not None:
             if exchange.code == _lib.SUCCESS:
                 response = exchange.response or {}
                 if "Body" in response:
@@ -367,14 +576,13 @@ class Session:
                         exchange.reply,
                     )
                 return self._counted(Transfer("rdma", length))
-            reason = self._refusal(what, exchange, strict)
+            reason = self._refusal(what, exchange)
         if strict:
-            self.stats.failed += 1
-            raise TransferError(f"{what}: {reason}, and strict forbids the fallback")
+            self._strict(what, reason, cause)
         response = exchange.response if exchange is not None else None
         if response is None or not 200 <= _status(response) < 300:
-            response = client.get_object(Bucket=Bucket, Key=Key, Range=Range, **kwargs)
-        body = response["Body"].read()
+            response = self._s3(what, call)
+        body = self._s3(what, response["Body"].read)
         if len(body) != length:
             self.stats.failed += 1
             raise TransferError(f"{what}: {len(body)} bytes came, {length} were asked for")
@@ -393,49 +601,51 @@ class Session:
         **kwargs: Any,
     ) -> Transfer:
         """Stores `length` bytes of `source` from `offset` (by default all
-        of it) as the object: by RDMA from `source` itself, else, when the
-        server declines and not `strict`, as the request's body. Other
-        keyword arguments go to the client's ``put_object``."""
-        return self._put(client, Bucket, Key, source, offset, length, strict, None, kwargs)[0]
+        of it) as the object: by RDMA from `source` itself (a read-only
+        source from the session's bounce buffer), else, when the server
+        declines or the memory cannot be registered, and not `strict`, as
+        the request's body. Other keyword arguments go to the client's
+        ``put_object``."""
+        view = _buffers.view_of(source, writable=False)
+        return self._put(client, Bucket, Key, source, view, offset, length, strict, None, kwargs)[0]
 
     def _put(
-        self, client, Bucket, Key, source, offset, length, strict, part, kwargs
+        self, client, Bucket, Key, source, view, offset, length, strict, part, kwargs, held=None
     ) -> Tuple[Transfer, Optional[str]]:
-        """A PUT (or, with `part` = (upload id, number), an UploadPart):
-        what it did, and the answer's ETag."""
-        view = self._owning_view(source, writable=False)
+        """A PUT (or, with `part` = (upload id, number), an UploadPart) of
+        `view`, the memory of `source` (`held`: its registration, held by
+        the caller): what it did, and the answer's ETag."""
         if length is None:
             length = view.nbytes - offset
         if length <= 0 or offset < 0 or offset + length > view.nbytes:
             raise ValueError(f"{length} bytes at offset {offset} do not fit a buffer of {view.nbytes}")
         _hook(client)
         if part is None:
-            what = f"PUT {Bucket}/{Key}"
+            what = _where(f"PUT {Bucket}/{Key}", client)
 
             def send(body: bytes) -> Dict[str, Any]:
                 return client.put_object(Bucket=Bucket, Key=Key, Body=body, **kwargs)
         else:
             upload_id, number = part
-            what = f"PUT {Bucket}/{Key} part {number}"
+            what = _where(f"PUT {Bucket}/{Key} part {number}", client)
 
             def send(body: bytes) -> Dict[str, Any]:
                 return client.upload_part(
                     Bucket=Bucket, Key=Key, UploadId=upload_id, PartNumber=number, Body=body, **kwargs
                 )
 
-        if not self.available:
-            reason = f"no RDMA: {self.reason}"
-        else:
-            exchange = self._transfer(_lib.OP_PUT, view, offset, length, lambda: send(b""))
+        exchange, reason, cause = self._by_rdma(
+            _lib.OP_PUT, view, source, offset, length, lambda: send(b""), held
+        )
+        if exchange is not None:
             if exchange.code == _lib.SUCCESS:
                 etag = _headers(exchange.response or {}).get("etag")
                 return self._counted(Transfer("rdma", length)), etag
-            reason = self._refusal(what, exchange, strict)
+            reason = self._refusal(what, exchange)
         if strict:
-            self.stats.failed += 1
-            raise TransferError(f"{what}: {reason}, and strict forbids the fallback")
+            self._strict(what, reason, cause)
         body = _buffers.host_bytes(view, offset, length, _gpu.copier()[1] if view.device else None)
-        response = send(body)
+        response = self._s3(what, lambda: send(body))
         etag = _headers(response).get("etag")
         return self._counted(Transfer("fallback", length, reason)), etag
 
@@ -450,14 +660,34 @@ class Session:
     ) -> Transfer:
         """Stores all of `source` as the object: one ``put_object`` up to
         `part_size` bytes, a multipart upload of `part_size` parts above
-        (aborted if a part fails), each part by RDMA or its own fallback."""
-        view = self._owning_view(source, writable=False)
+        (aborted if a part fails), each part by RDMA or its own fallback.
+        The source is registered once for all its parts (a read-only one
+        goes through the bounce buffer part by part)."""
+        view = _buffers.view_of(source, writable=False)
         total = view.nbytes
         if total <= part_size:
             return self.put_object(client, Bucket, Key, source, strict=strict)
         if part_size < MIN_PART:
             raise ValueError(f"parts of a multipart upload are at least {MIN_PART} bytes")
-        upload_id = client.create_multipart_upload(Bucket=Bucket, Key=Key)["UploadId"]
+        held = None
+        self._initialize_in_child()
+        if self.available and view.data is None:
+            try:
+                held = self._registry.acquire(view, source)
+            except _registry.RegistrationError:
+                pass  # each part tries again, and says why it fell back
+        try:
+            return self._upload(client, Bucket, Key, source, view, part_size, strict, held)
+        finally:
+            if held is not None:
+                self._registry.unlease(held)
+
+    def _upload(self, client, Bucket, Key, source, view, part_size, strict, held) -> Transfer:
+        total = view.nbytes
+        upload_id = self._s3(
+            _where(f"CreateMultipartUpload {Bucket}/{Key}", client),
+            lambda: client.create_multipart_upload(Bucket=Bucket, Key=Key),
+        )["UploadId"]
         parts = []
         paths = set()
         reason = None
@@ -465,13 +695,16 @@ class Session:
             for number, offset in enumerate(range(0, total, part_size), start=1):
                 length = min(part_size, total - offset)
                 t, etag = self._put(
-                    client, Bucket, Key, source, offset, length, strict, (upload_id, number), {}
+                    client, Bucket, Key, source, view, offset, length, strict, (upload_id, number), {}, held
                 )
                 paths.add(t.path)
                 reason = reason or t.reason
                 parts.append({"PartNumber": number, "ETag": etag})
-            client.complete_multipart_upload(
-                Bucket=Bucket, Key=Key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            self._s3(
+                _where(f"CompleteMultipartUpload {Bucket}/{Key}", client),
+                lambda: client.complete_multipart_upload(
+                    Bucket=Bucket, Key=Key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                ),
             )
         except BaseException:
             client.abort_multipart_upload(Bucket=Bucket, Key=Key, UploadId=upload_id)
@@ -485,7 +718,21 @@ class Session:
         self.stats.count(t)
         return t
 
-    def _refusal(self, what: str, exchange: _Exchange, strict: bool) -> str:
+    def _s3(self, where: str, call: Callable[[], Any]) -> Any:
+        """`call`'s result; what the S3 client raised as a ``TransferError``
+        (counted as a failure)."""
+        try:
+            return call()
+        except Exception as e:  # noqa: BLE001 - botocore's and urllib3's, all of them
+            self.stats.failed += 1
+            raise _s3_failure(where, e) from e
+
+    def _strict(self, what: str, reason: Optional[str], cause: Optional[BaseException]) -> None:
+        """Raises the refusal of a fallback that `strict` forbids."""
+        self.stats.failed += 1
+        raise TransferError(f"{what}: {reason}, and strict forbids the fallback", cause=cause) from cause
+
+    def _refusal(self, what: str, exchange: _Exchange) -> str:
         """Why a transfer did not complete by RDMA, when it may fall back
         (a decline); else raises."""
         code = getattr(exchange, "code")
@@ -493,27 +740,25 @@ class Session:
             return f"the server declined RDMA (x-amz-rdma-reply {exchange.reply})"
         self.stats.failed += 1
         if exchange.error is not None:
-            raise TransferError(f"{what}: {exchange.error}", exchange.reply, exchange.error) from exchange.error
+            raise _s3_failure(what, exchange.error, exchange.reply) from exchange.error
         detail = f"x-amz-rdma-reply {exchange.reply}" if exchange.reply else ""
         raise TransferError(
-            str(HipObjError("hipObjGet" if what.startswith("GET") else "hipObjPut", code, getattr(exchange, "hip_error"), detail)),
+            f"{what}: "
+            + str(HipObjError("hipObjGet" if what.startswith("GET") else "hipObjPut", code, getattr(exchange, "hip_error"), detail)),
             exchange.reply,
         )
 
 
-class _Registration:
+class _RegisteredBlock:
     def __init__(self, session: Session, obj: Any):
         self.session = session
         self.obj = obj
         self.ours = False
 
     def __enter__(self) -> _buffers.View:
-        before = self.session.registered_count()
-        view = self.session.register(self.obj)
-        self.ours = self.session.registered_count() > before
+        view, self.ours = self.session._register(self.obj)
         return view
 
     def __exit__(self, *exc: Any) -> None:
         if self.ours:
             self.session.release(self.obj)
-

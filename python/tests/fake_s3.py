@@ -50,6 +50,9 @@ class FakeS3:
         #: Answer RDMA requests without x-amz-rdma-reply (a server that
         #: ignores the header).
         self.ignore_tokens = False
+        #: (status, code): answer every request without a token with this
+        #: S3 error (a wrong secret key: 403 SignatureDoesNotMatch).
+        self.refuse_plain: Optional[Tuple[int, str]] = None
         # The fake server has one object store: one request at a time.
         self._lock = threading.Lock()
 
@@ -110,6 +113,10 @@ class FakeS3:
         body = request.body or b""
         if hasattr(body, "read"):
             body = body.read()
+        if token is None and self.refuse_plain is not None:
+            status, code = self.refuse_plain
+            xml = f"<Error><Code>{code}</Code><Message>refused by the test</Message></Error>".encode()
+            return self._respond(request, status, {"Content-Type": "application/xml"}, xml)
         if request.method == "POST" and "uploads" in query:
             upload = uuid.uuid4().hex
             self.parts[upload] = {}

@@ -3,7 +3,12 @@ signing and events) whose S3 answers from tests/fake_s3.py: RDMA paths,
 the fallback, strictness, GPU memory, buffers of every kind, failures."""
 
 import ctypes
+import gc
+import multiprocessing
+import pathlib
 import threading
+import traceback
+import weakref
 
 import numpy
 import pytest
@@ -12,6 +17,7 @@ from botocore.exceptions import ClientError
 import hipobj
 
 MIB = 1 << 20
+SYSFS = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "sysfs"
 
 
 def pattern(n, seed):
@@ -213,13 +219,26 @@ def test_dlpack_tensors_and_memoryviews_are_buffers_too(s3, session):
 
 def test_memory_a_transfer_cannot_use_is_refused_clearly(s3, session):
     put(s3, "k", pattern(4096, 14))
-    with pytest.raises(hipobj.BufferError, match="not C-contiguous"):
+    with pytest.raises(hipobj.UnusableBufferError, match="not C-contiguous"):
         session.get_object(s3, Bucket="bucket", Key="k", into=numpy.zeros((64, 128), numpy.uint8)[:, ::2])
-    with pytest.raises(hipobj.BufferError, match="read-only"):
+    with pytest.raises(hipobj.UnusableBufferError, match="read-only"):
         session.get_object(s3, Bucket="bucket", Key="k", into=b"\0" * 4096)
-    with pytest.raises(hipobj.BufferError, match="not a buffer"):
+    with pytest.raises(hipobj.UnusableBufferError, match="not a buffer"):
         session.get_object(s3, Bucket="bucket", Key="k", into=object())
     assert s3.fake.requests == [], "nothing was sent"
+
+
+def test_a_refused_buffer_is_reported_under_its_public_name(s3, session):
+    with pytest.raises(hipobj.UnusableBufferError) as e:
+        session.get_object(s3, Bucket="bucket", Key="k", into=b"\0" * 4096)
+    shown = "".join(traceback.format_exception_only(e.type, e.value))
+    assert shown == "hipobj.UnusableBufferError: the buffer is read-only: a GET writes into it\n"
+    odd = {"shape": (4,), "typestr": "<f", "data": (4096, False), "version": 3}
+    with pytest.raises(hipobj.UnusableBufferError, match="item size"):
+        session.get_object(s3, Bucket="bucket", Key="k", into=type("A", (), {"__cuda_array_interface__": odd})())
+    # The name it was exported under before, and what it still is.
+    assert hipobj.BufferError is hipobj.UnusableBufferError
+    assert issubclass(hipobj.UnusableBufferError, TypeError)
 
 
 def test_s3_errors_and_short_objects_are_errors_with_their_cause(s3, session):
@@ -231,6 +250,38 @@ def test_s3_errors_and_short_objects_are_errors_with_their_cause(s3, session):
     put(s3, "short", pattern(100, 1))
     with pytest.raises(hipobj.TransferError, match="shorter"):
         session.get_object(s3, Bucket="bucket", Key="short", into=into)
+
+
+def test_s3_failures_are_one_transfer_error_on_the_rdma_and_the_plain_path(s3, fake):
+    def failure(call):
+        with pytest.raises(hipobj.TransferError) as e:
+            call()
+        assert isinstance(e.value.cause, ClientError)
+        return e.value
+
+    into = bytearray(4096)
+    # A session without RDMA (the NIC it names is not there): plain HTTP.
+    with hipobj.Session(nic="mlx5_9") as plain:
+        assert not plain.available
+        missing = failure(lambda: plain.get_object(s3, Bucket="bucket", Key="missing", into=into))
+        s3.fake.refuse_plain = (403, "SignatureDoesNotMatch")
+        denied = failure(lambda: plain.put_object(s3, Bucket="bucket", Key="k", source=into))
+        parts = failure(lambda: plain.upload(s3, Bucket="bucket", Key="big", source=bytearray(11 * MIB), part_size=5 * MIB))
+        s3.fake.refuse_plain = None
+    assert str(missing) == "GET bucket/missing at http://s3.test:9000: S3 error NoSuchKey (HTTP 404): no such key"
+    assert (missing.s3_code, missing.http_status) == ("NoSuchKey", 404)
+    assert str(denied) == (
+        "PUT bucket/k at http://s3.test:9000: S3 error SignatureDoesNotMatch (HTTP 403): refused by the test"
+    )
+    assert "CreateMultipartUpload bucket/big at http://s3.test:9000: S3 error SignatureDoesNotMatch" in str(parts)
+    with hipobj.Session(gpu=0) as session:
+        # By RDMA: the same error, in the same words.
+        rdma = failure(lambda: session.get_object(s3, Bucket="bucket", Key="missing", into=into))
+        assert str(rdma) == str(missing)
+        # Declined, then refused over plain HTTP.
+        assert fake.hipobjFakeSetServerBehaviour(1) == 0
+        s3.fake.refuse_plain = (403, "SignatureDoesNotMatch")
+        assert str(failure(lambda: session.put_object(s3, Bucket="bucket", Key="k", source=into))) == str(denied)
 
 
 def test_a_server_without_its_final_message_fails_the_transfer_and_the_next_works(s3, session, fake):
@@ -245,12 +296,149 @@ def test_a_server_without_its_final_message_fails_the_transfer_and_the_next_work
     assert numpy.array_equal(into, data)
 
 
-def test_an_injected_verbs_failure_is_reported_and_changes_nothing(s3, session, fake):
-    put(s3, "k", pattern(4096, 16))
+def test_a_failed_registration_falls_back_and_says_why_unless_strict(s3, session, fake):
+    data = pattern(4096, 16)
+    put(s3, "k", data)
     assert fake.hipobjFakeFailCall(b"ibv_reg_mr", 1) == 0
-    with pytest.raises(hipobj.HipObjError, match="hipObjRdmaError"):
-        session.get_object(s3, Bucket="bucket", Key="k", into=bytearray(4096))
-    assert session.registered_count() == 0 and s3.fake.requests == []
+    into = bytearray(4096)
+    t = session.get_object(s3, Bucket="bucket", Key="k", into=into)
+    assert t.path == "fallback" and bytes(into) == data.tobytes()
+    assert "registering the buffer failed" in t.reason and "hipObjRdmaError" in t.reason
+    assert fake.hipobjFakeFailCall(b"ibv_reg_mr", 1) == 0
+    with pytest.raises(hipobj.TransferError, match="hipObjRdmaError.*strict") as e:
+        session.get_object(s3, Bucket="bucket", Key="k", into=bytearray(4096), strict=True)
+    assert isinstance(e.value.cause, hipobj.HipObjError)
+    # The application registered the same memory itself.
+    array = numpy.zeros(4096, numpy.uint8)
+    assert fake.hipObjBufRegisterHost(array.ctypes.data, 4096).opError == 0
+    t = session.get_object(s3, Bucket="bucket", Key="k", into=array)
+    assert t.path == "fallback" and "hipObjBufAlreadyRegistered" in t.reason
+    assert numpy.array_equal(array, data)
+    assert fake.hipObjBufDeregister(array.ctypes.data).opError == 0
+    assert session.registered_count() == 0
+    assert session.get_object(s3, Bucket="bucket", Key="k", into=array).path == "rdma"
+    # The bounce buffer of read-only sources, likewise.
+    assert fake.hipobjFakeFailCall(b"ibv_reg_mr", 1) == 0
+    t = session.put_object(s3, Bucket="bucket", Key="ro", source=data.tobytes())
+    assert t.path == "fallback" and "registering the bounce buffer failed" in t.reason
+    assert s3.fake.objects[("bucket", "ro")] == data.tobytes()
+    assert session.put_object(s3, Bucket="bucket", Key="ro", source=data.tobytes()).path == "rdma"
+
+
+def test_hundreds_of_distinct_buffers_all_go_by_rdma_and_few_stay_registered(s3, session, fake):
+    data = pattern(4096, 17)
+    put(s3, "k", data)
+    session.get_object(s3, Bucket="bucket", Key="k", into=bytearray(4096))
+    mrs = fake.hipobjFakeLiveObjects(b"mr")
+    kept = []
+    for i in range(420):
+        # Every one kept alive: the session lets go of them itself.
+        into = numpy.zeros(4096, numpy.uint8) if i % 3 else bytearray(4096)
+        kept.append(into)
+        t = session.get_object(s3, Bucket="bucket", Key="k", into=into)
+        assert t.path == "rdma", (i, t)
+        assert session.registered_count() <= session.registration_cache == 16
+    assert fake.hipobjFakeLiveObjects(b"mr") <= mrs + 16
+    assert all(bytes(b) == data.tobytes() for b in kept)
+    for i in range(3):
+        assert session.put_object(s3, Bucket="bucket", Key=f"up{i}", source=kept[i]).path == "rdma"
+
+
+def test_read_only_sources_go_through_one_registered_bounce_buffer(s3, session, fake):
+    for i in range(300):
+        source = pattern(4096 + i, i).tobytes()
+        t = session.put_object(s3, Bucket="bucket", Key=f"ro{i}", source=source)
+        assert t.path == "rdma", (i, t)
+        assert s3.fake.objects[("bucket", f"ro{i}")] == source
+    assert session.registered_count() == 1, "the bounce buffer alone"
+    # It grows for a larger source, a read-only memoryview too, and stays one.
+    big = pattern(3 * MIB, 18)
+    big.flags.writeable = False
+    t = session.upload(s3, Bucket="bucket", Key="big", source=memoryview(big))
+    assert t.path == "rdma" and s3.fake.objects[("bucket", "big")] == big.tobytes()
+    assert session.registered_count() == 1
+    # Nothing to release: it was never the source's own registration.
+    assert not session.release(big.tobytes())
+    with pytest.raises(hipobj.UnusableBufferError, match="read-only"):
+        session.register(b"\0" * 4096)
+    assert session.registered_count() == 1
+
+
+def test_a_read_only_source_beyond_the_bounce_buffer_s_bound_falls_back(s3, fake):
+    source = pattern(2 * MIB, 19).tobytes()
+    with hipobj.Session(gpu=0, bounce_limit=MIB) as s:
+        t = s.put_object(s3, Bucket="bucket", Key="k", source=source)
+        assert t.path == "fallback" and "bounce_limit" in t.reason
+        assert s3.fake.objects[("bucket", "k")] == source
+        with pytest.raises(hipobj.TransferError, match="bounce_limit.*strict"):
+            s.put_object(s3, Bucket="bucket", Key="strict", source=source, strict=True)
+        assert s.put_object(s3, Bucket="bucket", Key="small", source=source[:MIB]).path == "rdma"
+
+
+def test_an_explicit_registration_stays_until_released(s3, session, fake):
+    data = pattern(MIB, 20)
+    put(s3, "k", data)
+    array = numpy.zeros(MIB, numpy.uint8)
+    session.register(array)
+    assert session.get_object(s3, Bucket="bucket", Key="k", into=array).path == "rdma"
+    mrs = fake.hipobjFakeLiveObjects(b"mr")
+    for _ in range(3):
+        assert session.get_object(s3, Bucket="bucket", Key="k", into=array).path == "rdma"
+    # A part of it is reached through the same registration.
+    part = array[4096:8192]
+    t = session.get_object(s3, Bucket="bucket", Key="k", into=part, Range="bytes=0-4095")
+    assert t.path == "rdma" and numpy.array_equal(part, data[:4096])
+    assert fake.hipobjFakeLiveObjects(b"mr") == mrs and session.registered_count() == 1
+    # Kept alive while registered, let go once released.
+    ref = weakref.ref(array)
+    del array, part
+    gc.collect()
+    assert ref() is not None
+    assert session.release(ref()) and not session.release(ref())
+    assert session.registered_count() == 0
+    gc.collect()
+    assert ref() is None
+
+
+def test_memory_that_moved_under_its_object_is_not_reached_through_its_old_registration(s3, session, fake):
+    # An array resized in place gets new memory; a new object may then get
+    # the old address, which the old registration still names (with the
+    # old pages, where the memory was unmapped in between).
+    put(s3, "k", pattern(MIB, 22))
+    moved = FakeCudaArray(fake, MIB)
+    old = moved.ptr
+    assert session.get_object(s3, Bucket="bucket", Key="k", into=moved).path == "rdma"
+    elsewhere = FakeCudaArray(fake, MIB)
+    moved.__cuda_array_interface__ = dict(moved.__cuda_array_interface__, data=(elsewhere.ptr, False))
+    newcomer = FakeCudaArray(fake, MIB)
+    spare, newcomer.ptr = newcomer.ptr, old
+    newcomer.__cuda_array_interface__ = dict(newcomer.__cuda_array_interface__, data=(old, False))
+    assert session.get_object(s3, Bucket="bucket", Key="k", into=newcomer).path == "rdma"
+    # The newcomer's own registration, which goes with it.
+    del newcomer
+    gc.collect()
+    assert session.registered_count() == 0
+    session.close()
+    for ptr in (old, elsewhere.ptr, spare):
+        assert fake.hipobjFakeDeviceFree(ptr) == 0
+
+
+def test_a_buffer_passed_to_a_transfer_is_not_kept_alive(s3, session, fake):
+    put(s3, "k", pattern(MIB, 21))
+    session.get_object(s3, Bucket="bucket", Key="k", into=bytearray(MIB))
+    mrs = fake.hipobjFakeLiveObjects(b"mr")
+    array = numpy.zeros(MIB, numpy.uint8)
+    gpu = FakeCudaArray(fake, MIB)
+    ptr = gpu.ptr
+    assert session.get_object(s3, Bucket="bucket", Key="k", into=array).path == "rdma"
+    assert session.get_object(s3, Bucket="bucket", Key="k", into=gpu).path == "rdma"
+    refs = [weakref.ref(array), weakref.ref(gpu)]
+    del array, gpu
+    gc.collect()
+    assert all(r() is None for r in refs)
+    assert session.registered_count() == 0
+    assert fake.hipobjFakeLiveObjects(b"mr") <= mrs
+    assert fake.hipobjFakeDeviceFree(ptr) == 0
 
 
 def test_one_session_at_a_time_and_closing_releases_everything(fake):
@@ -295,3 +483,250 @@ def test_the_module_s_functions_use_the_open_session(s3, session):
     assert hipobj.put_object(s3, Bucket="bucket", Key="m", source=into).path == "rdma"
     assert s3.fake.objects[("bucket", "m")] == data.tobytes()
     assert session.stats.rdma == 2
+
+
+def test_without_the_library_a_session_falls_back_and_says_where_it_looked(s3, monkeypatch, tmp_path):
+    missing = tmp_path / "libhipobj.so.0"
+    monkeypatch.setattr(hipobj._lib, "_loaded", None)
+    monkeypatch.setenv("HIPOBJ_LIBRARY", str(missing))
+    data = pattern(8192, 40)
+    put(s3, "k", data)
+    with hipobj.Session() as s:
+        assert not s.available
+        assert str(missing) in s.reason and "HIPOBJ_LIBRARY" in s.reason
+        into = bytearray(8192)
+        t = s.get_object(s3, Bucket="bucket", Key="k", into=into)
+        assert t.path == "fallback" and bytes(into) == data.tobytes()
+        assert str(missing) in t.reason
+        with pytest.raises(hipobj.TransferError, match="strict"):
+            s.put_object(s3, Bucket="bucket", Key="strict", source=into, strict=True)
+    assert hipobj.library_version() is None
+    with pytest.raises(ImportError, match="HIPOBJ_LIBRARY"):
+        hipobj.Session(require=True)
+
+
+def test_the_library_is_searched_in_the_checkout_only_from_a_checkout(monkeypatch, tmp_path):
+    monkeypatch.delenv("HIPOBJ_LIBRARY")
+    # This package is installed: the loader's search only.
+    assert hipobj._lib._candidates() == [hipobj._lib.SONAME]
+    repo = tmp_path / "repo"
+    (repo / "python" / "hipobj").mkdir(parents=True)
+    (repo / "Cargo.toml").write_text("")
+    (repo / "python" / "pyproject.toml").write_text("")
+    assert hipobj._lib._candidates(repo / "python" / "hipobj") == [
+        hipobj._lib.SONAME,
+        str(repo / "target" / "release" / "libhipobj.so"),
+    ]
+    monkeypatch.setenv("HIPOBJ_LIBRARY", "/opt/x/libhipobj.so")
+    assert hipobj._lib._candidates() == ["/opt/x/libhipobj.so"]
+
+
+def sysfs(root, **ports):
+    """A sysfs tree under `root` with RDMA devices NAME=[port states]."""
+    for name, states in ports.items():
+        for number, state in enumerate(states, start=1):
+            port = root / "sys" / "class" / "infiniband" / name / "ports" / str(number)
+            port.mkdir(parents=True)
+            (port / "state").write_text(state + "\n")
+    return str(root)
+
+
+class WithoutGpu:
+    """The library on a host with no GPU: hipObjInit without a NIC hint
+    fails as the C ABI says (hipObjRdmaError, hipError 100); with one it
+    runs (on the fake world, whose NIC is client0). Records each init's
+    NIC hint."""
+
+    def __init__(self, lib):
+        self.lib = lib
+        self.hints = []
+
+    def __getattr__(self, name):
+        return getattr(self.lib, name)
+
+    def hipObjInit(self, config):
+        hint = config._obj.nicHint
+        self.hints.append(hint)
+        if hint is None:
+            return hipobj._lib.ErrorT(4, 100)
+        return self.lib.hipObjInit(config)
+
+
+def test_the_nics_a_session_without_a_gpu_may_use_are_those_with_an_active_port(tmp_path):
+    active = hipobj._nics.active_devices
+    assert active(str(SYSFS / "softroce")) == ["rxe0"]
+    assert active(str(SYSFS / "port-down")) == ["mlx4_0"]  # port 2 is
+    assert active(str(SYSFS / "two-sockets")) == ["bnxt_re0", "bnxt_re1"]
+    assert active(str(SYSFS / "switch")) == ["bnxt_re0", "ionic_0"]
+    # Malformed states and port numbers the kernel never makes are not.
+    assert active(str(SYSFS / "garbage")) == ["bad0"]
+    assert active(sysfs(tmp_path / "down", mlx5_0=["1: DOWN", "2: INIT"])) == []
+    assert active(str(tmp_path / "nothing")) == []
+
+
+def test_a_session_not_asked_for_a_gpu_serves_host_memory_on_the_active_nics(s3, fake, monkeypatch, tmp_path):
+    monkeypatch.delenv("HIPOBJ_NIC_HINT", raising=False)
+    lib = WithoutGpu(hipobj.library())
+    monkeypatch.setattr(hipobj._lib, "library", lambda: lib)
+    root = sysfs(tmp_path, client0=["4: ACTIVE"], down0=["1: DOWN"])
+    data = pattern(MIB, 60)
+    put(s3, "k", data)
+    with hipobj.Session(sysfs_root=root) as s:
+        assert s.available, s.reason
+        assert lib.hints == [None, b"client0"] and s.nic == "client0"
+        into = numpy.zeros(MIB, numpy.uint8)
+        assert s.get_object(s3, Bucket="bucket", Key="k", into=into).path == "rdma"
+        assert numpy.array_equal(into, data)
+
+
+def test_without_a_gpu_or_an_active_nic_the_reason_says_so(fake, monkeypatch, tmp_path):
+    monkeypatch.delenv("HIPOBJ_NIC_HINT", raising=False)
+    lib = WithoutGpu(hipobj.library())
+    monkeypatch.setattr(hipobj._lib, "library", lambda: lib)
+    root = sysfs(tmp_path, down0=["1: DOWN"])
+    with hipobj.Session(sysfs_root=root) as s:
+        assert not s.available
+        assert "no RDMA device with an active port" in s.reason
+        assert "pass nic= or set HIPOBJ_NIC_HINT" in s.reason
+    with pytest.raises(hipobj.HipObjError, match="no RDMA device with an active port"):
+        hipobj.Session(sysfs_root=root, require=True)
+    # A NIC named that has no active port.
+    with hipobj.Session(nic="mlx5_9", sysfs_root=root) as s:
+        assert not s.available
+        assert "mlx5_9 is not among the RDMA devices with an active port (those: none)" in s.reason
+    # A GPU asked for is not dropped for host memory.
+    lib.hints.clear()
+    with hipobj.Session(gpu=0, sysfs_root=sysfs(tmp_path / "up", client0=["4: ACTIVE"])) as s:
+        assert not s.available and lib.hints == [None]
+        assert "no GPU" in s.reason and "gpu=0" in s.reason
+
+
+SPIED = (
+    "hipObjInit",
+    "hipObjShutdown",
+    "hipObjBufRegister",
+    "hipObjBufRegisterHost",
+    "hipObjBufDeregister",
+    "hipObjGet",
+    "hipObjPut",
+)
+
+
+def in_forked_child(session, s3, data, kept):
+    """In a child forked from the test: a GET and a PUT of bytes on the
+    parent's session, a release of the parent's registration of `kept`,
+    then close; every library call made, with its first argument and
+    result."""
+    calls = []
+    lib = session._lib
+    for name in SPIED:
+        real = getattr(lib, name)
+
+        def spy(*args, _name=name, _real=real):
+            err = _real(*args)
+            first = args[0] if args and isinstance(args[0], int) else None
+            calls.append((_name, first, err.opError))
+            return err
+
+        setattr(lib, name, spy)
+    into = numpy.zeros(data.size, numpy.uint8)
+    got = session.get_object(s3, Bucket="bucket", Key="k", into=into)
+    sent = session.put_object(s3, Bucket="bucket", Key="from-child", source=data.tobytes())
+    released = session.release(kept)
+    session.close()
+    return {
+        "calls": calls,
+        "paths": (got.path, sent.path),
+        "reasons": (got.reason, sent.reason),
+        "same": numpy.array_equal(into, data),
+        "stored": s3.fake.objects.get(("bucket", "from-child")) == data.tobytes(),
+        "released": released,
+    }
+
+
+def test_a_forked_child_never_calls_into_the_parent_s_instance(s3, session, fake):
+    data = pattern(MIB, 70)
+    put(s3, "k", data)
+    kept = numpy.zeros(MIB, numpy.uint8)
+    session.register(kept)
+    cached = numpy.zeros(MIB, numpy.uint8)
+    assert session.get_object(s3, Bucket="bucket", Key="k", into=cached).path == "rdma"
+    assert session.put_object(s3, Bucket="bucket", Key="b", source=data.tobytes()).path == "rdma"
+    count, mrs = session.registered_count(), fake.hipobjFakeLiveObjects(b"mr")
+    parent = {kept.ctypes.data, cached.ctypes.data} | {
+        e.ptr for e in session._registry.entries.values()
+    }
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+
+    def child():
+        try:
+            send.send(in_forked_child(session, s3, data, kept))
+        except BaseException as e:  # the parent reports it
+            send.send({"error": f"{type(e).__name__}: {e}"})
+
+    process = context.Process(target=child)
+    process.start()
+    # A generous bound: only a hang exceeds it.
+    assert receive.poll(120), "the child hung"
+    result = receive.recv()
+    process.join(120)
+    assert process.exitcode == 0
+    assert "error" not in result, result["error"]
+    calls = result["calls"]
+    # Nothing before the child's own hipObjInit; nothing at all after one
+    # that failed (this library keeps the parent's instance in a child).
+    if calls:
+        assert calls[0][0] == "hipObjInit", calls
+    if calls and calls[0][2] != 0:
+        assert len(calls) == 1, calls
+        assert result["paths"] == ("fallback", "fallback")
+        assert all("fork" in reason for reason in result["reasons"]), result["reasons"]
+    # Never the parent's registrations.
+    assert not [c for c in calls if c[0] == "hipObjBufDeregister" and c[1] in parent], calls
+    assert result["same"] and result["stored"] and not result["released"]
+    # The parent's session is as it was.
+    assert session.registered_count() == count and fake.hipobjFakeLiveObjects(b"mr") == mrs
+    assert session.get_object(s3, Bucket="bucket", Key="k", into=kept).path == "rdma"
+    assert numpy.array_equal(kept, data)
+
+
+class ForkAwareLibrary:
+    """A library that forgets its parent's instance in a forked child, so
+    that hipObjInit there succeeds (the fake library may not yet): records
+    every call, and answers success."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def call(*args):
+            first = args[0] if args and isinstance(args[0], int) else None
+            self.calls.append((name, first))
+            return hipobj._lib.ErrorT(0, 0)
+
+        return call
+
+
+def test_a_session_inherited_by_fork_initializes_afresh_where_the_library_allows(monkeypatch):
+    lib = ForkAwareLibrary()
+    monkeypatch.setattr(hipobj._lib, "library", lambda: lib)
+    session = hipobj.Session(nic="client0")
+    parents = [numpy.zeros(4096, numpy.uint8) for _ in range(2)]
+    for array in parents:
+        session.register(array)
+    lib.calls.clear()
+    # What os.register_at_fork runs in the child.
+    hipobj._session._after_fork_in_child()
+    assert lib.calls == [] and session.registered_count() == 0
+    assert not session.release(parents[0]), "the parent's, forgotten"
+    mine = numpy.zeros(4096, numpy.uint8)
+    session.register(mine)
+    assert session.available and session.registered_count() == 1
+    session.close()
+    assert lib.calls == [
+        ("hipObjInit", None),
+        ("hipObjBufRegisterHost", mine.ctypes.data),
+        ("hipObjBufDeregister", mine.ctypes.data),
+        ("hipObjShutdown", None),
+    ]

@@ -2,7 +2,8 @@
 sets ``HIPOBJ_PYTHON_LANE=1``, the real libhipobj in ``HIPOBJ_LIBRARY`` and
 the RDMA S3 server in ``HIPOBJ_S3_SERVER``): a boto3 client moving NumPy
 arrays to and from ``hipobj-s3-server`` on rxe0 by RDMA, byte-exact, whole,
-ranged and multipart; and the fallback against a server started with
+ranged and multipart; a session opened with no arguments on this host
+without a GPU; and the fallback against a server started with
 ``--no-rdma``. Anywhere else every test fails."""
 
 import os
@@ -110,6 +111,20 @@ def test_numpy_arrays_move_by_rdma_whole_ranged_and_multipart(rdma_server, sessi
     assert numpy.array_equal(into, data)
     # PUT, GET, ranged GET, three parts, GET.
     assert session.stats.fallback == 0 and session.stats.rdma == 7
+
+
+def test_a_session_without_arguments_uses_rdma_on_a_host_without_a_gpu(rdma_server):
+    # The VM has rxe0 and no GPU: hipObjInit without a NIC fails there,
+    # and the session names the NICs with an active port itself.
+    s3 = client(rdma_server)
+    with hipobj.Session(require=True) as session:
+        assert "rxe0" in session.nic.split(","), session.nic
+        data = pattern(MIB, 3)
+        t = session.put_object(s3, Bucket="bucket", Key="host-only", source=data, strict=True)
+        assert t.path == "rdma" and rdma_server.stored("host-only") == data.tobytes()
+        into = numpy.zeros(MIB, dtype=numpy.uint8)
+        assert session.get_object(s3, Bucket="bucket", Key="host-only", into=into, strict=True).path == "rdma"
+        assert numpy.array_equal(into, data)
 
 
 def test_a_server_without_rdma_is_a_visible_fallback_and_strict_refuses_it(plain_server, session):
