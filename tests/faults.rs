@@ -314,3 +314,44 @@ fn a_first_transfer_with_its_handshake_survives_the_failure_of_each_call() {
         assert_eq!(&buf[..], &data[..], "after {function}#{k}");
     }
 }
+
+/// A QP transition that fails while a server's connect request is being
+/// accepted (the RTR or RTS step, or the attributes before them) fails
+/// that transfer only: with one connection in the pool, every later
+/// transfer works on it.
+#[test]
+fn a_failed_transition_at_a_connect_request_leaves_the_connection_usable() {
+    let data: Vec<u8> = (0..4096u32).map(|i| i.to_le_bytes()[0] ^ 0x3c).collect();
+    for (function, k) in [
+        ("ibv_modify_qp", 1),
+        ("ibv_modify_qp", 2),
+        ("rdma_init_qp_attr", 1),
+        ("rdma_init_qp_attr", 2),
+    ] {
+        let world = World::new();
+        let current = Current::new();
+        let one = Options {
+            max_transfers: 1,
+            ..options()
+        };
+        current.init_with(world.platform(), config(), one).unwrap();
+        let inst = current.instance().unwrap();
+        let buf = vec![0u8; 4096].into_boxed_slice();
+        let base = buf.as_ptr() as usize;
+        inst.register(BufferRange::new(base, 4096).unwrap(), true)
+            .unwrap();
+        let slice = Slice::new(base, 4096, 0).unwrap();
+        world.server.set_object(&data);
+        let faults = &world.platform.faults;
+        faults.fail_nth(function, faults.calls(function) + k);
+        let first = inst.transfer(Direction::Get, slice, &mut world.server.session(Op::Get));
+        assert!(first.is_err(), "{function}#{k}: the failure was not hit");
+        faults.clear();
+        for attempt in 0..3 {
+            inst.transfer(Direction::Get, slice, &mut world.server.session(Op::Get))
+                .unwrap_or_else(|e| panic!("{function}#{k}, transfer {attempt} after: {e}"));
+        }
+        assert_eq!(&buf[..], &data[..]);
+        assert_eq!(inst.pool().retired_count(), 0, "{function}#{k}");
+    }
+}

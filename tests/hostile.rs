@@ -621,6 +621,98 @@ fn shutdown_ends_every_token_whatever_other_calls_hold_the_instance() {
     drop(world);
 }
 
+/// A token's job ends (its deadline) while its QP will not change state:
+/// the QP is fenced (destroyed, since it would not even go to ERR) and the
+/// window deallocated, so the granted server reaches nothing afterwards.
+#[test]
+fn a_qp_that_will_not_reset_is_fenced_when_its_token_ends() {
+    let up = Up::with(
+        World::new(),
+        Options {
+            token_timeout: Duration::from_millis(300),
+            ..options()
+        },
+    );
+    let server = up.world.server.clone();
+    let token = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+    let mut session = server
+        .side()
+        .begin(&token, None, deadline())
+        .expect("granted");
+    let faults = &up.world.platform.faults;
+    faults.fail_always("ibv_modify_qp");
+    assert!(up.settle(), "the deadline ended the token");
+    faults.clear();
+    server.set_object(&pattern(LEN, 0x45));
+    let wrote = session.data_unchecked(Op::Get, token.addr, token.rkey, &server.local(), 0, 64);
+    assert!(
+        wrote.is_err(),
+        "the server still wrote after the token ended"
+    );
+    assert!(up.buf.iter().all(|&b| b == 0), "bytes landed");
+    assert_eq!(up.world.platform.fabric.leaked_registrations_reached(), 0);
+}
+
+/// Deregistration ends a granted token while the QP will not change
+/// state: no access is left, whatever deregistration answers, and the
+/// registration never leaks with a window bound over it.
+#[test]
+fn a_qp_that_will_not_reset_at_deregistration_leaves_no_access() {
+    let up = Up::new();
+    let server = up.world.server.clone();
+    let token = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+    let mut session = server
+        .side()
+        .begin(&token, None, deadline())
+        .expect("granted");
+    let faults = &up.world.platform.faults;
+    faults.fail_always("ibv_modify_qp");
+    let dereg = up.inst.deregister(up.base());
+    faults.clear();
+    server.set_object(&pattern(LEN, 0x44));
+    let wrote = session.data_unchecked(Op::Get, token.addr, token.rkey, &server.local(), 0, 64);
+    assert!(
+        wrote.is_err(),
+        "deregistration answered {dereg:?} and the server still wrote"
+    );
+    assert!(up.buf.iter().all(|&b| b == 0), "bytes landed");
+    assert_eq!(up.world.platform.fabric.leaked_registrations_reached(), 0);
+    assert_eq!(
+        up.world.platform.counters.live("destroy_failed"),
+        0,
+        "a registration leaked"
+    );
+}
+
+/// One failed reset (the QP would not go to RESET once) costs a new QP,
+/// not the connection: it serves the next transfers.
+#[test]
+fn a_reset_that_fails_once_replaces_the_qp_and_keeps_the_connection() {
+    let up = Up::with(
+        World::new(),
+        Options {
+            max_transfers: 1,
+            ..options()
+        },
+    );
+    let server = up.world.server.clone();
+    server.set_object(&pattern(LEN, 0x21));
+    up.transfer(Op::Get, &server, HALF).unwrap();
+    // The server fails its next transfer (no final message): the job ends
+    // at its deadline with a reset, whose first step fails.
+    server.set_behaviour(Behaviour::NoFinalMessage);
+    let faults = &up.world.platform.faults;
+    faults.fail_nth("ibv_modify_qp", faults.calls("ibv_modify_qp") + 1);
+    assert!(up.transfer(Op::Get, &server, HALF).is_err());
+    faults.clear();
+    server.set_behaviour(Behaviour::Normal);
+    assert_eq!(up.inst.pool().retired_count(), 0);
+    for _ in 0..3 {
+        up.transfer(Op::Get, &server, HALF).unwrap();
+    }
+    assert_eq!(&up.buf[..HALF], &pattern(LEN, 0x21)[..HALF]);
+}
+
 // ---------------------------------------------------------------- P5
 
 /// Sends a connect request with `private_data` to the client's listener

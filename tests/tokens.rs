@@ -306,3 +306,21 @@ fn the_records_of_tokens_stay_bounded_by_the_connections() {
         assert_eq!(up.bytes(LEN), pattern(LEN, 9));
     }
 }
+
+#[test]
+fn a_staging_buffer_outlives_a_failed_deregistration_of_its_region() {
+    let up = Up::staged(4);
+    let counters = &up.world.platform.counters;
+    assert_eq!(counters.live("host_alloc"), 1);
+    up.world.platform.fabric.fail_deregistrations(true);
+    up.inst.deregister(up.base()).unwrap();
+    up.world.platform.fabric.fail_deregistrations(false);
+    // The region leaked: the NIC may still reach it, so its memory is
+    // never freed.
+    assert_eq!(counters.live("destroy_failed"), 1);
+    assert_eq!(
+        counters.live("host_alloc"),
+        1,
+        "the staging memory was freed"
+    );
+}

@@ -414,6 +414,9 @@ pub struct Conn {
     pub epoch: u64,
     /// When the present job was armed.
     armed_at: Instant,
+    /// A retired connection whose QP may still reach this buffer keeps it
+    /// registered, for good.
+    pinned: Option<Arc<BufEntry>>,
     /// Posted receives, by buffer.
     recvs: [Option<u64>; RECVS],
     /// Posted send work requests (bind, grant, invalidate) not completed.
@@ -446,6 +449,7 @@ impl Conn {
             job: Job::Free,
             epoch: 0,
             armed_at: Instant::now(),
+            pinned: None,
             recvs: [None; RECVS],
             sends: Vec::new(),
             next_seq: 0,
@@ -575,7 +579,9 @@ impl Conn {
     /// is ended, the QP goes to RESET (posted work vanishes), a window
     /// still bound is deallocated, which invalidates it, and replaced, a
     /// per-transfer region goes with its job, then INIT and fresh
-    /// receives. A QP that cannot be reset is retired.
+    /// receives. A QP that cannot be reset is fenced and replaced
+    /// ([`Conn::fence_and_renew`]); a connection that cannot be brought
+    /// back at all is retired.
     pub fn reset(&mut self, env: &mut Env<'_>) {
         match std::mem::replace(&mut self.link, Link::Idle) {
             Link::Connected { cm, .. } => {
@@ -595,39 +601,112 @@ impl Conn {
                 return;
             }
         }
-        let outcome = self.reset_qp(env);
-        if let Err(e) = outcome {
+        let outcome = match self.qp.modify(&QpAttr {
+            state: Some(QpState::Reset),
+            ..QpAttr::default()
+        }) {
+            Ok(()) => self.reset_qp(env).map_err(|e| (e, true)),
+            Err(e) => {
+                log!(
+                    Level::Warn,
+                    "connection {}: QP {} did not go to RESET ({e}); fencing it",
+                    self.index,
+                    self.qp.qp_num()
+                );
+                self.fence_and_renew(env)
+            }
+        };
+        if let Err((e, fenced)) = outcome {
             log!(Level::Warn, "retiring connection {}: {e}", self.index);
-            // Nothing can reach the QP any more; a window that could not be
-            // replaced is gone with it.
             self.link = Link::Retired;
             env.pool.retire();
+            if !fenced {
+                // The old QP may still reach the job's buffer: keep the
+                // buffer registered (its deregistration answers Busy)
+                // and its memory alive, for good.
+                if let Job::Armed(a, _) = &self.job {
+                    self.pinned = Some(a.entry.clone());
+                }
+                log!(
+                    Level::Error,
+                    "connection {}: QP {} could be neither reset, moved to ERR nor replaced; \
+                     its buffer stays registered",
+                    self.index,
+                    self.qp.qp_num()
+                );
+            }
         }
     }
 
+    /// After RESET: no posted work, a bound window replaced, a QP that
+    /// left INIT replaced, then INIT and receives.
     fn reset_qp(&mut self, env: &mut Env<'_>) -> Result<()> {
-        self.qp.modify(&QpAttr {
-            state: Some(QpState::Reset),
-            ..QpAttr::default()
-        })?;
         self.recvs = [None; RECVS];
         self.sends.clear();
-        if let Some(w) = &mut self.window {
-            if w.bound {
-                // A window bound through a QP that went through RESET cannot
-                // be invalidated through it any more, and rxe will not bind
-                // it again: deallocating it invalidates it.
-                let mw = self.pd.alloc_mw()?;
-                w.rkey = mw.rkey();
-                w.mw = mw;
-                w.bound = false;
-            }
-        }
+        self.replace_bound_window()?;
         if self.aimed {
             self.renew_qp(env);
         }
         self.qp.modify(&init_attr(env.port, env.mode))?;
         self.post_recvs(env)
+    }
+
+    /// A window bound through a QP that went through RESET (or ERR)
+    /// cannot be invalidated through it any more, and rxe will not bind it
+    /// again: deallocating it invalidates it. It is replaced by a new one;
+    /// without one, it is gone all the same.
+    fn replace_bound_window(&mut self) -> Result<()> {
+        let Some(w) = &mut self.window else {
+            return Ok(());
+        };
+        if !w.bound {
+            return Ok(());
+        }
+        match self.pd.alloc_mw() {
+            Ok(mw) => {
+                w.rkey = mw.rkey();
+                w.mw = mw;
+                w.bound = false;
+                Ok(())
+            }
+            Err(e) => {
+                self.window = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// The QP did not go to RESET: it is moved to ERR (where it reaches
+    /// nothing), a bound window is deallocated, and the QP is replaced by
+    /// a new one (the old one cools off in ERR, or is destroyed at once if
+    /// it would not even go to ERR). The error says whether the old QP is
+    /// known to reach nothing any more (moved to ERR, or destroyed).
+    fn fence_and_renew(&mut self, env: &mut Env<'_>) -> std::result::Result<(), (Error, bool)> {
+        let erred = self
+            .qp
+            .modify(&QpAttr {
+                state: Some(QpState::Err),
+                ..QpAttr::default()
+            })
+            .is_ok();
+        self.recvs = [None; RECVS];
+        self.sends.clear();
+        let window = self.replace_bound_window();
+        let qp = self.pd.create_qp(env.cq, QP_CAPS).map_err(|e| (e, erred))?;
+        let old = std::mem::replace(&mut self.qp, qp);
+        env.by_qp.remove(&old.qp_num());
+        env.by_qp.insert(self.qp.qp_num(), self.index);
+        if erred {
+            env.cooling.keep(old, Instant::now());
+        } else {
+            drop(old);
+        }
+        self.aimed = false;
+        window.map_err(|e| (e, true))?;
+        self.qp
+            .modify(&init_attr(env.port, env.mode))
+            .map_err(|e| (e, true))?;
+        self.post_recvs(env).map_err(|e| (e, true))
     }
 
     /// Replaces the QP (in RESET) that served a link with a new one: the
@@ -910,6 +989,9 @@ impl Conn {
             Err(e) => {
                 refuse(request);
                 log!(Level::Warn, "connecting QP {}: {e}", self.qp.qp_num());
+                // The QP may be half way (RTR): back to INIT (a new QP)
+                // before the slot serves again.
+                self.reset(env);
                 return self.finish(Err(e), env);
             }
         };

@@ -197,6 +197,8 @@ impl Instance {
         let mr = self
             .pd
             .reg_mr(staging.addr(), range.len, self.mr_access())?;
+        // Freed only once the NIC can no longer reach it.
+        mr.keep_until_deregistered(Box::new(staging.clone()));
         log!(
             Level::Warn,
             "{:#x} ({} bytes) is staged through host memory: transfers are not GPU-direct",

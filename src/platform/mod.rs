@@ -125,6 +125,11 @@ pub trait Mr: Send + Sync {
     fn addr(&self) -> u64;
     /// Bytes.
     fn len(&self) -> usize;
+    /// Keeps `memory` (what the region covers, owned elsewhere too) alive
+    /// until the region is deregistered; when deregistration fails, the
+    /// NIC may still reach the region, and `memory` is leaked with it
+    /// rather than freed under the NIC.
+    fn keep_until_deregistered(&self, memory: Box<dyn Any + Send + Sync>);
     /// For downcasting by the implementation that created this object.
     fn as_any(&self) -> &dyn Any;
 }

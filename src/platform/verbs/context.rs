@@ -307,6 +307,7 @@ impl ProtectionDomain {
             addr,
             len,
             pd,
+            keep: std::sync::Mutex::new(Vec::new()),
         }))
     }
 }
@@ -457,6 +458,9 @@ pub struct MemoryRegion {
     addr: u64,
     len: usize,
     pd: Arc<ProtectionDomain>,
+    /// What [`Mr::keep_until_deregistered`] was given: dropped after a
+    /// successful deregistration, leaked after a failed one.
+    keep: std::sync::Mutex<Vec<Box<dyn Any + Send + Sync>>>,
 }
 
 // SAFETY: see the module docs: `mr` is passed only to thread-safe verbs (as
@@ -492,6 +496,13 @@ impl Mr for MemoryRegion {
         self.len
     }
 
+    fn keep_until_deregistered(&self, memory: Box<dyn Any + Send + Sync>) {
+        self.keep
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(memory);
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -500,10 +511,20 @@ impl Mr for MemoryRegion {
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         // SAFETY: `mr` is live and this is its last reference. A region with
-        // type-2 windows still bound fails (EINVAL on rxe, IBA 10.6.7.2.6)
-        // and is leaked, so its memory is never touched again.
+        // type-2 windows still bound fails (EINVAL on rxe, IBA 10.6.7.2.6);
+        // it then stays valid, and those windows still reach its memory:
+        // the core deallocates (or fences with their QP) every window bound
+        // over a region before it drops the region, and what the region
+        // keeps alive is leaked below rather than freed under the NIC.
         let rc = unsafe { (self.pd.ctx.table().dereg_mr)(self.mr) };
+        let kept = std::mem::take(
+            &mut *self
+                .keep
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         if rc != 0 {
+            std::mem::forget(kept);
             destroy_failed(
                 format_args!(
                     "ibv_dereg_mr({}, {:#x}+{})",

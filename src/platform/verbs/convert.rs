@@ -710,6 +710,7 @@ mod tests {
         fn len(&self) -> usize {
             0x1000
         }
+        fn keep_until_deregistered(&self, _: Box<dyn std::any::Any + Send + Sync>) {}
         fn as_any(&self) -> &dyn std::any::Any {
             self
         }

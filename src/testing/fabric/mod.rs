@@ -410,6 +410,21 @@ impl Fabric {
 
     /// A destroy the rules refuse: counted under "destroy_failed", logged,
     /// and the object leaks.
+    /// Remote accesses that reached a registration whose deregistration
+    /// failed. Hardware keeps such a registration (and the windows bound
+    /// over it) usable, so the fabric completes those accesses as hardware
+    /// would, counting them here; only the bytes are not moved, since the
+    /// test may have freed the memory behind it.
+    pub fn leaked_registrations_reached(&self) -> u64 {
+        self.state.lock().leaked_reached
+    }
+
+    /// Makes every later `ibv_dereg_mr` fail (`true`) as a device in
+    /// trouble might, or succeed again: the region leaks and stays usable.
+    pub fn fail_deregistrations(&self, fail: bool) {
+        self.state.lock().fail_deregistrations = fail;
+    }
+
     fn destroy_failed(&self, message: std::fmt::Arguments<'_>) {
         self.counters.created("destroy_failed");
         eprintln!("fake fabric: {message}; leaked");
@@ -500,6 +515,11 @@ struct State {
     hold: Vec<usize>,
     /// Completions held back, in order, with their CQ.
     held: Vec<(u64, Completion)>,
+    /// Remote accesses that reached a registration whose deregistration
+    /// failed ([`Fabric::leaked_registrations_reached`]).
+    leaked_reached: u64,
+    /// Every deregistration fails ([`Fabric::fail_deregistrations`]).
+    fail_deregistrations: bool,
 }
 
 struct Device {

@@ -19,6 +19,8 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Weak};
 
+use parking_lot::Mutex;
+
 use super::super::memory::Span;
 use super::context::FakeContext;
 use super::cq::completion;
@@ -58,7 +60,9 @@ pub(super) struct MrRec {
     access: Access,
     bound_windows: usize,
     /// Deregistration failed (windows were bound) and the owner is gone:
-    /// the registration leaks, and its memory is no longer touched.
+    /// the registration leaks and stays usable, as on hardware (remote
+    /// accesses to it are counted, and move no bytes: its memory may be
+    /// freed by now).
     zombie: bool,
 }
 
@@ -131,7 +135,7 @@ impl State {
         if let Some(mr) = self
             .mrs
             .values()
-            .find(|m| m.device == key.0 && m.rkey == rkey && !m.zombie)
+            .find(|m| m.device == key.0 && m.rkey == rkey)
         {
             (mr.pd == qp.pd && mr.access.contains(need)).then_some(())?;
             let offset = offset_within(mr.iova, to_u64(mr.len), addr, len)?;
@@ -145,9 +149,27 @@ impl State {
         })?;
         (w.pd == qp.pd && b.qp == key && b.access.contains(need)).then_some(())?;
         offset_within(b.addr, b.len, addr, len)?;
-        let mr = self.mrs.get(&b.mr).filter(|m| !m.zombie)?;
+        let mr = self.mrs.get(&b.mr)?;
         let offset = offset_within(mr.iova, to_u64(mr.len), addr, len)?;
         Some((mr.span, offset))
+    }
+
+    /// Whether `rkey` reaches, for responder `key`, a registration whose
+    /// deregistration failed (directly, or through a window bound over it).
+    pub(super) fn reaches_leaked(&self, key: QpKey, rkey: u32) -> bool {
+        let direct = self
+            .mrs
+            .values()
+            .find(|m| m.device == key.0 && m.rkey == rkey);
+        if let Some(m) = direct {
+            return m.zombie;
+        }
+        self.mws.values().any(|w| match w.binding {
+            Some(b) if w.device == key.0 && w.rkey == rkey => {
+                self.mrs.get(&b.mr).is_some_and(|m| m.zombie)
+            }
+            _ => false,
+        })
     }
 
     /// `IBV_WR_BIND_MW` of a type-2 window (rxe_mw.c's checks).
@@ -291,6 +313,7 @@ impl FakePd {
             rkey,
             iova,
             len,
+            keep: Mutex::new(Vec::new()),
         }))
     }
 }
@@ -453,6 +476,8 @@ pub(super) struct FakeMr {
     rkey: u32,
     iova: u64,
     len: usize,
+    /// Dropped after the deregistration, leaked if it fails.
+    keep: Mutex<Vec<Box<dyn Any + Send + Sync>>>,
 }
 
 impl Mr for FakeMr {
@@ -472,6 +497,10 @@ impl Mr for FakeMr {
         self.len
     }
 
+    fn keep_until_deregistered(&self, memory: Box<dyn Any + Send + Sync>) {
+        self.keep.lock().push(memory);
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -479,18 +508,20 @@ impl Mr for FakeMr {
 
 impl Drop for FakeMr {
     fn drop(&mut self) {
+        let kept = std::mem::take(&mut *self.keep.lock());
         let mut st = self.fabric.state.lock();
         let windows = st.mrs.get(&self.id).map_or(0, |m| m.bound_windows);
-        if windows > 0 {
+        if windows > 0 || st.fail_deregistrations {
+            std::mem::forget(kept);
             // rxe_dereg_mr refuses while type-2 windows are bound (IBA
-            // 10.6.7.2.6): leak, and never touch the memory again.
+            // 10.6.7.2.6): the registration leaks, and stays usable.
             if let Some(m) = st.mrs.get_mut(&self.id) {
                 m.zombie = true;
             }
             drop(st);
             self.fabric.destroy_failed(format_args!(
                 "ibv_dereg_mr on {} failed: Invalid argument ({windows} memory windows still \
-                 bound)",
+                 bound, or failure asked for)",
                 self.pd.device_name()
             ));
             return;

@@ -277,8 +277,20 @@ impl State {
             _ => None,
         };
 
+        // A leaked registration is reached as on hardware; its memory,
+        // which the test may have freed, is not touched.
+        let leaked = match remote {
+            Some((_, rkey, _)) if len > 0 && self.reaches_leaked(b, rkey) => {
+                self.leaked_reached += 1;
+                true
+            }
+            _ => false,
+        };
+
         // Execute.
         let copied = match wr.kind {
+            Kind::Write { .. } | Kind::WriteImm { .. } if leaked => true,
+            Kind::Read { .. } if leaked => true,
             Kind::Write { .. } | Kind::WriteImm { .. } => {
                 transfer(self.device_memory.as_deref(), target, local, len)
             }
