@@ -835,6 +835,28 @@ fn a_flood_of_bad_connect_requests_does_not_fail_a_waiting_transfer() {
     assert_eq!(&up.buf[..HALF], &pattern(LEN, 10)[..HALF]);
 }
 
+/// A flood of connect requests sent at least as fast as the driver reads
+/// them (an attacker that never waits for its REJs) keeps the listener's
+/// queue from ever emptying: the driver still reads completions and runs
+/// deadlines between them, so a transfer amid the flood completes.
+#[test]
+fn a_sustained_flood_of_connect_requests_does_not_starve_transfers() {
+    let up = Up::new();
+    let server = up.world.server.clone();
+    server.set_object(&pattern(LEN, 13));
+    let fabric = up.world.platform.fabric.clone();
+    let to = SocketAddr::new(CLIENT_IP.into(), up.inst.listener_port());
+    let bogus = encode_connect(&Token {
+        secret: 1,
+        ..up.inst.mint_token(up.slice(64), TokenOp::Put).unwrap()
+    });
+    assert!(fabric.set_connect_flood(SERVER_NIC, to, Some(&bogus)));
+    let outcome = up.transfer(Op::Get, &server, HALF);
+    assert!(fabric.set_connect_flood(SERVER_NIC, to, None));
+    outcome.expect("the transfer amid the flood");
+    assert_eq!(&up.buf[..HALF], &pattern(LEN, 13)[..HALF]);
+}
+
 #[test]
 fn a_dead_driver_fails_transfers_at_once_and_says_why() {
     let up = Up::new();

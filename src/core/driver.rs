@@ -40,6 +40,10 @@ use crate::platform::{wait_readable, AsyncKind, CmEvent, CmListener, Context, Cq
 const CQES_PER_CONN: u32 = 8;
 /// Completions read by one poll.
 const POLL_BATCH: usize = 64;
+/// RDMA CM events served before the driver looks at its other sources
+/// (completions, device events, timers) again: a flood of connect
+/// requests delays them by at most this many.
+const CM_BATCH: usize = 64;
 /// Consecutive failures reading events after which the driver gives up.
 const MAX_EVENT_ERRORS: u32 = 64;
 /// How soon the driver looks again after a failure to read events.
@@ -654,9 +658,11 @@ impl State {
         }
     }
 
-    /// Serves the listener's events until none is waiting.
+    /// Serves the listener's events until none is waiting, or
+    /// [`CM_BATCH`] of them (the channel stays readable: the loop comes
+    /// back at once, after the other sources).
     fn cm_events(&mut self) -> Result<()> {
-        loop {
+        for _ in 0..CM_BATCH {
             let Some(event) = self.shared.listener.next_event(Instant::now())? else {
                 return Ok(());
             };
@@ -698,6 +704,7 @@ impl State {
                 }
             }
         }
+        Ok(())
     }
 
     /// Runs the deadlines that are due.

@@ -138,6 +138,8 @@ struct ListenerRec {
     woken: bool,
     /// The event channel: readable while the queue is not empty.
     channel: Arc<Waker>,
+    /// A sustained flood of connect requests into it, if one is on.
+    flood: Option<Flood>,
 }
 
 /// An event waiting in a listener's channel.
@@ -352,6 +354,7 @@ impl Cm for FakeCm {
                 queue: VecDeque::new(),
                 woken: false,
                 channel: channel.clone(),
+                flood: None,
             },
         );
         drop(st);
@@ -506,6 +509,94 @@ impl Cm for FakeCm {
     }
 }
 
+// ---------------------------------------------------------------- flood
+
+/// A sustained flood of connect requests into a listener: from the
+/// device `from`, each with `private_data`.
+#[derive(Clone)]
+struct Flood {
+    from: DeviceInfo,
+    to: DeviceInfo,
+    private_data: Vec<u8>,
+}
+
+impl HubState {
+    /// Queues one connect request of `flood` into `listener`, as an
+    /// attacker that never waits for its REJ.
+    fn queue_flood(&mut self, listener: u64, flood: &Flood) {
+        let active_id = self.new_id();
+        let passive_id = self.new_id();
+        let info = RequestInfo {
+            private_data: padded(&flood.private_data, REQ_PRIVATE_DATA_LEN),
+            responder_resources: 1,
+            initiator_depth: 1,
+            active_gid: flood.from.gid,
+            // No QP behind it: a flood is refused before any is needed.
+            active_qpn: 0,
+            active_psn: psn_of(active_id),
+            passive_psn: psn_of(passive_id),
+            path_mtu: flood.from.mtu.min(flood.to.mtu),
+            retry_count: 7,
+            rnr_retry_count: 7,
+        };
+        self.requests.insert(
+            passive_id,
+            RequestRec {
+                listener,
+                device: flood.to.clone(),
+                active_id,
+                active_qp: (usize::MAX, 0),
+                info,
+                abandoned: true,
+            },
+        );
+        self.queue(listener, Queued::Request(passive_id));
+    }
+}
+
+impl Fabric {
+    /// Starts (`Some(private_data)`) or stops (`None`) a flood of connect
+    /// requests from the device `from` into the listener at `to`, sent at
+    /// least as fast as the listener's owner reads them: while it lasts,
+    /// every event read from that listener is followed by a new request,
+    /// so its queue is never empty. Returns whether a listener is there.
+    pub fn set_connect_flood(
+        &self,
+        from: &str,
+        to: SocketAddr,
+        private_data: Option<&[u8]>,
+    ) -> bool {
+        let SocketAddr::V4(v4) = to else {
+            return false;
+        };
+        let (Some(from), Some(device)) = (self.device_by_name(from), self.device_by_ip(*v4.ip()))
+        else {
+            return false;
+        };
+        let hub = &self.hub;
+        let mut st = hub.state.lock();
+        let Some((&id, listener)) = st
+            .listeners
+            .iter_mut()
+            .find(|(_, l)| l.ip == *v4.ip() && l.port == v4.port())
+        else {
+            return false;
+        };
+        listener.flood = private_data.map(|data| Flood {
+            from,
+            to: device,
+            private_data: data.to_vec(),
+        });
+        if let Some(flood) = listener.flood.clone() {
+            st.queue_flood(id, &flood);
+            self.counters().created("cm_id");
+        }
+        drop(st);
+        hub.changed.notify_all();
+        true
+    }
+}
+
 // ---------------------------------------------------------------- listener
 
 /// A listening CM id and its event channel.
@@ -534,6 +625,13 @@ impl CmListener for FakeListener {
                 return Ok(None);
             }
             let event = listener.queue.pop_front();
+            if let (Some(_), Some(flood)) = (&event, listener.flood.clone()) {
+                st.queue_flood(self.id, &flood);
+                self.fabric.counters().created("cm_id");
+            }
+            let Some(listener) = st.listeners.get_mut(&self.id) else {
+                return Err(Error::Internal("fake CM: listener vanished".to_owned()));
+            };
             if listener.queue.is_empty() {
                 listener.channel.take();
             }

@@ -437,6 +437,13 @@ impl Fabric {
         st.device_info(index)
     }
 
+    /// What the CM needs to know of the device called `name`.
+    pub(crate) fn device_by_name(&self, name: &str) -> Option<DeviceInfo> {
+        let st = self.state.lock();
+        let index = st.devices.iter().position(|d| d.spec.name == name)?;
+        st.device_info(index)
+    }
+
     /// What the CM needs to know of the `index`th device.
     pub(crate) fn device_info(&self, index: usize) -> Option<DeviceInfo> {
         self.state.lock().device_info(index)
