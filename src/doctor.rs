@@ -319,7 +319,20 @@ pub fn diagnose(inputs: &Inputs) -> Report {
         ),
         None => Vec::new(),
     };
-    let (verdicts, fds) = verdicts(inputs, &gpus);
+    let (mut verdicts, fds) = verdicts(inputs, &gpus);
+    if let Some(n) = inputs.gpu.filter(|n| !gpus.iter().any(|g| g.index == *n)) {
+        // `--gpu N` of a GPU no runtime sees: said first, not left to a
+        // host-memory verdict that reads as if GPU N were fine.
+        verdicts.insert(
+            0,
+            VerdictEntry {
+                gpu: Some(n),
+                verdict: Verdict::Unusable,
+                reason: format!("GPU {n} does not exist ({})", runtime_summary(platform)),
+                nic: None,
+            },
+        );
+    }
     let limits = limits(inputs, fds);
     Report {
         version: env!("CARGO_PKG_VERSION"),
@@ -359,6 +372,23 @@ fn runtimes(platform: &dyn Platform) -> Vec<Runtime> {
             },
         })
         .collect()
+}
+
+/// Each GPU runtime in a few words, for a message that says why no GPU was
+/// found: `HIP: libamdhip64.so.5 5.2, 0 GPU(s); CUDA: none of libcuda.so.1
+/// could be loaded`.
+pub fn runtime_summary(platform: &dyn Platform) -> String {
+    runtimes(platform)
+        .iter()
+        .map(|r| {
+            if r.loaded {
+                format!("{}: {}, {} GPU(s)", r.name, r.detail, r.devices)
+            } else {
+                format!("{}: {}", r.name, r.detail)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The runtime the library would serve the GPU with, if it sees one.
@@ -837,8 +867,11 @@ fn limits(inputs: &Inputs, fds: Option<u64>) -> Limits {
     let cap_ipc_lock = inputs.status.as_deref().is_some_and(has_ipc_lock);
     let mut notes = Vec::new();
     match (memlock, cap_ipc_lock) {
-        (_, true) => notes.push("memory locking is not limited (CAP_IPC_LOCK)".to_owned()),
-        (None, false) => notes.push("memory locking is unlimited".to_owned()),
+        (Some(bytes), true) => notes.push(format!(
+            "memlock limit {}, but this process has CAP_IPC_LOCK, so it does not apply",
+            human(bytes)
+        )),
+        (None, _) => notes.push("memory locking is unlimited".to_owned()),
         (Some(bytes), false) => notes.push(format!(
             "registrations pin memory: at most {} in all can be registered (raise `ulimit -l`)",
             human(bytes)
