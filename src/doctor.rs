@@ -3,18 +3,18 @@
 //!
 //! The facts come through the platform traits (the runtimes, the devices,
 //! the sysfs topology), the NIC and GID through the library's own choice
-//! ([`nic::choose`](crate::core::nic::choose), [`nic::gid_rank`](crate::core::nic::gid_rank)), and dma-buf export, registration
+//! ([`nic::choose`], [`nic::gid_rank`]), and dma-buf export, registration
 //! and memory windows are tried for real on small allocations. Each
-//! verdict comes from a [`Client`](crate::client::Client) built as `hipObjInit` builds an instance
+//! verdict comes from a [`Client`] built as `hipObjInit` builds an instance
 //! (so a NIC without an active port, a listener that cannot bind or a
 //! missing library fails it exactly as it would fail the application), and
 //! from how that client registers a buffer of the GPU's memory
-//! ([`BufKind`](crate::core::buffers::BufKind)): straight to the GPU (dma-buf or peer memory), through
+//! ([`BufKind`]): straight to the GPU (dma-buf or peer memory), through
 //! staging, or host memory only.
 //!
 //! Verdicts, worst last, and the exit status of `hipobj doctor`:
-//! [`Verdict::GpuDirect`](crate::doctor::Verdict::GpuDirect) 0, [`Verdict::Staged`](crate::doctor::Verdict::Staged) 1, [`Verdict::HostOnly`](crate::doctor::Verdict::HostOnly) 2,
-//! [`Verdict::Unusable`](crate::doctor::Verdict::Unusable) 3.
+//! [`Verdict::GpuDirect`] 0, [`Verdict::Staged`] 1, [`Verdict::HostOnly`] 2,
+//! [`Verdict::Unusable`] 3.
 
 #![forbid(unsafe_code)]
 

@@ -1,7 +1,7 @@
 //! The built-in S3 client (feature `s3`): signed requests to an S3
 //! endpoint, plain and carrying RDMA tokens, and whole object transfers
 //! through a [`Client`](crate::client::Client) that fall back to plain HTTP
-//! when the server declines RDMA ([`objects`](crate::s3::objects)).
+//! when the server declines RDMA ([`objects`]).
 //!
 //! Signing is AWS's own SigV4 implementation (the `aws-sigv4` crate, the
 //! one the AWS SDK for Rust signs with, maintained on the SDK's release
