@@ -3,18 +3,18 @@
 //!
 //! The facts come through the platform traits (the runtimes, the devices,
 //! the sysfs topology), the NIC and GID through the library's own choice
-//! ([`nic::choose`](crate::core::nic::choose), [`nic::gid_rank`](crate::core::nic::gid_rank)), and dma-buf export, registration
+//! ([`nic::choose`], [`nic::gid_rank`]), and dma-buf export, registration
 //! and memory windows are tried for real on small allocations. Each
-//! verdict comes from a [`Client`](crate::client::Client) built as `hipObjInit` builds an instance
+//! verdict comes from a [`Client`] built as `hipObjInit` builds an instance
 //! (so a NIC without an active port, a listener that cannot bind or a
 //! missing library fails it exactly as it would fail the application), and
 //! from how that client registers a buffer of the GPU's memory
-//! ([`BufKind`](crate::core::buffers::BufKind)): straight to the GPU (dma-buf or peer memory), through
+//! ([`BufKind`]): straight to the GPU (dma-buf or peer memory), through
 //! staging, or host memory only.
 //!
 //! Verdicts, worst last, and the exit status of `hipobj doctor`:
-//! [`Verdict::GpuDirect`](crate::doctor::Verdict::GpuDirect) 0, [`Verdict::Staged`](crate::doctor::Verdict::Staged) 1, [`Verdict::HostOnly`](crate::doctor::Verdict::HostOnly) 2,
-//! [`Verdict::Unusable`](crate::doctor::Verdict::Unusable) 3.
+//! [`Verdict::GpuDirect`] 0, [`Verdict::Staged`] 1, [`Verdict::HostOnly`] 2,
+//! [`Verdict::Unusable`] 3.
 
 #![forbid(unsafe_code)]
 
@@ -319,7 +319,20 @@ pub fn diagnose(inputs: &Inputs) -> Report {
         ),
         None => Vec::new(),
     };
-    let (verdicts, fds) = verdicts(inputs, &gpus);
+    let (mut verdicts, fds) = verdicts(inputs, &gpus);
+    if let Some(n) = inputs.gpu.filter(|n| !gpus.iter().any(|g| g.index == *n)) {
+        // `--gpu N` of a GPU no runtime sees: said first, not left to a
+        // host-memory verdict that reads as if GPU N were fine.
+        verdicts.insert(
+            0,
+            VerdictEntry {
+                gpu: Some(n),
+                verdict: Verdict::Unusable,
+                reason: format!("GPU {n} does not exist ({})", runtime_summary(platform)),
+                nic: None,
+            },
+        );
+    }
     let limits = limits(inputs, fds);
     Report {
         version: env!("CARGO_PKG_VERSION"),
@@ -359,6 +372,23 @@ fn runtimes(platform: &dyn Platform) -> Vec<Runtime> {
             },
         })
         .collect()
+}
+
+/// Each GPU runtime in a few words, for a message that says why no GPU was
+/// found: `HIP: libamdhip64.so.5 5.2, 0 GPU(s); CUDA: none of libcuda.so.1
+/// could be loaded`.
+pub fn runtime_summary(platform: &dyn Platform) -> String {
+    runtimes(platform)
+        .iter()
+        .map(|r| {
+            if r.loaded {
+                format!("{}: {}, {} GPU(s)", r.name, r.detail, r.devices)
+            } else {
+                format!("{}: {}", r.name, r.detail)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The runtime the library would serve the GPU with, if it sees one.
@@ -837,8 +867,11 @@ fn limits(inputs: &Inputs, fds: Option<u64>) -> Limits {
     let cap_ipc_lock = inputs.status.as_deref().is_some_and(has_ipc_lock);
     let mut notes = Vec::new();
     match (memlock, cap_ipc_lock) {
-        (_, true) => notes.push("memory locking is not limited (CAP_IPC_LOCK)".to_owned()),
-        (None, false) => notes.push("memory locking is unlimited".to_owned()),
+        (Some(bytes), true) => notes.push(format!(
+            "memlock limit {}, but this process has CAP_IPC_LOCK, so it does not apply",
+            human(bytes)
+        )),
+        (None, _) => notes.push("memory locking is unlimited".to_owned()),
         (Some(bytes), false) => notes.push(format!(
             "registrations pin memory: at most {} in all can be registered (raise `ulimit -l`)",
             human(bytes)

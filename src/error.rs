@@ -79,9 +79,10 @@ pub enum Error {
         /// The `hipError_t` it returned.
         code: i32,
     },
-    /// The HIP runtime library cannot be loaded, so no GPU can be used
-    /// (reported with `hipErrorNoDevice`); the text says what was tried.
-    #[error("HIP runtime unavailable: {0}")]
+    /// The GPU runtime (HIP, or the CUDA driver) cannot be loaded, so no
+    /// GPU can be used (reported with `hipErrorNoDevice`); the text says
+    /// what was tried.
+    #[error("GPU runtime unavailable: {0}")]
     HipMissing(String),
     /// No RDMA device matched.
     #[error("no usable RDMA NIC: {0}")]

@@ -21,25 +21,16 @@
 //! `docs/architecture.md` describes each layer as built.
 
 pub mod capi;
-/// cbindgen:ignore
 pub mod client;
-/// cbindgen:ignore
 pub mod core;
-/// cbindgen:ignore
 #[cfg(feature = "cli")]
 pub mod doctor;
-/// cbindgen:ignore
 pub mod error;
-/// cbindgen:ignore
 pub mod log;
-/// cbindgen:ignore
 pub mod platform;
-/// cbindgen:ignore
 #[cfg(feature = "s3")]
 pub mod s3;
-/// cbindgen:ignore
 #[cfg(feature = "server")]
 pub mod server;
-/// cbindgen:ignore
 #[cfg(feature = "fake-platform")]
 pub mod testing;

@@ -6,6 +6,8 @@
 //! tmux is required, never skipped.
 
 mod common;
+#[path = "common/http.rs"]
+mod http;
 #[path = "common/s3.rs"]
 mod s3server;
 
@@ -52,6 +54,11 @@ fn hipobj(server: &S3Server, scratch: &Scratch, args: &[&str]) -> Output {
     hipobj_with(server, scratch, args, &[], None)
 }
 
+/// `hipobj args` against the scripted `endpoint`.
+fn hipobj_at(endpoint: &http::Endpoint, scratch: &Scratch, args: &[&str]) -> Output {
+    hipobj_env(&endpoint.url, scratch, args, &[], None)
+}
+
 fn hipobj_with(
     server: &S3Server,
     scratch: &Scratch,
@@ -59,6 +66,12 @@ fn hipobj_with(
     env: &[(&str, &str)],
     stdin: Option<&[u8]>,
 ) -> Output {
+    hipobj_env(&server.endpoint, scratch, args, env, stdin)
+}
+
+/// The command with the test keys, `endpoint`, `HOME` in the scratch
+/// directory, and `env` on top.
+fn command(endpoint: &str, scratch: &Scratch, args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut command = Command::new(HIPOBJ);
     command
         .args(args)
@@ -67,8 +80,20 @@ fn hipobj_with(
         .env("HOME", &scratch.0)
         .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
         .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-        .env("AWS_ENDPOINT_URL", &server.endpoint)
-        .envs(env.iter().copied())
+        .env("AWS_ENDPOINT_URL", endpoint)
+        .envs(env.iter().copied());
+    command
+}
+
+fn hipobj_env(
+    endpoint: &str,
+    scratch: &Scratch,
+    args: &[&str],
+    env: &[(&str, &str)],
+    stdin: Option<&[u8]>,
+) -> Output {
+    let mut command = command(endpoint, scratch, args, env);
+    command
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {
@@ -280,18 +305,20 @@ fn failures_are_clear_and_leave_the_destination_as_it_was() {
         "{}",
         stderr(&out)
     );
-    for (args, expected) in [
-        (vec!["get", "bucket/key", "f"], "not an s3://BUCKET/KEY"),
-        (vec!["get", "s3://bucket", "f"], "no bucket or no key"),
+    // Bad arguments exit 2; a failure, 1.
+    for (args, expected, code) in [
+        (vec!["get", "bucket/key", "f"], "not an s3://BUCKET/KEY", 2),
+        (vec!["get", "s3://bucket", "f"], "no bucket or no key", 2),
         (
             vec!["put", "/nonexistent/file", "s3://bucket/k"],
             "No such file",
+            1,
         ),
-        (vec!["cp", "a", "b"], "one of SOURCE and DESTINATION"),
-        (vec!["get", "s3://bucket/missing"], "needs a DESTINATION"),
+        (vec!["cp", "a", "b"], "one of SOURCE and DESTINATION", 2),
+        (vec!["get", "s3://bucket/missing"], "needs a DESTINATION", 2),
     ] {
         let out = hipobj(&server, &scratch, &args);
-        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(out.status.code(), Some(code), "{args:?}");
         assert!(
             stderr(&out).contains(expected),
             "{args:?}: {}",
@@ -404,6 +431,24 @@ fn a_long_transfer_shows_a_progress_bar_in_a_terminal_and_none_in_a_pipe() {
         screen.contains("=]") || screen.contains("=="),
         "the bar itself: {screen}"
     );
+    // The finished bar and the summary give the same rate.
+    let summary = screen
+        .lines()
+        .find(|l| l.contains("hipobj: put"))
+        .unwrap_or_else(|| panic!("the summary: {screen}"));
+    let rate = summary
+        .split_once(" s (")
+        .and_then(|(_, r)| r.split_once(')'))
+        .map(|(r, _)| r)
+        .unwrap_or_else(|| panic!("the summary's rate: {summary}"));
+    let bar = screen
+        .lines()
+        .find(|l| l.contains("put s3://bucket/tty ["))
+        .unwrap();
+    assert!(
+        bar.contains(rate),
+        "the bar says {bar:?}, the summary {rate:?}"
+    );
     assert_eq!(stored(&server, "tty").map(|b| b.len()), Some(len));
 
     // Through a pipe, no bar: only the summary.
@@ -421,4 +466,603 @@ fn a_long_transfer_shows_a_progress_bar_in_a_terminal_and_none_in_a_pipe() {
     assert!(out.status.success());
     let text = stderr(&out);
     assert!(!text.contains("MiB/48") && !text.contains('['), "{text}");
+}
+
+// ------------------------------------------------------------------ failures
+
+/// Stops `child` (SIGKILL) if it runs past `limit`: a "did not hang" bound.
+fn wait_bounded(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let status = child.wait().unwrap();
+            panic!("hipobj ran past {limit:?} (killed: {status})");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends `signal` (`INT`, `TERM`) to `child`.
+fn signal(child: &std::process::Child, signal: &str) {
+    let sent = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(child.id().to_string())
+        .status()
+        .expect("kill(1) runs");
+    assert!(sent.success());
+}
+
+/// Waits, bounded, until `ready` holds.
+fn wait_for(what: &str, ready: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready() {
+        assert!(Instant::now() < deadline, "waited 60 s for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The hidden files (temporary downloads) in `dir`.
+fn hidden(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect()
+}
+
+/// A scripted answer to a ranged GET of `data` with `etag`.
+fn ranged(data: &[u8], request: &http::Request, etag: &str) -> http::Reply {
+    let (first, last) = request
+        .header("range")
+        .and_then(|r| r.strip_prefix("bytes="))
+        .and_then(|r| r.split_once('-'))
+        .map(|(a, b)| (a.parse::<usize>().unwrap(), b.parse::<usize>().unwrap()))
+        .unwrap_or((0, data.len() - 1));
+    let last = last.min(data.len() - 1);
+    http::Reply::new(
+        206,
+        &[
+            ("etag", etag),
+            (
+                "content-range",
+                &format!("bytes {first}-{last}/{}", data.len()),
+            ),
+        ],
+        data[first..=last].to_vec(),
+    )
+}
+
+/// A HEAD's scripted answer: `len` bytes, `etag`.
+fn head(len: usize, etag: &str) -> http::Reply {
+    http::Reply::new(
+        200,
+        &[("etag", etag), ("content-length", &len.to_string())],
+        Vec::new(),
+    )
+}
+
+#[test]
+fn a_download_whose_object_changes_midway_fails_and_keeps_nothing() {
+    let scratch = Scratch::new("changed");
+    let data = pattern(3 << 20, 1);
+    // The HEAD sees one version, the chunks come from another.
+    let served = data.clone();
+    let endpoint = http::Endpoint::start(move |r| match r.method.as_str() {
+        "HEAD" => head(served.len(), "\"v1\""),
+        _ => ranged(&served, r, "\"v2\""),
+    });
+    let dest = scratch.path("out.bin");
+    let dest_s = dest.display().to_string();
+    let out = hipobj_at(
+        &endpoint,
+        &scratch,
+        &["get", "s3://bucket/obj", &dest_s, "--chunk", "1MiB"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("changed during the download"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        !dest.exists() && hidden(&scratch.0).is_empty(),
+        "nothing kept"
+    );
+    let gets: Vec<_> = endpoint
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET")
+        .collect();
+    assert!(!gets.is_empty());
+    assert!(
+        gets.iter().all(|r| r.header("if-match") == Some("\"v1\"")),
+        "every chunk asks for the HEAD's version: {gets:?}"
+    );
+
+    // A server that honours If-Match answers 412.
+    let endpoint = http::Endpoint::start(move |r| match r.method.as_str() {
+        "HEAD" => head(data.len(), "\"v1\""),
+        _ => http::Reply::s3_error(
+            412,
+            "PreconditionFailed",
+            "At least one of the pre-conditions you specified did not hold",
+        ),
+    });
+    let out = hipobj_at(&endpoint, &scratch, &["get", "s3://bucket/obj", &dest_s]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("changed during the download"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        !dest.exists() && hidden(&scratch.0).is_empty(),
+        "nothing kept"
+    );
+}
+
+#[test]
+fn a_put_refused_before_its_body_is_sent_says_why() {
+    let server = server();
+    let scratch = Scratch::new("refused");
+    // Larger than the sockets' buffers: the server answers before it has
+    // read the body, and closes.
+    std::fs::write(scratch.path("big"), pattern(24 << 20, 2)).unwrap();
+    let input = scratch.path("big").display().to_string();
+    let out = hipobj_with(
+        &server,
+        &scratch,
+        &["put", &input, "s3://bucket/refused"],
+        &[("AWS_ACCESS_KEY_ID", "nobody")],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let text = stderr(&out);
+    // The server's own answer: this one says NotSignedUp, AWS says
+    // InvalidAccessKeyId.
+    assert!(
+        text.contains("HTTP 403 NotSignedUp") && text.contains("check the access key"),
+        "{text}"
+    );
+    assert!(!text.contains("Broken pipe"), "{text}");
+}
+
+#[test]
+fn a_failed_get_says_s3_s_error_code_and_what_to_check() {
+    let server = server();
+    let scratch = Scratch::new("codes");
+    std::fs::write(server.root().join(BUCKET).join("there"), b"bytes").unwrap();
+    let dest = scratch.path("f").display().to_string();
+    for (what, env, key, expected) in [
+        (
+            "a wrong secret",
+            ("AWS_SECRET_ACCESS_KEY", "wrong"),
+            "there",
+            &["403 SignatureDoesNotMatch", "check the secret key"][..],
+        ),
+        (
+            "a missing key",
+            ("AWS_REGION", "us-east-1"),
+            "not-there",
+            &["404 NoSuchKey"][..],
+        ),
+        (
+            "a wrong region",
+            ("AWS_REGION", "eu-west-3"),
+            "there",
+            &["400 AuthorizationHeaderMalformed", "eu-west-3", "us-east-1"][..],
+        ),
+    ] {
+        let source = format!("s3://bucket/{key}");
+        let out = hipobj_with(&server, &scratch, &["get", &source, &dest], &[env], None);
+        assert_eq!(out.status.code(), Some(1), "{what}");
+        for part in expected {
+            assert!(stderr(&out).contains(part), "{what}: {}", stderr(&out));
+        }
+    }
+}
+
+#[test]
+fn network_failures_name_the_endpoint_and_what_to_check() {
+    let server = server();
+    let scratch = Scratch::new("network");
+    let dest = scratch.path("f").display().to_string();
+    // A port that nothing listens on: bound, then let go.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    let out = hipobj_env(
+        &closed,
+        &scratch,
+        &["get", "s3://bucket/x", &dest],
+        &[],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let text = stderr(&out);
+    assert!(
+        text.contains(&closed)
+            && text.contains("is the server up")
+            && text.contains("AWS_ENDPOINT_URL"),
+        "{text}"
+    );
+    // https:// against a plain HTTP server.
+    let https = server.endpoint.replace("http://", "https://");
+    let out = hipobj_env(
+        &https,
+        &scratch,
+        &["get", "s3://bucket/x", &dest],
+        &[],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let text = stderr(&out);
+    assert!(
+        text.contains(&https) && text.contains("write http://"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_missing_destination_directory_is_named_not_the_temporary_file() {
+    let server = server();
+    let scratch = Scratch::new("nodir");
+    std::fs::write(server.root().join(BUCKET).join("x.bin"), b"bytes").unwrap();
+    let dest = scratch.path("nodir/x.bin").display().to_string();
+    let out = hipobj(&server, &scratch, &["get", "s3://bucket/x.bin", &dest]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = stderr(&out);
+    assert!(text.contains(&dest) && !text.contains(".hipobj-"), "{text}");
+}
+
+#[test]
+fn a_directory_destination_takes_the_object_s_base_name() {
+    let server = server();
+    let scratch = Scratch::new("dirs");
+    let data = pattern(100_000, 4);
+    std::fs::create_dir_all(server.root().join(BUCKET).join("d")).unwrap();
+    std::fs::write(server.root().join(BUCKET).join("d/obj.bin"), &data).unwrap();
+    std::fs::create_dir(scratch.path("dl")).unwrap();
+    let dl = format!("{}/", scratch.path("dl").display());
+    let out = hipobj(&server, &scratch, &["cp", "s3://bucket/d/obj.bin", &dl]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(std::fs::read(scratch.path("dl/obj.bin")).unwrap() == data);
+    // An existing directory without the slash, as `.` is.
+    let dir = scratch.path("dl").display().to_string();
+    std::fs::remove_file(scratch.path("dl/obj.bin")).unwrap();
+    let out = hipobj(&server, &scratch, &["get", "s3://bucket/d/obj.bin", &dir]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(std::fs::read(scratch.path("dl/obj.bin")).unwrap() == data);
+    // An upload into a prefix.
+    let input = scratch.path("dl/obj.bin").display().to_string();
+    let out = hipobj(&server, &scratch, &["put", &input, "s3://bucket/up/"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stored(&server, "up/obj.bin").as_deref() == Some(&data[..]));
+    // Standard input has no name to take.
+    let out = hipobj_with(
+        &server,
+        &scratch,
+        &["put", "-", "s3://bucket/up/"],
+        &[],
+        Some(b"x"),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+#[test]
+fn ctrl_c_of_a_download_exits_130_and_leaves_no_temporary_file() {
+    let scratch = Scratch::new("sigint-get");
+    let len = 32 << 20;
+    // The object's bytes start, then stop coming: the download hangs.
+    let endpoint = http::Endpoint::start(move |r| match r.method.as_str() {
+        "HEAD" => head(len, "\"v1\""),
+        _ => http::Reply::Stall {
+            headers: vec![("etag".into(), "\"v1\"".into())],
+            len: 8 << 20,
+            sent: 1 << 20,
+        },
+    });
+    let dest = scratch.path("big.bin");
+    for (sig, code) in [("INT", 130), ("TERM", 143)] {
+        let mut child = command(
+            &endpoint.url,
+            &scratch,
+            &[
+                "get",
+                "s3://bucket/big",
+                &dest.display().to_string(),
+                "--chunk",
+                "8MiB",
+            ],
+            &[],
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+        let gets = endpoint.count("GET");
+        wait_for("the download to start", || endpoint.count("GET") > gets);
+        wait_for("the temporary file", || !hidden(&scratch.0).is_empty());
+        signal(&child, sig);
+        let status = wait_bounded(&mut child, Duration::from_secs(60));
+        assert_eq!(status.code(), Some(code), "SIG{sig}: {status}");
+        assert!(
+            hidden(&scratch.0).is_empty(),
+            "SIG{sig}: {:?}",
+            hidden(&scratch.0)
+        );
+        assert!(!dest.exists());
+    }
+}
+
+#[test]
+fn ctrl_c_of_a_multipart_upload_aborts_it() {
+    use std::io::BufRead;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let server = server();
+    let scratch = Scratch::new("sigint-put");
+    std::fs::write(scratch.path("big"), pattern(15 << 20, 6)).unwrap();
+    // In front of the real server: the second part waits for the test.
+    let held = Arc::new(AtomicBool::new(false));
+    let released = Arc::new(AtomicBool::new(false));
+    let upstream = server.endpoint.clone();
+    let endpoint = {
+        let (held, released) = (held.clone(), released.clone());
+        http::Endpoint::start(move |r| {
+            if r.query("partNumber").is_some_and(|n| n != "1") {
+                held.store(true, Ordering::SeqCst);
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while !released.load(Ordering::SeqCst) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            http::forward(&upstream, r)
+        })
+    };
+    let input = scratch.path("big").display().to_string();
+    let mut child = command(
+        &endpoint.url,
+        &scratch,
+        &[
+            "put",
+            &input,
+            "s3://bucket/big",
+            "--chunk",
+            "5MiB",
+            "--streams",
+            "1",
+        ],
+        &[],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    wait_for("the second part", || held.load(Ordering::SeqCst));
+    signal(&child, "INT");
+    // Released once the command says it stopped (or has died).
+    let lines = std::io::BufReader::new(child.stderr.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in lines.lines().map_while(Result::ok) {
+            eprintln!("{line}");
+            if line.contains("interrupted") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let _ = rx.recv_timeout(Duration::from_secs(60));
+    released.store(true, Ordering::SeqCst);
+    let status = wait_bounded(&mut child, Duration::from_secs(60));
+    assert_eq!(status.code(), Some(130), "{status}");
+    assert!(
+        endpoint
+            .requests()
+            .iter()
+            .any(|r| r.method == "DELETE" && r.has_query("uploadId")),
+        "the upload was aborted"
+    );
+    let parts: Vec<_> = std::fs::read_dir(server.root())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".upload_id-"))
+        .collect();
+    assert!(parts.is_empty(), "parts left on the server: {parts:?}");
+    assert_eq!(stored(&server, "big"), None);
+}
+
+#[test]
+fn failed_requests_are_retried_and_counted_but_never_a_4xx() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let scratch = Scratch::new("retries");
+    let data = pattern(3 << 20, 8);
+    // A 503, then a dropped connection, then the bytes.
+    let gets = AtomicUsize::new(0);
+    let served = data.clone();
+    let endpoint = http::Endpoint::start(move |r| match r.method.as_str() {
+        "HEAD" => head(served.len(), "\"v1\""),
+        _ => match gets.fetch_add(1, Ordering::SeqCst) % 3 {
+            0 => http::Reply::s3_error(503, "SlowDown", "Please reduce your request rate."),
+            1 => http::Reply::Close,
+            _ => ranged(&served, r, "\"v1\""),
+        },
+    });
+    let dest = scratch.path("out.bin");
+    let dest_s = dest.display().to_string();
+    let out = hipobj_at(
+        &endpoint,
+        &scratch,
+        &["get", "s3://bucket/obj", &dest_s, "--chunk", "4MiB"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(std::fs::read(&dest).unwrap() == data);
+    assert!(
+        stderr(&out).contains("2 requests retried"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(endpoint.count("GET"), 3);
+
+    // --retries 0: the first 503 fails the download.
+    std::fs::remove_file(&dest).unwrap();
+    let out = hipobj_at(
+        &endpoint,
+        &scratch,
+        &[
+            "get",
+            "s3://bucket/obj",
+            &dest_s,
+            "--chunk",
+            "4MiB",
+            "--retries",
+            "0",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("503 SlowDown"), "{}", stderr(&out));
+    assert!(!dest.exists());
+
+    // A refusal is final.
+    let endpoint = http::Endpoint::start(move |r| match r.method.as_str() {
+        "HEAD" => head(data.len(), "\"v1\""),
+        _ => http::Reply::s3_error(403, "AccessDenied", "Access Denied"),
+    });
+    let out = hipobj_at(&endpoint, &scratch, &["get", "s3://bucket/obj", &dest_s]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("403 AccessDenied"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(endpoint.count("GET"), 1, "a 403 is not retried");
+}
+
+#[test]
+fn range_errors_are_usage_errors_and_suffix_ranges_take_the_end() {
+    let server = server();
+    let scratch = Scratch::new("ranges");
+    let data = pattern(1000, 9);
+    std::fs::write(server.root().join(BUCKET).join("r"), &data).unwrap();
+    let dest = scratch.path("r").display().to_string();
+    for (range, expected) in [
+        ("100-10", "before its first"),
+        ("x-1", "FIRST-LAST"),
+        ("5000-", "past the object's end"),
+    ] {
+        let arg = format!("--range={range}");
+        let out = hipobj(&server, &scratch, &["get", "s3://bucket/r", &dest, &arg]);
+        assert_eq!(out.status.code(), Some(2), "{range}: {}", stderr(&out));
+        assert!(stderr(&out).contains(expected), "{range}: {}", stderr(&out));
+    }
+    for args in [["--range", "-100"], ["--range=-100", "--no-progress"]] {
+        let mut all = vec!["get", "s3://bucket/r", &dest];
+        all.extend(args);
+        let out = hipobj(&server, &scratch, &all);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        assert!(
+            std::fs::read(&dest).unwrap() == data[900..],
+            "the last 100 bytes"
+        );
+    }
+}
+
+#[test]
+fn a_tiny_transfer_says_its_rate_in_fitting_units_and_its_fallback_once() {
+    let server = server();
+    let scratch = Scratch::new("tiny");
+    std::fs::write(scratch.path("f"), b"ten bytes!").unwrap();
+    let input = scratch.path("f").display().to_string();
+    let out = hipobj(&server, &scratch, &["put", &input, "s3://bucket/tiny"]);
+    assert!(out.status.success());
+    let text = stderr(&out);
+    assert!(
+        !text.contains("(0.0 MiB/s)") && text.contains("B/s)"),
+        "{text}"
+    );
+    assert_eq!(text.matches("did not initialize").count(), 1, "{text}");
+}
+
+#[test]
+fn bench_over_plain_http_gives_a_baseline_and_its_help_lists_its_own_options() {
+    let server = server();
+    let scratch = Scratch::new("bench");
+    let out = hipobj(
+        &server,
+        &scratch,
+        &[
+            "bench",
+            "s3://bucket/b",
+            "--http",
+            "--sizes",
+            "64KiB",
+            "--streams-list",
+            "1,2",
+            "--count",
+            "2",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("plain HTTP"), "{table}");
+    assert_eq!(
+        table.matches("plain HTTP").count(),
+        5,
+        "4 cells and the title: {table}"
+    );
+    // Without the library and without --http, the way out is named.
+    let out = hipobj(&server, &scratch, &["bench", "s3://bucket/b"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("--http"), "{}", stderr(&out));
+
+    let help = Command::new(HIPOBJ)
+        .args(["bench", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for absent in ["--streams <", "--chunk", "--no-progress", "standard output"] {
+        assert!(!help.contains(absent), "{absent}: {help}");
+    }
+}
+
+#[test]
+fn device_without_a_gpu_says_no_gpu_was_found_and_names_each_runtime() {
+    let server = server();
+    let scratch = Scratch::new("nogpu");
+    let dest = scratch.path("f").display().to_string();
+    for runtime in ["auto", "cuda"] {
+        let out = hipobj_with(
+            &server,
+            &scratch,
+            &["get", "s3://bucket/x", &dest, "--device", "0"],
+            &[("HIPOBJ_GPU_RUNTIME", runtime)],
+            None,
+        );
+        assert_eq!(out.status.code(), Some(1));
+        let text = stderr(&out);
+        assert!(
+            text.contains("no GPU found") && text.contains("HIP: ") && text.contains("CUDA: "),
+            "{runtime}: {text}"
+        );
+        assert!(
+            !text.contains("HIP runtime unavailable: none of libcuda"),
+            "{text}"
+        );
+    }
+    let out = Command::new(HIPOBJ)
+        .args(["doctor", "--gpu", "0"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("GPU 0 does not exist"), "{text}");
+    assert_eq!(out.status.code(), Some(3));
 }

@@ -298,3 +298,49 @@ fn a_host_without_an_rdma_device_is_unusable_and_says_what_to_do() {
     );
     assert_eq!(report.worst().exit_code(), 3);
 }
+
+#[test]
+fn a_gpu_asked_for_that_does_not_exist_is_said_to_be_missing() {
+    let rxe = Nic {
+        name: "rxe0",
+        ip: Ipv4Addr::new(192, 0, 2, 1),
+        gid_index: 1,
+        dmabuf: false,
+        mtu: Mtu::Mtu1024,
+    };
+    let report = run(platform("softroce", &[rxe], &[]), Some(0));
+    let v = &report.verdicts[0];
+    assert_eq!((v.gpu, v.verdict), (Some(0), Verdict::Unusable));
+    assert!(v.reason.contains("GPU 0 does not exist"), "{}", v.reason);
+    assert!(
+        v.reason.contains("HIP: ") && v.reason.contains("CUDA: "),
+        "{}",
+        v.reason
+    );
+    assert_eq!(report.worst().exit_code(), 3);
+}
+
+#[test]
+fn a_memlock_limit_that_cap_ipc_lock_lifts_is_said_not_to_apply() {
+    let report = diagnose(&Inputs {
+        platform: switch(true),
+        options: Options::default(),
+        nics: Vec::new(),
+        gpu: None,
+        limits: Some(
+            "Max locked memory         8388608              8388608              bytes\n"
+                .to_owned(),
+        ),
+        // CapEff with bit 14 (CAP_IPC_LOCK).
+        status: Some("CapEff:\t0000000000004000\n".to_owned()),
+        count_fds: || None,
+    });
+    let text = render(&report);
+    assert!(
+        text.contains(
+            "memlock limit 8.0 MiB, but this process has CAP_IPC_LOCK, so it does not apply"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("not limited"), "{text}");
+}

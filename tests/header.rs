@@ -12,8 +12,12 @@ fn generate() -> String {
     let root = root();
     let config =
         cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml parses");
+    // src/capi alone: the other modules are not the ABI, and reading only
+    // this tree keeps their items (and their constants) out of the header
+    // without a marker on each, which rustdoc would show as the first
+    // words of their summaries.
     let bindings = cbindgen::Builder::new()
-        .with_crate(&root)
+        .with_src(root.join("src/capi/mod.rs"))
         .with_config(config)
         .generate()
         .expect("cbindgen generates the header");

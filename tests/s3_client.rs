@@ -6,6 +6,8 @@
 //! Soft-RoCE lane, `tests/e2e.rs`).
 
 mod common;
+#[path = "common/http.rs"]
+mod http;
 #[path = "common/s3.rs"]
 mod s3server;
 
@@ -17,6 +19,7 @@ use hipobj::client::{Client, GpuSelect};
 use hipobj::core::Options;
 use hipobj::s3::objects::{self, Object, Path as Via, Plan, Rdma, TransferError};
 use hipobj::s3::{Credentials, S3Config, S3Error, S3};
+use hipobj::server::Op;
 use hipobj::testing::world::World;
 use parking_lot::Mutex;
 use s3server::{S3Server, ACCESS_KEY, BUCKET, SECRET_KEY};
@@ -62,11 +65,7 @@ fn client(world: &World, gpu: GpuSelect) -> Client {
 }
 
 fn obj<'a>(s3: &'a S3, key: &'a str) -> Object<'a> {
-    Object {
-        s3,
-        bucket: BUCKET,
-        key,
-    }
+    Object::new(s3, BUCKET, key)
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -191,6 +190,7 @@ fn an_upload_above_one_chunk_is_multipart_and_a_download_reassembles_it() {
         streams: 3,
         device: true,
         fallback: true,
+        ..Plan::default()
     };
     let progressed = AtomicU64::new(0);
     let progress = |n: u64| {
@@ -223,7 +223,7 @@ fn an_upload_above_one_chunk_is_multipart_and_a_download_reassembles_it() {
     };
     let plan = Plan {
         chunk: 3 << 20,
-        ..plan
+        ..plan.clone()
     };
     let range = 777..777 + (10 << 20);
     let summary = objects::download(
@@ -254,6 +254,7 @@ fn an_empty_object_is_a_plain_put_and_a_failed_part_aborts_the_upload() {
         streams: 2,
         device: false,
         fallback: true,
+        ..Plan::default()
     };
     let summary = objects::upload(
         Rdma::On(&client),
@@ -291,7 +292,7 @@ fn an_empty_object_is_a_plain_put_and_a_failed_part_aborts_the_upload() {
     );
     let small = Plan {
         chunk: 1 << 20,
-        ..plan
+        ..plan.clone()
     };
     assert!(matches!(
         objects::upload(Rdma::On(&client), obj(&s3, "x"), 3 << 20, &small, &failing, &|_| {}),
@@ -309,6 +310,7 @@ fn without_the_library_every_chunk_goes_over_plain_http_if_allowed() {
         streams: 2,
         device: false,
         fallback: true,
+        ..Plan::default()
     };
     let why = "no RDMA device";
     let source = |offset: u64, out: &mut [u8]| {
@@ -352,7 +354,7 @@ fn without_the_library_every_chunk_goes_over_plain_http_if_allowed() {
 
     let strict = Plan {
         fallback: false,
-        ..plan
+        ..plan.clone()
     };
     match objects::download(
         Rdma::Off(why),
@@ -367,7 +369,7 @@ fn without_the_library_every_chunk_goes_over_plain_http_if_allowed() {
     }
     let device = Plan {
         device: true,
-        ..plan
+        ..plan.clone()
     };
     match objects::upload(
         Rdma::Off(why),
@@ -381,4 +383,149 @@ fn without_the_library_every_chunk_goes_over_plain_http_if_allowed() {
         other => panic!("{other:?}"),
     }
     assert!(!server.root().join(BUCKET).join("gpu").exists());
+}
+
+/// A client of the scripted `endpoint` with the test keys.
+fn s3_at(endpoint: &http::Endpoint) -> S3 {
+    S3::new(S3Config {
+        endpoint: endpoint.url.clone(),
+        region: "us-east-1".to_owned(),
+        credentials: Credentials {
+            access_key_id: ACCESS_KEY.to_owned(),
+            secret_access_key: SECRET_KEY.to_owned(),
+            session_token: None,
+        },
+        credentials_source: "given".to_owned(),
+    })
+    .unwrap()
+}
+
+#[test]
+fn an_rdma_failure_is_an_error_naming_the_s3_status_and_only_501_falls_back() {
+    let world = World::new();
+    let client = client(&world, GpuSelect::None);
+    let mut buf = client.register_host(pattern(4096, 1)).unwrap();
+    // The server tried and failed (503 SlowDown, 500): an error that says
+    // so, not a silent second request over plain HTTP.
+    for (status, code) in [(503, "SlowDown"), (500, "InternalError")] {
+        let endpoint = http::Endpoint::start(move |_| {
+            let mut reply = http::Reply::s3_error(status, code, "the transfer failed");
+            if let http::Reply::Respond { headers, .. } = &mut reply {
+                headers.push(("x-amz-rdma-reply".into(), status.to_string()));
+            }
+            reply
+        });
+        let s3 = s3_at(&endpoint);
+        let got = objects::get(&client, obj(&s3, "k"), 0..4096, &mut buf, 0, true);
+        assert_eq!(endpoint.count("GET"), 1, "no plain GET after a {status}");
+        let text = format!("{:?}", got.as_ref().map(|m| &m.path));
+        match got {
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains(&format!("{status} {code}")), "{e}");
+            }
+            Ok(_) => panic!("{status}: {text}"),
+        }
+        let put = objects::put(&client, obj(&s3, "k"), &buf, 0..4096, true);
+        assert!(put.is_err(), "{status}: {put:?}");
+        assert_eq!(endpoint.count("PUT"), 1, "no plain PUT after a {status}");
+    }
+    // A decline (501) falls back: the GET's body came with it.
+    let endpoint = http::Endpoint::start(|r| {
+        let mut reply = http::Reply::new(200, &[("x-amz-rdma-reply", "501")], vec![7u8; 4096]);
+        if r.method == "PUT" {
+            reply = http::Reply::new(
+                200,
+                &[("x-amz-rdma-reply", "501"), ("etag", "\"e\"")],
+                Vec::new(),
+            );
+        }
+        reply
+    });
+    let s3 = s3_at(&endpoint);
+    let moved = objects::get(&client, obj(&s3, "k"), 0..4096, &mut buf, 0, true).unwrap();
+    assert!(matches!(moved.path, Via::Fallback(_)), "{moved:?}");
+    assert!(buf.as_slice().unwrap().iter().all(|&b| b == 7));
+}
+
+#[test]
+fn a_plain_download_reports_progress_as_bytes_arrive() {
+    let server = server();
+    let s3 = s3(&server, SECRET_KEY);
+    let data = pattern(8 << 20, 12);
+    std::fs::write(server.root().join(BUCKET).join("progress"), &data).unwrap();
+    let calls = AtomicU64::new(0);
+    let bytes = AtomicU64::new(0);
+    let progress = |n: u64| {
+        calls.fetch_add(1, Ordering::Relaxed);
+        bytes.fetch_add(n, Ordering::Relaxed);
+    };
+    // One chunk: the whole object in one request.
+    let plan = Plan {
+        chunk: 8 << 20,
+        streams: 1,
+        device: false,
+        fallback: true,
+        ..Plan::default()
+    };
+    objects::download(
+        Rdma::Off("no library"),
+        obj(&s3, "progress"),
+        0..data.len() as u64,
+        &plan,
+        None,
+        &progress,
+    )
+    .unwrap();
+    assert_eq!(bytes.load(Ordering::Relaxed), data.len() as u64);
+    assert!(
+        calls.load(Ordering::Relaxed) >= 8,
+        "told {} times for one 8 MiB chunk",
+        calls.load(Ordering::Relaxed)
+    );
+}
+
+#[test]
+fn an_rdma_get_answered_with_another_etag_is_a_changed_object() {
+    let world = World::new();
+    let client = client(&world, GpuSelect::None);
+    let data = pattern(4096, 3);
+    world.server.set_object(&data);
+    let mut buf = client.host_buffer(4096).unwrap();
+    // The server moves the bytes by RDMA, and its answer names the version
+    // it read: "v2".
+    let server = world.server.clone();
+    let endpoint = http::Endpoint::start(move |r| {
+        let token = r.header("x-amz-rdma-token").unwrap_or("").to_owned();
+        let reply = String::from_utf8(server.handle(token.as_bytes(), Op::Get)).unwrap();
+        http::Reply::new(
+            206,
+            &[
+                ("x-amz-rdma-reply", &reply),
+                ("x-amz-rdma-bytes-transferred", "4096"),
+                ("etag", "\"v2\""),
+            ],
+            Vec::new(),
+        )
+    });
+    let s3 = s3_at(&endpoint);
+    let at = |etag| Object {
+        etag: Some(etag),
+        ..obj(&s3, "k")
+    };
+    let moved = objects::get(&client, at("\"v2\""), 0..4096, &mut buf, 0, false).unwrap();
+    assert!(matches!(moved.path, Via::Rdma(_)), "{moved:?}");
+    assert!(buf.as_slice().unwrap() == data);
+    match objects::get(&client, at("\"v1\""), 0..4096, &mut buf, 0, true) {
+        Err(TransferError::Changed {
+            expected, found, ..
+        }) => assert_eq!(
+            (expected.as_str(), found.as_deref()),
+            ("\"v1\"", Some("\"v2\""))
+        ),
+        other => panic!("{other:?}"),
+    }
+    let gets = endpoint.requests();
+    assert_eq!(gets.len(), 2, "no fallback after a changed object");
+    assert_eq!(gets[1].header("if-match"), Some("\"v1\""));
 }

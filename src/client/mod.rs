@@ -2,14 +2,14 @@
 //! (not over the C ABI, and independent of the instance the C functions
 //! use).
 //!
-//! - [`Client`](crate::client::Client): one instance of the library (a NIC, its connections, the
+//! - [`Client`]: one instance of the library (a NIC, its connections, the
 //!   GPU it serves or none), built by [`Client::builder`](crate::client::Client::builder) and closed when
 //!   dropped.
-//! - [`Buffer`](crate::client::Buffer): memory the client allocated (host or GPU) and registered,
+//! - [`Buffer`]: memory the client allocated (host or GPU) and registered,
 //!   for as long as the value lives. Host bytes are reached as slices, GPU
 //!   bytes by copies ([`Buffer::write_at`](crate::client::Buffer::write_at), [`Buffer::read_at`](crate::client::Buffer::read_at)).
 //! - [`Client::get`](crate::client::Client::get) and [`Client::put`](crate::client::Client::put) move a range of a buffer with the
-//!   S3 side supplied by the caller ([`S3Side`](crate::client::S3Side): send the request with the
+//!   S3 side supplied by the caller ([`S3Side`]: send the request with the
 //!   token, hand back the server's `x-amz-rdma-reply`); the built-in S3
 //!   client (feature `s3`, [`crate::s3`]) is one such side, and adds the
 //!   plain-HTTP fallback.

@@ -177,6 +177,13 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_cuda_driver_is_not_called_a_hip_runtime() {
+        let text = missing("libcuda.so.1").err().unwrap().to_string();
+        assert!(!text.contains("HIP"), "{text}");
+        assert!(text.contains("libcuda.so.1"), "{text}");
+    }
+
+    #[test]
     fn auto_with_neither_runtime_names_both() {
         let err = choose(missing("libamdhip64.so.6"), || missing("libcuda.so.1"))
             .err()

@@ -1,7 +1,7 @@
 //! The built-in S3 client (feature `s3`): signed requests to an S3
 //! endpoint, plain and carrying RDMA tokens, and whole object transfers
 //! through a [`Client`](crate::client::Client) that fall back to plain HTTP
-//! when the server declines RDMA ([`objects`](crate::s3::objects)).
+//! when the server declines RDMA ([`objects`]).
 //!
 //! Signing is AWS's own SigV4 implementation (the `aws-sigv4` crate, the
 //! one the AWS SDK for Rust signs with, maintained on the SDK's release
@@ -39,7 +39,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
 /// A failed S3 request.
 #[derive(Debug, thiserror::Error)]
 pub enum S3Error {
-    /// The server answered with a status that is not a success.
+    /// The server answered with a status that is not a success: its S3
+    /// error code and message, and what to check for the usual ones.
     #[error("{what}: HTTP {status}{}", describe(*.status, .code, .message))]
     Status {
         /// The request (`GET bucket/key`).
@@ -51,13 +52,18 @@ pub enum S3Error {
         /// S3's error `Message`, if the body had one.
         message: Option<String>,
     },
-    /// No answer: the connection failed, or timed out.
+    /// No answer, or half of one: the connection failed, broke, or timed
+    /// out. The error names the endpoint and what to check.
     #[error("{what}: {error}")]
     Transport {
         /// The request.
         what: String,
         /// Why.
         error: String,
+        /// Whether the same request may succeed if sent again (a refused,
+        /// reset or timed-out connection; not a name that does not
+        /// resolve, nor a TLS failure).
+        retry: bool,
     },
     /// An answer that does not make sense for the request.
     #[error("{what}: {why}")]
@@ -73,9 +79,22 @@ pub enum S3Error {
 }
 
 fn describe(status: u16, code: &Option<String>, message: &Option<String>) -> String {
+    let hint = match code.as_deref() {
+        Some("SignatureDoesNotMatch") => {
+            " (check the secret key: AWS_SECRET_ACCESS_KEY or the profile's)"
+        }
+        Some("InvalidAccessKeyId" | "NotSignedUp") => {
+            " (check the access key: AWS_ACCESS_KEY_ID or the profile's)"
+        }
+        Some("AuthorizationHeaderMalformed") => {
+            " (the region: --region, AWS_REGION or the profile's)"
+        }
+        Some("RequestTimeTooSkewed") => " (check this machine's clock)",
+        _ => "",
+    };
     match (code, message) {
-        (Some(c), Some(m)) => format!(": {c}: {m}"),
-        (Some(c), None) => format!(": {c}"),
+        (Some(c), Some(m)) => format!(" {c}: {m}{hint}"),
+        (Some(c), None) => format!(" {c}{hint}"),
         // A HEAD's answer has no body: the status's own words.
         _ => http::StatusCode::from_u16(status)
             .ok()
@@ -165,12 +184,47 @@ impl Response {
 
     /// Reads the body into `out`, which it must fill exactly.
     pub fn read_body_into(&mut self, out: &mut [u8]) -> Result<(), S3Error> {
+        self.read_body_watched(out, &|_| Ok(()))
+    }
+
+    /// [`Response::read_body_into`], telling `watch` the bytes read so far
+    /// as they arrive; an error of `watch` (say, the transfer was
+    /// cancelled) stops the read with that error.
+    pub fn read_body_watched(&mut self, out: &mut [u8], watch: Watch<'_>) -> Result<(), S3Error> {
         let what = self.what.clone();
         let mut reader = self.inner.body_mut().as_reader();
-        reader.read_exact(out).map_err(|e| S3Error::Response {
-            what: what.clone(),
-            why: format!("the body ended before {} bytes: {e}", out.len()),
-        })?;
+        let mut filled = 0;
+        while filled < out.len() {
+            match reader.read(&mut out[filled..]) {
+                Ok(0) => {
+                    return Err(S3Error::Transport {
+                        what,
+                        error: format!(
+                            "the answer's body ended after {filled} of {} bytes",
+                            out.len()
+                        ),
+                        retry: true,
+                    })
+                }
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return Err(S3Error::Transport {
+                        what,
+                        error: format!(
+                            "the answer's body broke off after {filled} of {} bytes: {e}",
+                            out.len()
+                        ),
+                        retry: true,
+                    })
+                }
+            }
+            watch(filled as u64).map_err(|e| S3Error::Transport {
+                what: what.clone(),
+                error: e.to_string(),
+                retry: false,
+            })?;
+        }
         let mut extra = [0u8; 1];
         match reader.read(&mut extra) {
             Ok(0) => Ok(()),
@@ -181,6 +235,7 @@ impl Response {
             Err(e) => Err(S3Error::Transport {
                 what,
                 error: e.to_string(),
+                retry: true,
             }),
         }
     }
@@ -196,6 +251,7 @@ impl Response {
             .map_err(|e| S3Error::Transport {
                 what: self.what.clone(),
                 error: e.to_string(),
+                retry: true,
             })?;
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
@@ -231,6 +287,89 @@ fn xml_unescape(text: &str) -> String {
         .replace("&lt;", "<")
         .replace("&gt;", ">")
         .replace("&amp;", "&")
+}
+
+/// Told the bytes of a body moved so far; an error stops the request.
+pub type Watch<'a> = &'a (dyn Fn(u64) -> std::io::Result<()> + Sync);
+
+/// What a HEAD says of an object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Head {
+    /// Its size in bytes.
+    pub len: u64,
+    /// Its ETag (quoted, as S3 sends it), if the answer had one.
+    pub etag: Option<String>,
+}
+
+/// A request's body, read by the HTTP client, with `watch` told as it goes.
+struct WatchedBody<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    watch: Watch<'a>,
+}
+
+impl Read for WatchedBody<'_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        let n = out.len().min(self.bytes.len() - self.at);
+        out[..n].copy_from_slice(&self.bytes[self.at..self.at + n]);
+        self.at += n;
+        if n > 0 {
+            (self.watch)(self.at as u64)?;
+        }
+        Ok(n)
+    }
+}
+
+/// Why no answer came from `endpoint`, in words that name it and what to
+/// check; and whether sending again may help.
+fn transport_error(endpoint: &str, e: &ureq::Error) -> (String, bool) {
+    use std::io::ErrorKind;
+    let check = "is the server up, and is the endpoint right (--endpoint, AWS_ENDPOINT_URL, the profile's endpoint_url)?";
+    match e {
+        ureq::Error::Io(io) => match io.kind() {
+            ErrorKind::ConnectionRefused => (
+                format!("cannot connect to {endpoint}: {io}: {check}"),
+                true,
+            ),
+            ErrorKind::ConnectionReset
+            | ErrorKind::ConnectionAborted
+            | ErrorKind::BrokenPipe
+            | ErrorKind::UnexpectedEof => (
+                format!("the connection to {endpoint} broke: {io}"),
+                true,
+            ),
+            ErrorKind::TimedOut | ErrorKind::WouldBlock => (
+                format!("{endpoint} did not answer in time: {io}"),
+                true,
+            ),
+            // The transfer's own watch stopped it (a cancel).
+            ErrorKind::Interrupted => (io.to_string(), false),
+            ErrorKind::InvalidData if endpoint.starts_with("https://") => (
+                format!("TLS with {endpoint} failed: {io}: does the server speak https? (a plain http:// server answers TLS with garbage such as InvalidContentType: write http://)"),
+                false,
+            ),
+            _ if io.to_string().contains("lookup address") => (
+                format!("cannot find the host of {endpoint}: {io}: is the endpoint right (--endpoint, AWS_ENDPOINT_URL, the profile's endpoint_url)?"),
+                false,
+            ),
+            _ => (format!("{endpoint}: {io}"), true),
+        },
+        ureq::Error::HostNotFound => (
+            format!("cannot find the host of {endpoint}: is the endpoint right (--endpoint, AWS_ENDPOINT_URL, the profile's endpoint_url)?"),
+            false,
+        ),
+        ureq::Error::ConnectionFailed => (format!("cannot connect to {endpoint}: {check}"), true),
+        ureq::Error::Timeout(t) => (format!("{endpoint} did not answer in time ({t})"), true),
+        ureq::Error::Rustls(_) | ureq::Error::Tls(_) | ureq::Error::Pem(_) => (
+            format!("TLS with {endpoint} failed: {e}: does the server speak https? (a plain http:// server answers TLS with garbage such as InvalidContentType: write http://)"),
+            false,
+        ),
+        ureq::Error::Protocol(_) => (
+            format!("{endpoint} did not answer in HTTP: {e}: is the scheme right (http:// or https://)?"),
+            false,
+        ),
+        other => (format!("{endpoint}: {other}"), false),
+    }
 }
 
 /// An S3 endpoint with its keys. `Sync`: one client serves many threads.
@@ -301,6 +440,19 @@ impl S3 {
     /// Signs and sends `request`; any status is an answer (see
     /// [`Response::success`]).
     pub fn send(&self, request: &Request<'_>) -> Result<Response, S3Error> {
+        self.send_watched(request, &|_| Ok(()))
+    }
+
+    /// [`S3::send`], telling `watch` the bytes of the body sent so far; an
+    /// error of `watch` (say, the transfer was cancelled) abandons the
+    /// request. A request with a body asks for `100 Continue` first, so that
+    /// a server that refuses it before reading the body (wrong keys, a bad
+    /// key) is heard instead of a broken pipe.
+    pub fn send_watched(
+        &self,
+        request: &Request<'_>,
+        watch: Watch<'_>,
+    ) -> Result<Response, S3Error> {
         let what = request.what();
         let url = self.url(request);
         let signed = self.sign(request, &url).map_err(|why| S3Error::Response {
@@ -314,17 +466,36 @@ impl S3 {
         for (name, value) in &signed {
             builder = builder.header(*name, value.as_str());
         }
-        let http_request = builder.body(request.body).map_err(|e| S3Error::Response {
+        let failed = |e: http::Error| S3Error::Response {
             what: what.clone(),
             why: e.to_string(),
-        })?;
-        let inner = self
-            .agent
-            .run(http_request)
-            .map_err(|e| S3Error::Transport {
+        };
+        let sent = if request.body.is_empty() {
+            self.agent.run(builder.body(request.body).map_err(failed)?)
+        } else {
+            // Not signed: a proxy may answer the expectation itself.
+            let builder = builder
+                .header("content-length", request.body.len())
+                .header("expect", "100-continue");
+            let mut body = WatchedBody {
+                bytes: request.body,
+                at: 0,
+                watch,
+            };
+            self.agent.run(
+                builder
+                    .body(ureq::SendBody::from_reader(&mut body))
+                    .map_err(failed)?,
+            )
+        };
+        let inner = sent.map_err(|e| {
+            let (error, retry) = transport_error(&self.config.endpoint, &e);
+            S3Error::Transport {
                 what: what.clone(),
-                error: e.to_string(),
-            })?;
+                error,
+                retry,
+            }
+        })?;
         Ok(Response { what, inner })
     }
 
@@ -380,11 +551,37 @@ impl S3 {
 
     /// `HEAD bucket/key`: the object's size.
     pub fn head_object(&self, bucket: &str, key: &str) -> Result<u64, S3Error> {
+        self.head(bucket, key).map(|head| head.len)
+    }
+
+    /// `HEAD bucket/key`: the object's size and ETag. A HEAD's failure has
+    /// no body to say why, so a failed HEAD is asked again as a GET of its
+    /// first byte, whose answer carries S3's error code and message.
+    pub fn head(&self, bucket: &str, key: &str) -> Result<Head, S3Error> {
         let request = Request::new("HEAD", bucket, Some(key));
-        let response = self.send(&request)?.success()?;
-        response.content_length().ok_or_else(|| S3Error::Response {
+        let response = self.send(&request)?;
+        if !response.is_success() {
+            let status = response.status();
+            let mut probe = Request::new("GET", bucket, Some(key));
+            probe.headers.push(("range", "bytes=0-0".to_owned()));
+            let (code, message) = match self.send(&probe).map(Response::success) {
+                Ok(Err(S3Error::Status { code, message, .. })) => (code, message),
+                _ => (None, None),
+            };
+            return Err(S3Error::Status {
+                what: request.what(),
+                status,
+                code,
+                message,
+            });
+        }
+        let len = response.content_length().ok_or_else(|| S3Error::Response {
             what: request.what(),
             why: "no Content-Length".to_owned(),
+        })?;
+        Ok(Head {
+            len,
+            etag: response.header("etag").map(str::to_owned),
         })
     }
 

@@ -14,9 +14,21 @@
 //!
 //! A server answer without `x-amz-rdma-reply` is a server without RDMA: a
 //! 2xx is read as a decline (`501`), anything else as the S3 error it is.
+//! Only a decline (`501`: the server does not do RDMA for this request)
+//! falls back to plain HTTP; any other status of an RDMA transfer (a 500,
+//! a 503 SlowDown, a 403) is an error that names it.
+//!
+//! An [`Object`] with an ETag is read at that version only: every GET
+//! carries `If-Match`, and the ETag of every answer (RDMA ones included)
+//! must be it, else [`TransferError::Changed`]. [`download`] and [`upload`]
+//! retry a chunk on failures that a second try may cure (a lost
+//! connection, 500, 502, 503, 504; never a 4xx), a retried RDMA transfer
+//! with a fresh token; they stop when their [`Plan`]'s [`Cancel`] is set.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -67,6 +79,35 @@ pub enum TransferError {
     /// The sink or the source (a file) failed.
     #[error("{0}")]
     Io(String),
+    /// The object is no longer the version the transfer started on: an
+    /// answer had another ETag, or the server refused `If-Match` (412).
+    #[error("{what}: the object changed during the download (its ETag was {expected}, {})", .found.as_ref().map_or("and the server says it no longer is".to_owned(), |f| format!("now {f}")))]
+    Changed {
+        /// The request.
+        what: String,
+        /// The ETag it started with.
+        expected: String,
+        /// The ETag an answer had, if it said.
+        found: Option<String>,
+    },
+    /// The transfer was cancelled ([`Cancel::cancel`]).
+    #[error("interrupted")]
+    Cancelled,
+}
+
+impl TransferError {
+    /// Whether sending the same request again may succeed: a connection
+    /// that failed or broke, or a 500, 502, 503 (SlowDown) or 504. Never a
+    /// 4xx, a changed object, or a local failure.
+    pub fn retryable(&self) -> bool {
+        match self {
+            TransferError::S3(S3Error::Transport { retry, .. }) => *retry,
+            TransferError::S3(S3Error::Status { status, .. }) => {
+                matches!(status, 500 | 502 | 503 | 504)
+            }
+            _ => false,
+        }
+    }
 }
 
 impl From<ClientError> for TransferError {
@@ -84,6 +125,51 @@ pub struct Object<'a> {
     pub bucket: &'a str,
     /// The key.
     pub key: &'a str,
+    /// The version to read, as its ETag (quoted, as S3 sends it): GETs
+    /// carry `If-Match` and their answers must have it, else
+    /// [`TransferError::Changed`]. `None` reads whatever is there.
+    pub etag: Option<&'a str>,
+}
+
+impl<'a> Object<'a> {
+    /// `bucket/key` of `s3`, any version.
+    pub fn new(s3: &'a S3, bucket: &'a str, key: &'a str) -> Object<'a> {
+        Object {
+            s3,
+            bucket,
+            key,
+            etag: None,
+        }
+    }
+
+    /// Whether `response`'s ETag (if it has one) is the one asked for.
+    fn check_version(&self, what: &str, response: &Response) -> Result<(), TransferError> {
+        match (self.etag, response.header("etag")) {
+            (Some(expected), Some(found)) if found != expected => Err(TransferError::Changed {
+                what: what.to_owned(),
+                expected: expected.to_owned(),
+                found: Some(found.to_owned()),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// `e`, or [`TransferError::Changed`] for a 412 to a GET at a version.
+    fn changed(&self, e: TransferError) -> TransferError {
+        match (self.etag, e) {
+            (
+                Some(expected),
+                TransferError::S3(S3Error::Status {
+                    what, status: 412, ..
+                }),
+            ) => TransferError::Changed {
+                what,
+                expected: expected.to_owned(),
+                found: None,
+            },
+            (_, e) => e,
+        }
+    }
 }
 
 /// What an [`RdmaRequest`] asks for.
@@ -129,10 +215,15 @@ impl<'a> RdmaRequest<'a> {
         };
         let mut request = Request::new(method, self.object.bucket, Some(self.object.key));
         match &self.op {
-            Op::Get(range) => request.headers.push((
-                "range",
-                format!("bytes={}-{}", range.start, range.end.saturating_sub(1)),
-            )),
+            Op::Get(range) => {
+                request.headers.push((
+                    "range",
+                    format!("bytes={}-{}", range.start, range.end.saturating_sub(1)),
+                ));
+                if let Some(etag) = self.object.etag {
+                    request.headers.push(("if-match", etag.to_owned()));
+                }
+            }
             Op::Put => {}
             Op::Part { upload_id, number } => {
                 request.query.push(("partNumber", number.to_string()));
@@ -185,7 +276,9 @@ impl S3Side for RdmaRequest<'_> {
 }
 
 /// The outcome of a transfer the client ran with `request` as its S3 side:
-/// the RDMA route, or the declined status for the fallback to handle.
+/// the RDMA route, or the decline (501) for the fallback to handle. Any
+/// other status of the reply is an error naming the S3 status: the server
+/// tried RDMA and failed, or refused the request.
 fn settle(
     outcome: Result<Route, ClientError>,
     request: &mut RdmaRequest<'_>,
@@ -212,7 +305,8 @@ fn settle(
                 .into()),
             }
         }
-        Err(ClientError::Declined { status }) => Ok(Err(status)),
+        Err(ClientError::Declined { status: DECLINE }) => Ok(Err(DECLINE)),
+        Err(ClientError::Declined { status }) => Err(failed_by_rdma(request, status)),
         Err(e) => Err(match request.take_error() {
             Some(s3) => s3.into(),
             None => e.into(),
@@ -220,8 +314,72 @@ fn settle(
     }
 }
 
+/// The reply status of a server that does not do RDMA for a request: the
+/// only one that falls back to plain HTTP.
+const DECLINE: u16 = 501;
+
+/// The error of an RDMA transfer the server answered with `status` (not a
+/// decline): its S3 code and message where the answer has them.
+fn failed_by_rdma(request: &mut RdmaRequest<'_>, status: u16) -> TransferError {
+    let what = format!("{} by RDMA", request.request(None, &[]).what());
+    match request.response.take().map(Response::success) {
+        Some(Err(S3Error::Status { code, message, .. })) => S3Error::Status {
+            what,
+            status,
+            code,
+            message,
+        },
+        _ => S3Error::Status {
+            what,
+            status,
+            code: None,
+            message: Some(format!("x-amz-rdma-reply {status}")),
+        },
+    }
+    .into()
+}
+
 fn declined(status: u16) -> String {
     format!("the server declined RDMA (x-amz-rdma-reply {status})")
+}
+
+/// What one transfer reports while it runs: bytes so far (told to
+/// [`Progress`] as increments, never twice for the same byte, retries
+/// included), and whether to stop.
+struct Tick<'a> {
+    progress: Progress<'a>,
+    seen: AtomicU64,
+    cancel: &'a Cancel,
+}
+
+impl<'a> Tick<'a> {
+    fn new(progress: Progress<'a>, cancel: &'a Cancel) -> Tick<'a> {
+        Tick {
+            progress,
+            seen: AtomicU64::new(0),
+            cancel,
+        }
+    }
+
+    /// `n` bytes of the transfer have moved.
+    fn upto(&self, n: u64) {
+        let before = self.seen.fetch_max(n, Ordering::Relaxed);
+        if n > before {
+            (self.progress)(n - before);
+        }
+    }
+
+    /// A body's watch: the bytes so far, or the error that stops it.
+    fn watch(&self, n: u64) -> std::io::Result<()> {
+        if self.cancel.is_cancelled() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Interrupted,
+                "interrupted",
+            ));
+        }
+        self.upto(n);
+        Ok(())
+    }
 }
 
 /// GETs `range` of `object` into `buf` from `at`, by RDMA, or (when
@@ -234,16 +392,35 @@ pub fn get(
     at: usize,
     fallback: bool,
 ) -> Result<Moved, TransferError> {
+    let cancel = Cancel::new();
+    let tick = Tick::new(&|_| {}, &cancel);
+    get_ticked(client, object, range, buf, at, fallback, &tick)
+}
+
+fn get_ticked(
+    client: &Client,
+    object: Object<'_>,
+    range: Range<u64>,
+    buf: &mut Buffer,
+    at: usize,
+    fallback: bool,
+    tick: &Tick<'_>,
+) -> Result<Moved, TransferError> {
     let len = range.end.saturating_sub(range.start);
     let span = at..at + usize::try_from(len).map_err(|_| TransferError::Io("size".into()))?;
     let mut request = RdmaRequest::new(object, Op::Get(range.clone()));
+    let what = request.request(None, &[]).what();
     let outcome = client.get(buf, span.clone(), &mut request);
-    let status = match settle(outcome, &mut request, len)? {
+    let status = match settle(outcome, &mut request, len).map_err(|e| object.changed(e))? {
         Ok(route) => {
+            if let Some(response) = request.response() {
+                object.check_version(&what, response)?;
+            }
+            tick.upto(len);
             return Ok(Moved {
                 bytes: len,
                 path: Path::Rdma(route),
-            })
+            });
         }
         Err(status) => status,
     };
@@ -254,9 +431,14 @@ pub fn get(
     // The server that declined a GET sent the object with the decline.
     let response = match request.response.take() {
         Some(r) if r.is_success() => r,
-        _ => object.s3.send(&request.request(None, &[]))?.success()?,
+        _ => object
+            .s3
+            .send(&request.request(None, &[]))?
+            .success()
+            .map_err(|e| object.changed(e.into()))?,
     };
-    land(response, buf, span)?;
+    object.check_version(&what, &response)?;
+    land(response, buf, span, tick)?;
     client.count_fallback(len);
     Ok(Moved {
         bytes: len,
@@ -265,16 +447,71 @@ pub fn get(
 }
 
 /// Reads a plain GET's body into `span` of `buf`.
-fn land(mut response: Response, buf: &mut Buffer, span: Range<usize>) -> Result<(), TransferError> {
+fn land(
+    mut response: Response,
+    buf: &mut Buffer,
+    span: Range<usize>,
+    tick: &Tick<'_>,
+) -> Result<(), TransferError> {
+    let watch = |n| tick.watch(n);
     match buf.as_mut_slice() {
-        Some(bytes) => response.read_body_into(&mut bytes[span])?,
+        Some(bytes) => response.read_body_watched(&mut bytes[span], &watch)?,
         None => {
             let mut host = vec![0u8; span.len()];
-            response.read_body_into(&mut host)?;
+            response.read_body_watched(&mut host, &watch)?;
             buf.write_at(span.start, &host)?;
         }
     }
     Ok(())
+}
+
+/// GETs `range` of `object` over plain HTTP into `out` (its length), with
+/// no library: what a fallback does, and a baseline to compare RDMA with.
+pub fn get_http(
+    object: Object<'_>,
+    range: Range<u64>,
+    out: &mut [u8],
+) -> Result<(), TransferError> {
+    let cancel = Cancel::new();
+    get_plain(object, range, out, &Tick::new(&|_| {}, &cancel))
+}
+
+fn get_plain(
+    object: Object<'_>,
+    range: Range<u64>,
+    out: &mut [u8],
+    tick: &Tick<'_>,
+) -> Result<(), TransferError> {
+    let request = RdmaRequest::new(object, Op::Get(range)).request(None, &[]);
+    let mut response = object
+        .s3
+        .send(&request)?
+        .success()
+        .map_err(|e| object.changed(e.into()))?;
+    object.check_version(&request.what(), &response)?;
+    response.read_body_watched(out, &|n| tick.watch(n))?;
+    Ok(())
+}
+
+/// PUTs `bytes` as `object` over plain HTTP, with no library.
+pub fn put_http(object: Object<'_>, bytes: &[u8]) -> Result<(), TransferError> {
+    let cancel = Cancel::new();
+    put_plain(object, Op::Put, bytes, &Tick::new(&|_| {}, &cancel)).map(|_| ())
+}
+
+/// PUTs (or uploads as a part) `bytes` over plain HTTP: the answer's ETag.
+fn put_plain(
+    object: Object<'_>,
+    op: Op<'_>,
+    bytes: &[u8],
+    tick: &Tick<'_>,
+) -> Result<Option<String>, TransferError> {
+    let request = RdmaRequest::new(object, op).request(None, bytes);
+    let response = object
+        .s3
+        .send_watched(&request, &|n| tick.watch(n))?
+        .success()?;
+    Ok(response.header("etag").map(str::to_owned))
 }
 
 /// The bytes of `span` of `buf` on the host (a copy for GPU memory).
@@ -302,9 +539,10 @@ fn put_op(
     buf: &Buffer,
     span: Range<usize>,
     fallback: bool,
+    tick: &Tick<'_>,
 ) -> Result<(Moved, Option<String>), TransferError> {
     let len = span.len() as u64;
-    let mut request = RdmaRequest::new(object, op);
+    let mut request = RdmaRequest::new(object, op.clone());
     let outcome = client.put(buf, span.clone(), &mut request);
     let status = match settle(outcome, &mut request, len)? {
         Ok(route) => {
@@ -315,6 +553,7 @@ fn put_op(
                 bytes: len,
                 path: Path::Rdma(route),
             };
+            tick.upto(len);
             return Ok((moved, etag));
         }
         Err(status) => status,
@@ -324,14 +563,14 @@ fn put_op(
         return Err(TransferError::NoFallback(why));
     }
     let body = host_bytes(buf, span)?;
-    let response = object.s3.send(&request.request(None, &body))?.success()?;
+    let etag = put_plain(object, op, &body, tick)?;
     client.count_fallback(len);
     Ok((
         Moved {
             bytes: len,
             path: Path::Fallback(why),
         },
-        response.header("etag").map(str::to_owned),
+        etag,
     ))
 }
 
@@ -343,7 +582,9 @@ pub fn put(
     span: Range<usize>,
     fallback: bool,
 ) -> Result<Moved, TransferError> {
-    put_op(client, object, Op::Put, buf, span, fallback).map(|(moved, _)| moved)
+    let cancel = Cancel::new();
+    let tick = Tick::new(&|_| {}, &cancel);
+    put_op(client, object, Op::Put, buf, span, fallback, &tick).map(|(moved, _)| moved)
 }
 
 /// Uploads `span` of `buf` as part `number` of `upload_id`: the outcome
@@ -358,7 +599,9 @@ pub fn put_part(
     fallback: bool,
 ) -> Result<(Moved, String), TransferError> {
     let op = Op::Part { upload_id, number };
-    let (moved, etag) = put_op(client, object, op, buf, span, fallback)?;
+    let cancel = Cancel::new();
+    let tick = Tick::new(&|_| {}, &cancel);
+    let (moved, etag) = put_op(client, object, op, buf, span, fallback, &tick)?;
     let etag = etag.ok_or_else(|| S3Error::Response {
         what: format!("PUT {}/{} part {number}", object.bucket, object.key),
         why: "no ETag in the answer".to_owned(),
@@ -366,10 +609,79 @@ pub fn put_part(
     Ok((moved, etag))
 }
 
+// ---------------------------------------------------------------- retries
+
+/// The first wait before a retry; each next one doubles, up to
+/// [`MAX_BACKOFF`], and a random part of it is taken (jitter), so that
+/// clients that failed together do not come back together.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// The longest wait before a retry.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Runs `op`, and again, up to `retries` more times, while it fails in a
+/// way a retry may cure ([`TransferError::retryable`]), after a backoff
+/// with jitter; `retried` counts the retries. Stops at once when `cancel`
+/// is set. Each run of `op` must be a whole request of its own (an RDMA
+/// transfer with a fresh token: a token is never sent twice).
+pub fn retrying<T>(
+    retries: u32,
+    cancel: &Cancel,
+    retried: &AtomicU64,
+    mut op: impl FnMut() -> Result<T, TransferError>,
+) -> Result<T, TransferError> {
+    let mut attempt = 0u32;
+    loop {
+        match op() {
+            Err(_) if cancel.is_cancelled() => return Err(TransferError::Cancelled),
+            Err(e) if attempt < retries && e.retryable() => {
+                let ceiling = FIRST_BACKOFF
+                    .saturating_mul(1u32 << attempt.min(16))
+                    .min(MAX_BACKOFF);
+                let half = u64::try_from(ceiling.as_millis() / 2).unwrap_or(u64::MAX);
+                let jitter = getrandom::u64().unwrap_or(0) % half.saturating_add(1);
+                let wait = ceiling / 2 + Duration::from_millis(jitter);
+                let until = Instant::now() + wait;
+                while Instant::now() < until {
+                    if cancel.is_cancelled() {
+                        return Err(TransferError::Cancelled);
+                    }
+                    std::thread::sleep(Duration::from_millis(10).min(wait));
+                }
+                attempt += 1;
+                retried.fetch_add(1, Ordering::Relaxed);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A flag that stops [`download`] and [`upload`]: no new chunk starts, and
+/// the bodies in flight over plain HTTP stop at their next read or write;
+/// an upload's multipart upload is aborted. Clones share the flag.
+#[derive(Clone, Debug, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    /// A flag not set.
+    pub fn new() -> Cancel {
+        Cancel::default()
+    }
+
+    /// Sets the flag (from any thread, a signal handler's included).
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the flag is set.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
 // ---------------------------------------------------------------- whole objects
 
 /// How [`download`] and [`upload`] run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Plan {
     /// Bytes per transfer (and per part of a multipart upload).
     pub chunk: usize,
@@ -379,6 +691,26 @@ pub struct Plan {
     pub device: bool,
     /// Whether a declined transfer goes over plain HTTP.
     pub fallback: bool,
+    /// How many times a chunk's request is sent again after a failure a
+    /// retry may cure ([`retrying`]); 0: never.
+    pub retries: u32,
+    /// Stops the transfer when set.
+    pub cancel: Cancel,
+}
+
+impl Default for Plan {
+    /// 64 MiB chunks on 4 streams in host memory, the fallback allowed, 3
+    /// retries.
+    fn default() -> Plan {
+        Plan {
+            chunk: 64 << 20,
+            streams: 4,
+            device: false,
+            fallback: true,
+            retries: 3,
+            cancel: Cancel::new(),
+        }
+    }
 }
 
 /// What a [`download`] or [`upload`] did.
@@ -398,6 +730,8 @@ pub struct Summary {
     pub fallback_reason: Option<String>,
     /// Parts of a multipart upload (0 for a single PUT and for GETs).
     pub parts: u32,
+    /// Requests sent again after a failure ([`Plan::retries`]).
+    pub retries: u64,
 }
 
 impl Summary {
@@ -420,7 +754,9 @@ pub type Sink<'a> = &'a (dyn Fn(u64, &[u8]) -> std::io::Result<()> + Sync);
 /// Where uploaded bytes come from: fills the slice with the bytes at the
 /// offset.
 pub type Source<'a> = &'a (dyn Fn(u64, &mut [u8]) -> std::io::Result<()> + Sync);
-/// Told the bytes of each transfer as it ends.
+/// Told the bytes moved, as increments: as they arrive or leave over plain
+/// HTTP, at its end for an RDMA transfer. Each byte is told once, however
+/// often its request was retried.
 pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
 
 /// Whether [`download`] and [`upload`] have the library.
@@ -476,14 +812,17 @@ fn unaided(why: &str, fallback: bool) -> Result<String, TransferError> {
     }
 }
 
-/// Runs `work(slot, chunk index)` for the chunks of `total` bytes on
+/// One chunk's work: given its stream's slot, its index and its tick.
+type Work<'a> = dyn Fn(&mut Slot, u64, &Tick<'_>) -> Result<Moved, TransferError> + Sync + 'a;
+
+/// Runs `work(slot, chunk index, tick)` for the chunks of `total` bytes on
 /// `plan.streams` threads, each with one slot of `plan.chunk` bytes (or
-/// less), until all are done or one fails.
+/// less), until all are done, one fails, or the plan is cancelled.
 fn run_chunks(
     rdma: Rdma<'_>,
     plan: &Plan,
     total: u64,
-    work: &(dyn Fn(&mut Slot, u64) -> Result<Moved, TransferError> + Sync),
+    work: &Work<'_>,
     progress: Progress<'_>,
 ) -> Result<Summary, TransferError> {
     let chunk = plan.chunk.max(1) as u64;
@@ -515,14 +854,21 @@ fn run_chunks(
                     Err(e) => return fail(e.into()),
                 };
                 while !failed.load(Ordering::Relaxed) {
+                    if plan.cancel.is_cancelled() {
+                        return fail(TransferError::Cancelled);
+                    }
                     let index = next.fetch_add(1, Ordering::Relaxed);
                     if index >= count {
                         break;
                     }
-                    match work(&mut slot, index) {
+                    let tick = Tick::new(progress, &plan.cancel);
+                    match work(&mut slot, index, &tick) {
                         Ok(moved) => {
-                            progress(moved.bytes);
+                            tick.upto(moved.bytes);
                             summary.lock().add(&moved);
+                        }
+                        Err(_) if plan.cancel.is_cancelled() => {
+                            return fail(TransferError::Cancelled)
                         }
                         Err(e) => return fail(e),
                     }
@@ -555,7 +901,9 @@ fn check_plan(rdma: Rdma<'_>, plan: &Plan) -> Result<(), TransferError> {
 }
 
 /// Downloads `range` of `object` in chunks, handing each to `sink` (when
-/// given: GPU bytes are copied to the host for it).
+/// given: GPU bytes are copied to the host for it). With `object.etag`,
+/// every chunk is of that version, or the download fails with
+/// [`TransferError::Changed`].
 pub fn download(
     rdma: Rdma<'_>,
     object: Object<'_>,
@@ -566,37 +914,35 @@ pub fn download(
 ) -> Result<Summary, TransferError> {
     check_plan(rdma, plan)?;
     let total = range.end.saturating_sub(range.start);
-    let work = |slot: &mut Slot, index: u64| {
+    let retried = AtomicU64::new(0);
+    let work = |slot: &mut Slot, index: u64, tick: &Tick<'_>| {
         let (offset, len) = chunk_span(plan, total, index);
         let start = range.start + offset;
         let span = start..start + len as u64;
-        let moved = match (rdma, &mut *slot) {
-            (Rdma::On(client), Slot::Registered(buffer)) => {
-                get(client, object, span, buffer, 0, plan.fallback)?
-            }
-            (_, slot) => {
-                let why = match rdma {
-                    Rdma::Off(why) => unaided(why, plan.fallback)?,
-                    Rdma::On(_) => unreachable!("a client's slots are registered"),
-                };
-                let Slot::Plain(bytes) = slot else {
-                    unreachable!("no client, plain slots")
-                };
-                let request = RdmaRequest::new(object, Op::Get(span)).request(None, &[]);
-                let mut response = object.s3.send(&request)?.success()?;
-                response.read_body_into(&mut bytes[..len])?;
-                Moved {
-                    bytes: len as u64,
-                    path: Path::Fallback(why),
+        let moved = retrying(plan.retries, &plan.cancel, &retried, || {
+            match (rdma, &mut *slot) {
+                (Rdma::On(client), Slot::Registered(buffer)) => {
+                    get_ticked(client, object, span.clone(), buffer, 0, plan.fallback, tick)
                 }
+                (Rdma::Off(why), Slot::Plain(bytes)) => {
+                    let why = unaided(why, plan.fallback)?;
+                    get_plain(object, span.clone(), &mut bytes[..len], tick)?;
+                    Ok(Moved {
+                        bytes: len as u64,
+                        path: Path::Fallback(why),
+                    })
+                }
+                _ => unreachable!("a client's slots are registered, and only a client's"),
             }
-        };
+        })?;
         if let Some(sink) = sink {
             sink(offset, &slot.host(len)?).map_err(|e| TransferError::Io(e.to_string()))?;
         }
         Ok(moved)
     };
-    run_chunks(rdma, plan, total, &work, progress)
+    let mut summary = run_chunks(rdma, plan, total, &work, progress)?;
+    summary.retries = retried.into_inner();
+    Ok(summary)
 }
 
 /// PUTs (or uploads as a part) the first `len` bytes of `slot`.
@@ -607,20 +953,20 @@ fn put_slot(
     slot: &Slot,
     len: usize,
     fallback: bool,
+    tick: &Tick<'_>,
 ) -> Result<(Moved, Option<String>), TransferError> {
     match (rdma, slot) {
         (Rdma::On(client), Slot::Registered(buffer)) => {
-            put_op(client, object, op, buffer, 0..len, fallback)
+            put_op(client, object, op, buffer, 0..len, fallback, tick)
         }
         (Rdma::Off(why), Slot::Plain(bytes)) => {
             let why = unaided(why, fallback)?;
-            let request = RdmaRequest::new(object, op).request(None, &bytes[..len]);
-            let response = object.s3.send(&request)?.success()?;
+            let etag = put_plain(object, op, &bytes[..len], tick)?;
             let moved = Moved {
                 bytes: len as u64,
                 path: Path::Fallback(why),
             };
-            Ok((moved, response.header("etag").map(str::to_owned)))
+            Ok((moved, etag))
         }
         _ => unreachable!("a client's slots are registered, and only a client's"),
     }
@@ -628,7 +974,7 @@ fn put_slot(
 
 /// Uploads `total` bytes from `source` as `object`: one PUT up to one
 /// chunk, a multipart upload of chunk-sized parts above (aborted if any
-/// part fails).
+/// part fails, or the plan is cancelled).
 pub fn upload(
     rdma: Rdma<'_>,
     object: Object<'_>,
@@ -638,26 +984,35 @@ pub fn upload(
     progress: Progress<'_>,
 ) -> Result<Summary, TransferError> {
     check_plan(rdma, plan)?;
+    let retried = AtomicU64::new(0);
     if total == 0 {
         // RDMA moves no empty transfer: an empty object is a plain PUT.
-        let request = RdmaRequest::new(object, Op::Put);
-        object.s3.send(&request.request(None, &[]))?.success()?;
+        let tick = Tick::new(progress, &plan.cancel);
+        retrying(plan.retries, &plan.cancel, &retried, || {
+            put_plain(object, Op::Put, &[], &tick)
+        })?;
         return Ok(Summary {
             transfers: 1,
+            retries: retried.into_inner(),
             ..Summary::default()
         });
     }
     if total <= plan.chunk as u64 {
         let single = Plan {
             streams: 1,
-            ..*plan
+            ..plan.clone()
         };
-        let work = |slot: &mut Slot, _index: u64| {
+        let work = |slot: &mut Slot, _index: u64, tick: &Tick<'_>| {
             let len = usize::try_from(total).unwrap_or(usize::MAX);
             slot.fill(source, 0, len)?;
-            put_slot(rdma, object, Op::Put, slot, len, plan.fallback).map(|(moved, _)| moved)
+            retrying(plan.retries, &plan.cancel, &retried, || {
+                put_slot(rdma, object, Op::Put, slot, len, plan.fallback, tick)
+            })
+            .map(|(moved, _)| moved)
         };
-        return run_chunks(rdma, &single, total, &work, progress);
+        let mut summary = run_chunks(rdma, &single, total, &work, progress)?;
+        summary.retries = retried.into_inner();
+        return Ok(summary);
     }
     if plan.chunk < MIN_PART {
         return Err(TransferError::Io(format!(
@@ -674,7 +1029,7 @@ pub fn upload(
     let (s3, bucket, key) = (object.s3, object.bucket, object.key);
     let upload_id = s3.create_multipart_upload(bucket, key)?;
     let etags = Mutex::new(Vec::new());
-    let work = |slot: &mut Slot, index: u64| {
+    let work = |slot: &mut Slot, index: u64, tick: &Tick<'_>| {
         let (offset, len) = chunk_span(plan, total, index);
         slot.fill(source, offset, len)?;
         let number = u32::try_from(index + 1).unwrap_or(u32::MAX);
@@ -682,7 +1037,9 @@ pub fn upload(
             upload_id: &upload_id,
             number,
         };
-        let (moved, etag) = put_slot(rdma, object, op, slot, len, plan.fallback)?;
+        let (moved, etag) = retrying(plan.retries, &plan.cancel, &retried, || {
+            put_slot(rdma, object, op.clone(), slot, len, plan.fallback, tick)
+        })?;
         let etag = etag.ok_or_else(|| S3Error::Response {
             what: format!("PUT {bucket}/{key} part {number}"),
             why: "no ETag in the answer".to_owned(),
@@ -695,6 +1052,7 @@ pub fn upload(
         parts.sort();
         s3.complete_multipart_upload(bucket, key, &upload_id, &parts)?;
         summary.parts = u32::try_from(parts.len()).unwrap_or(u32::MAX);
+        summary.retries = retried.load(Ordering::Relaxed);
         Ok(summary)
     });
     if outcome.is_err() {

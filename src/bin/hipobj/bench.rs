@@ -6,6 +6,10 @@
 //! figure is all its bytes over the time from the first start to the last
 //! end, and its latencies are each transfer's, call to return. GETs read
 //! one object per size, written first; PUTs write one object per stream.
+//!
+//! `--http` measures the same over plain HTTP without the library (host
+//! memory, no token): the baseline the RDMA figures are to be compared
+//! with, and the only figures a host without the library can give.
 
 use std::time::Instant;
 
@@ -14,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use hipobj::client::{Buffer, Client};
 use hipobj::s3::objects::{self, Object, Path as Via};
+use hipobj::s3::S3;
 
 use crate::units::{human, mib_per_s, parse_size};
 use crate::{client, parse_s3_url, s3, Common, Failure};
@@ -42,6 +47,13 @@ pub struct BenchArgs {
     /// A `--json` output of an earlier run: each cell's ratio to it.
     #[arg(long, value_name = "FILE")]
     reference: Option<String>,
+    /// Over plain HTTP, without the library: a baseline (and what a host
+    /// without the library can measure).
+    #[arg(long, conflicts_with_all = ["device", "no_fallback"])]
+    http: bool,
+    /// The run as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     common: Common,
 }
@@ -81,6 +93,9 @@ pub struct Run {
     pub endpoint: String,
     /// Where buffers were: `host` or `gpu N`.
     pub memory: String,
+    /// Whether the run was over plain HTTP without the library (`--http`).
+    #[serde(default)]
+    pub http: bool,
     /// Why there was no RDMA, if there was none.
     pub library: Option<String>,
     /// The cells.
@@ -92,17 +107,21 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     let common = &args.common;
     for op in &args.ops {
         if op != "get" && op != "put" {
-            return Err(format!("--ops takes get and put, not {op:?}"));
+            return Err(Failure::usage(format!(
+                "--ops takes get and put, not {op:?}"
+            )));
         }
     }
     if args.count == 0 || args.streams_list.contains(&0) || args.sizes.contains(&0) {
-        return Err("--count, --streams-list and --sizes are at least 1".to_owned());
+        return Err(Failure::usage(
+            "--count, --streams-list and --sizes are at least 1",
+        ));
     }
     if let Some(big) = args.sizes.iter().find(|s| **s > 4 << 30) {
-        return Err(format!(
+        return Err(Failure::usage(format!(
             "{} is more than one registration (4 GiB)",
             human(*big)
-        ));
+        )));
     }
     let reference: Option<Run> = match &args.reference {
         Some(path) => {
@@ -115,35 +134,49 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
         None => None,
     };
     let s3 = s3(common)?;
-    let library = client(common);
+    let library = if args.http {
+        Err("--http: plain HTTP without the library".to_owned())
+    } else {
+        client(common)
+    };
     let client = match &library {
-        Ok(client) => client,
+        Ok(client) => Some(client),
+        Err(_) if args.http => None,
         Err(why) => {
             return Err(format!(
-                "{why}: bench measures the library, which is not there"
-            ))
+                "{why}: bench measures the library, which is not there; --http measures plain HTTP instead, without it"
+            )
+            .into())
         }
     };
+    if args.http && !args.json {
+        eprintln!("hipobj bench: plain HTTP without the library (--http): a baseline, no RDMA");
+    }
     let mut cells = Vec::new();
     for &size in &args.sizes {
         let len = usize::try_from(size).map_err(|_| "size".to_owned())?;
         let read_key = format!("{prefix}/hipobj-bench-{size}");
         if args.ops.iter().any(|o| o == "get") {
-            let object = Object {
-                s3: &s3,
-                bucket: &bucket,
-                key: &read_key,
-            };
-            let mut buf = buffer(client, common, len)?;
-            fill(&mut buf, len)?;
-            objects::put(client, object, &buf, 0..len, !common.no_fallback)
-                .map_err(|e| e.to_string())?;
+            let object = Object::new(&s3, &bucket, &read_key);
+            match client {
+                Some(client) => {
+                    let mut buf = buffer(client, common, len)?;
+                    fill(&mut buf, len)?;
+                    objects::put(client, object, &buf, 0..len, !common.no_fallback)
+                        .map_err(|e| e.to_string())?;
+                }
+                None => objects::put_http(object, &pattern(len)).map_err(|e| e.to_string())?,
+            }
         }
         for op in &args.ops {
             for &streams in &args.streams_list {
-                let mut cell = measure(
-                    client, &s3, &bucket, &prefix, &read_key, op, len, streams, args.count, common,
-                )?;
+                let target = Target {
+                    s3: &s3,
+                    bucket: &bucket,
+                    prefix: &prefix,
+                    read_key: &read_key,
+                };
+                let mut cell = measure(client, &target, op, len, streams, args.count, common)?;
                 cell.ratio = reference.as_ref().and_then(|r| {
                     r.cells
                         .iter()
@@ -152,7 +185,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
                         })
                         .map(|c| cell.mib_per_s / c.mib_per_s)
                 });
-                if !common.json {
+                if !args.json {
                     eprintln!(
                         "hipobj bench: {} {} x{}: {:.1} MiB/s",
                         cell.op,
@@ -171,42 +204,59 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
             Some(n) => format!("gpu {n}"),
             None => "host".to_owned(),
         },
+        http: args.http,
         library: library.as_ref().err().cloned(),
         cells,
     };
-    if common.json {
+    if args.json {
         println!(
             "{}",
             serde_json::to_string_pretty(&run).map_err(|e| e.to_string())?
         );
     } else {
         print!("{}", table(&run, reference.is_some()));
-        println!("counters: {}", client.stats());
+        if let Some(client) = client {
+            println!("counters: {}", client.stats());
+        }
     }
     Ok(())
 }
 
+/// Where a cell's objects are.
+struct Target<'a> {
+    s3: &'a S3,
+    bucket: &'a str,
+    prefix: &'a str,
+    read_key: &'a str,
+}
+
+/// A stream's memory: the library's buffer, or plain bytes for `--http`.
+enum Memory {
+    Registered(Buffer),
+    Plain(Vec<u8>),
+}
+
+/// The bytes PUTs carry.
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251).to_le_bytes()[0]).collect()
+}
+
 fn buffer(client: &Client, common: &Common, len: usize) -> Result<Buffer, Failure> {
-    match common.device {
+    Ok(match common.device {
         Some(_) => client.device_buffer(len),
         None => client.host_buffer(len),
     }
-    .map_err(|e| e.to_string())
+    .map_err(|e| e.to_string())?)
 }
 
 /// Fills a buffer with a pattern (so that PUTs carry something).
 fn fill(buf: &mut Buffer, len: usize) -> Result<(), Failure> {
-    let bytes: Vec<u8> = (0..len).map(|i| (i % 251).to_le_bytes()[0]).collect();
-    buf.write_at(0, &bytes).map_err(|e| e.to_string())
+    Ok(buf.write_at(0, &pattern(len)).map_err(|e| e.to_string())?)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn measure(
-    client: &Client,
-    s3: &hipobj::s3::S3,
-    bucket: &str,
-    prefix: &str,
-    read_key: &str,
+    client: Option<&Client>,
+    target: &Target<'_>,
     op: &str,
     len: usize,
     streams: usize,
@@ -215,36 +265,50 @@ fn measure(
 ) -> Result<Cell, Failure> {
     let fallback = !common.no_fallback;
     let started = Instant::now();
-    let outcomes: Vec<Result<Vec<(u64, bool)>, Failure>> = std::thread::scope(|scope| {
+    let outcomes: Vec<Result<Vec<(u64, bool)>, String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..streams)
             .map(|stream| {
-                scope.spawn(move || -> Result<Vec<(u64, bool)>, Failure> {
-                    let mut buf = buffer(client, common, len)?;
-                    if op == "put" {
-                        fill(&mut buf, len)?;
-                    }
-                    let write_key = format!("{prefix}/hipobj-bench-{len}-put-{stream}");
+                scope.spawn(move || -> Result<Vec<(u64, bool)>, String> {
+                    let mut memory = match client {
+                        Some(client) => {
+                            let mut buf = buffer(client, common, len).map_err(|e| e.to_string())?;
+                            if op == "put" {
+                                fill(&mut buf, len).map_err(|e| e.to_string())?;
+                            }
+                            Memory::Registered(buf)
+                        }
+                        None => Memory::Plain(pattern(len)),
+                    };
+                    let write_key = format!("{}/hipobj-bench-{len}-put-{stream}", target.prefix);
+                    let key = if op == "get" {
+                        target.read_key
+                    } else {
+                        &write_key
+                    };
+                    let object = Object::new(target.s3, target.bucket, key);
                     let mut times = Vec::with_capacity(count);
                     for _ in 0..count {
                         let t = Instant::now();
-                        let moved = if op == "get" {
-                            let object = Object {
-                                s3,
-                                bucket,
-                                key: read_key,
-                            };
-                            objects::get(client, object, 0..len as u64, &mut buf, 0, fallback)
-                        } else {
-                            let object = Object {
-                                s3,
-                                bucket,
-                                key: &write_key,
-                            };
-                            objects::put(client, object, &buf, 0..len, fallback)
+                        let by_rdma = match (&mut memory, client) {
+                            (Memory::Registered(buf), Some(client)) => if op == "get" {
+                                objects::get(client, object, 0..len as u64, buf, 0, fallback)
+                            } else {
+                                objects::put(client, object, buf, 0..len, fallback)
+                            }
+                            .map(|moved| matches!(moved.path, Via::Rdma(_))),
+                            (Memory::Plain(bytes), _) => if op == "get" {
+                                objects::get_http(object, 0..len as u64, bytes)
+                            } else {
+                                objects::put_http(object, bytes)
+                            }
+                            .map(|()| false),
+                            (Memory::Registered(_), None) => {
+                                unreachable!("a buffer needs a client")
+                            }
                         }
                         .map_err(|e| e.to_string())?;
                         let us = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
-                        times.push((us, matches!(moved.path, Via::Rdma(_))));
+                        times.push((us, by_rdma));
                     }
                     Ok(times)
                 })
@@ -291,7 +355,17 @@ fn measure(
 fn table(run: &Run, with_ratio: bool) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let _ = writeln!(out, "endpoint {}, {} memory", run.endpoint, run.memory);
+    let _ = writeln!(
+        out,
+        "endpoint {}, {} memory{}",
+        run.endpoint,
+        run.memory,
+        if run.http {
+            ", plain HTTP without the library (--http)"
+        } else {
+            ""
+        }
+    );
     let _ = write!(
         out,
         "{:<4} {:>9} {:>7} {:>9} {:>10} {:>10} {:>10} {:>14}",

@@ -8,11 +8,13 @@
 //!
 //! Built on the safe Rust API (`hipobj::client`) and the built-in S3
 //! client (`hipobj::s3`). Exit status: 0 success; 1 a failed transfer or
-//! check; 2 bad arguments; `doctor` exits with its verdict (0 GPU-direct,
-//! 1 staged, 2 host memory only, 3 unusable).
+//! check; 2 bad arguments; 130 or 143 interrupted by SIGINT or SIGTERM;
+//! `doctor` exits with its verdict (0 GPU-direct, 1 staged, 2 host memory
+//! only, 3 unusable).
 
 mod bench;
 mod copy;
+mod interrupt;
 mod units;
 
 use std::process::ExitCode;
@@ -22,6 +24,8 @@ use clap::{Args, Parser, Subcommand};
 use hipobj::client::{Client, GpuSelect};
 use hipobj::core::Options;
 use hipobj::s3::{Overrides, S3Config, S3};
+
+use crate::copy::RangeSpec;
 
 #[derive(Parser)]
 #[command(
@@ -91,6 +95,11 @@ pub struct Common {
     /// error instead of going over plain HTTP.
     #[arg(long)]
     no_fallback: bool,
+}
+
+/// How get, put and cp move one object.
+#[derive(Args, Clone)]
+pub struct Transfer {
     /// Bytes per transfer and per part of a multipart upload (at least 5 MiB
     /// for uploads larger than one chunk).
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = units::parse_size)]
@@ -98,6 +107,11 @@ pub struct Common {
     /// Transfers at once.
     #[arg(long, value_name = "N", default_value_t = 4)]
     streams: usize,
+    /// Times a request is sent again after a lost connection or a 500,
+    /// 502, 503 or 504 (never after a 4xx), with a growing, jittered wait;
+    /// 0: never.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    retries: u32,
     /// No progress bar.
     #[arg(long)]
     no_progress: bool,
@@ -111,60 +125,114 @@ pub struct Common {
 struct GetArgs {
     /// s3://BUCKET/KEY
     source: String,
-    /// A file, or - for standard output; with --device, may be left out
-    /// (the object lands in GPU memory and stays there until the command
-    /// ends).
+    /// A file, a directory (the object's base name inside it; so does a
+    /// path ending in /), or - for standard output; with --device, may be
+    /// left out (the object lands in GPU memory and stays there until the
+    /// command ends).
     destination: Option<String>,
     /// Only these bytes of the object: FIRST-LAST (inclusive, as HTTP
-    /// ranges) or FIRST- (to the end).
-    #[arg(long, value_name = "RANGE")]
-    range: Option<String>,
+    /// ranges), FIRST- (to the end) or -N (the last N bytes).
+    #[arg(long, value_name = "RANGE", allow_hyphen_values = true, value_parser = copy::parse_range)]
+    range: Option<RangeSpec>,
     #[command(flatten)]
     common: Common,
+    #[command(flatten)]
+    transfer: Transfer,
 }
 
 #[derive(Args)]
 struct PutArgs {
     /// A file, or - for standard input.
     source: String,
-    /// s3://BUCKET/KEY
+    /// s3://BUCKET/KEY, or s3://BUCKET/PREFIX/ (the file's name after it).
     destination: String,
     #[command(flatten)]
     common: Common,
+    #[command(flatten)]
+    transfer: Transfer,
 }
 
 #[derive(Args)]
 struct CpArgs {
     /// s3://BUCKET/KEY or a file.
     source: String,
-    /// A file or s3://BUCKET/KEY.
+    /// A file, a directory, s3://BUCKET/KEY or s3://BUCKET/PREFIX/.
     destination: String,
     /// For a download: only these bytes (as `get --range`).
-    #[arg(long, value_name = "RANGE")]
-    range: Option<String>,
+    #[arg(long, value_name = "RANGE", allow_hyphen_values = true, value_parser = copy::parse_range)]
+    range: Option<RangeSpec>,
     #[command(flatten)]
     common: Common,
+    #[command(flatten)]
+    transfer: Transfer,
 }
 
-/// A failure the command reports and exits 1 for.
-pub type Failure = String;
+/// A failure the command reports: exit status 1, or 2 for bad arguments.
+#[derive(Debug)]
+pub struct Failure {
+    message: String,
+    usage: bool,
+}
+
+impl Failure {
+    /// Bad arguments: exit status 2.
+    pub fn usage(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            usage: true,
+        }
+    }
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Failure {
+        Failure {
+            message,
+            usage: false,
+        }
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(message: &str) -> Failure {
+        Failure::from(message.to_owned())
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Doctor(_)) {
+        if let Err(why) = interrupt::install() {
+            eprintln!("hipobj: {why}");
+        }
+    }
     let outcome = match cli.command {
         Command::Doctor(args) => return doctor(&args),
         Command::Get(args) => copy::get(
             &args.source,
             args.destination.as_deref(),
-            args.range.as_deref(),
+            args.range,
             &args.common,
+            &args.transfer,
         ),
-        Command::Put(args) => copy::put(&args.source, &args.destination, &args.common),
+        Command::Put(args) => copy::put(
+            &args.source,
+            &args.destination,
+            &args.common,
+            &args.transfer,
+        ),
         Command::Cp(args) => copy::cp(
             &args.source,
             &args.destination,
-            args.range.as_deref(),
+            args.range,
             &args.common,
+            &args.transfer,
         ),
         Command::Bench(args) => bench::run(&args),
     };
@@ -172,7 +240,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(why) => {
             eprintln!("hipobj: {why}");
-            ExitCode::FAILURE
+            match interrupt::exit_status() {
+                Some(status) => ExitCode::from(status),
+                None if why.usage => ExitCode::from(2),
+                None => ExitCode::FAILURE,
+            }
         }
     }
 }
@@ -204,7 +276,7 @@ pub fn s3(common: &Common) -> Result<S3, Failure> {
         credentials: None,
     };
     let config = S3Config::resolve(&overrides).map_err(|e| e.to_string())?;
-    S3::new(config).map_err(|e| e.to_string())
+    Ok(S3::new(config).map_err(|e| e.to_string())?)
 }
 
 /// The library, or why it is not there (then every transfer is a
@@ -217,20 +289,50 @@ pub fn client(common: &Common) -> Result<Client, String> {
     for nic in &common.nics {
         builder = builder.nic(nic);
     }
-    builder
-        .build()
-        .map_err(|e| format!("the library did not initialize: {e}"))
+    builder.build().map_err(|e| match common.device {
+        Some(n) if no_gpu(&e) => {
+            format!("no GPU found for --device {n} ({})", runtimes())
+        }
+        _ => format!("the library did not initialize: {e}"),
+    })
+}
+
+/// Whether `e` says no GPU runtime sees a GPU.
+fn no_gpu(e: &hipobj::client::ClientError) -> bool {
+    match e {
+        hipobj::client::ClientError::Library(e) => {
+            e.hip_error() == hipobj::core::error::HIP_ERROR_NO_DEVICE
+        }
+        _ => false,
+    }
+}
+
+/// What each GPU runtime says on this host: `HIP: ..., CUDA: ...`.
+fn runtimes() -> String {
+    let inputs = hipobj::doctor::Inputs::system(Options::from_env(), Vec::new(), None);
+    hipobj::doctor::runtime_summary(&*inputs.platform)
 }
 
 /// `s3://BUCKET/KEY` split.
 pub fn parse_s3_url(url: &str) -> Result<(String, String), Failure> {
+    match parse_s3_prefix(url)? {
+        (bucket, key) if !key.is_empty() && !key.ends_with('/') => Ok((bucket, key)),
+        _ => Err(Failure::usage(format!(
+            "{url:?} has no bucket or no key: s3://BUCKET/KEY"
+        ))),
+    }
+}
+
+/// `s3://BUCKET/KEY` or `s3://BUCKET/PREFIX/` (or `s3://BUCKET/`) split:
+/// the key may be empty or end with `/`.
+pub fn parse_s3_prefix(url: &str) -> Result<(String, String), Failure> {
     let rest = url
         .strip_prefix("s3://")
-        .ok_or_else(|| format!("{url:?} is not an s3://BUCKET/KEY address"))?;
+        .ok_or_else(|| Failure::usage(format!("{url:?} is not an s3://BUCKET/KEY address")))?;
     match rest.split_once('/') {
-        Some((bucket, key)) if !bucket.is_empty() && !key.is_empty() => {
-            Ok((bucket.to_owned(), key.to_owned()))
-        }
-        _ => Err(format!("{url:?} has no bucket or no key: s3://BUCKET/KEY")),
+        Some((bucket, key)) if !bucket.is_empty() => Ok((bucket.to_owned(), key.to_owned())),
+        _ => Err(Failure::usage(format!(
+            "{url:?} has no bucket or no key: s3://BUCKET/KEY"
+        ))),
     }
 }

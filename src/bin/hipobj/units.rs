@@ -34,12 +34,24 @@ pub fn human(bytes: u64) -> String {
     hipobj::doctor::human(bytes)
 }
 
-/// `38.1 MiB/s` for `bytes` in `seconds`.
+/// `38.1 MiB/s`, `12.0 KiB/s`, `350 B/s` for `bytes` in `seconds`: the
+/// unit that keeps the figure at 1 or more.
 pub fn rate(bytes: u64, seconds: f64) -> String {
     if seconds <= 0.0 {
         return "-".to_owned();
     }
-    format!("{:.1} MiB/s", mib_per_s(bytes, seconds))
+    const UNITS: [&str; 5] = ["B/s", "KiB/s", "MiB/s", "GiB/s", "TiB/s"];
+    let mut value = bytes as f64 / seconds;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{value:.0} {}", UNITS[unit])
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
 }
 
 /// MiB per second.
@@ -61,5 +73,14 @@ mod tests {
         for bad in ["", "MiB", "-1", "1.5M", "12 parsecs", "99999999999T"] {
             assert!(parse_size(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn rates_take_the_unit_that_keeps_them_readable() {
+        assert_eq!(rate(10, 0.5), "20 B/s");
+        assert_eq!(rate(3 << 10, 1.0), "3.0 KiB/s");
+        assert_eq!(rate(100 << 20, 2.0), "50.0 MiB/s");
+        assert_eq!(rate(3 << 30, 1.0), "3.0 GiB/s");
+        assert_eq!(rate(1, 0.0), "-");
     }
 }
