@@ -857,6 +857,29 @@ fn a_sustained_flood_of_connect_requests_does_not_starve_transfers() {
     assert_eq!(&up.buf[..HALF], &pattern(LEN, 13)[..HALF]);
 }
 
+/// The driver's deadlines stay a few per connection however many
+/// transfers and tokens have gone through (each used to leave an idle
+/// timer and its completion deadline in the heap for up to a minute).
+#[test]
+fn the_drivers_deadlines_stay_bounded_by_the_connections() {
+    let up = Up::new();
+    let server = up.world.server.clone();
+    server.set_object(&pattern(LEN, 14));
+    for i in 0..1500 {
+        up.transfer(Op::Get, &server, HALF).unwrap();
+        let token = up.inst.mint_token(up.slice(HALF), TokenOp::Put).unwrap();
+        assert_eq!(server.handle(&token.to_hex(), Op::Put), b"200", "{i}");
+    }
+    assert!(up.settle());
+    // Wake the driver so that it reports its heap as it is now.
+    up.transfer(Op::Get, &server, HALF).unwrap();
+    let pending = up.inst.timers_pending();
+    assert!(
+        pending <= 3 * SLOTS,
+        "{pending} deadlines pending after 3000 transfers on {SLOTS} connections"
+    );
+}
+
 #[test]
 fn a_dead_driver_fails_transfers_at_once_and_says_why() {
     let up = Up::new();

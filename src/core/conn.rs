@@ -232,32 +232,42 @@ struct Window {
     bound: bool,
 }
 
-/// The epoch of an idle timer: it names the link, not a lease.
-pub const IDLE_EPOCH: u64 = u64::MAX;
-
-/// Deadlines the driver watches, earliest first: (when, slot, epoch). An
-/// entry whose slot moved on (another epoch, another phase) is stale and
-/// does nothing when it fires.
+/// When the driver must look at each connection next, earliest first:
+/// (when, slot). A connection keeps at most one entry it counts on (its
+/// [`Conn::timer`]); an entry that fires finds what is due by the
+/// connection's own deadlines, so one left over from an earlier job does
+/// nothing. The heap holds a few entries per connection, whatever the
+/// transfer rate.
 #[derive(Default)]
-pub struct Timers(std::collections::BinaryHeap<std::cmp::Reverse<(Instant, usize, u64)>>);
+pub struct Timers(std::collections::BinaryHeap<std::cmp::Reverse<(Instant, usize)>>);
 
 impl Timers {
-    /// Watches `at` for slot `index` at `epoch`.
-    pub fn push(&mut self, at: Instant, index: usize, epoch: u64) {
-        self.0.push(std::cmp::Reverse((at, index, epoch)));
+    /// Looks at slot `index` at `at`.
+    fn push(&mut self, at: Instant, index: usize) {
+        self.0.push(std::cmp::Reverse((at, index)));
     }
 
-    /// The earliest deadline.
+    /// The earliest entry's time.
     pub fn next(&self) -> Option<Instant> {
         self.0.peek().map(|r| r.0 .0)
     }
 
     /// Takes the earliest entry if it is due at `now`.
-    pub fn pop_due(&mut self, now: Instant) -> Option<(usize, u64)> {
+    pub fn pop_due(&mut self, now: Instant) -> Option<(Instant, usize)> {
         if self.next()? > now {
             return None;
         }
-        self.0.pop().map(|r| (r.0 .1, r.0 .2))
+        self.0.pop().map(|r| r.0)
+    }
+
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether no entry is held.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }
 
@@ -392,6 +402,69 @@ impl RecvBuffers {
     }
 }
 
+/// What happens to a connection: the driver hands every event to
+/// [`Conn::handle`], the one way into its transitions.
+pub enum Event<'e> {
+    /// A transfer is armed on the slot its thread leased.
+    Arm {
+        /// The lease's epoch.
+        epoch: u64,
+        /// The transfer.
+        armed: Box<Armed>,
+    },
+    /// The transfer's S3 conversation ended (`ok`: answered success).
+    Replied {
+        /// The lease's epoch.
+        epoch: u64,
+        /// Whether the server answered success.
+        ok: bool,
+    },
+    /// The job ends from outside: its lease was dropped, its buffer
+    /// deregistered, its token taken back, the instance shut down.
+    Abort {
+        /// The lease's epoch ([`Conn::epoch`] for "whatever job is there").
+        epoch: u64,
+        /// The outcome the job ends with.
+        why: Error,
+    },
+    /// The application released the token with this secret.
+    Released {
+        /// The token's secret.
+        secret: u32,
+    },
+    /// A connect request named this connection.
+    ConnectRequest {
+        /// The token its private data carries.
+        token: &'e Token,
+        /// The request, to accept or refuse.
+        request: Box<dyn CmRequest>,
+    },
+    /// A completion of this connection's QP, filed by its wr_id.
+    Completion {
+        /// The completion.
+        completion: &'e Completion,
+        /// What its work request was.
+        kind: WrKind,
+    },
+    /// The device reported the QP in error.
+    QpFailed {
+        /// What the device said.
+        why: &'e str,
+    },
+    /// The server disconnected.
+    Disconnected,
+    /// An entry of [`Timers`] for this connection, taken at `now`.
+    Timer {
+        /// The entry's time.
+        at: Instant,
+    },
+    /// Shutdown: end the job, disconnect.
+    Shut {
+        /// The outcome a job ends with.
+        why: &'e Error,
+    },
+}
+
 /// A pool connection.
 pub struct Conn {
     /// Index in the pool.
@@ -414,6 +487,8 @@ pub struct Conn {
     pub epoch: u64,
     /// When the present job was armed.
     armed_at: Instant,
+    /// The time of the entry of [`Timers`] this connection counts on.
+    timer: Option<Instant>,
     /// A retired connection whose QP may still reach this buffer keeps it
     /// registered, for good.
     pinned: Option<Arc<BufEntry>>,
@@ -449,6 +524,7 @@ impl Conn {
             job: Job::Free,
             epoch: 0,
             armed_at: Instant::now(),
+            timer: None,
             pinned: None,
             recvs: [None; RECVS],
             sends: Vec::new(),
@@ -457,6 +533,27 @@ impl Conn {
         conn.qp.modify(&init_attr(env.port, env.mode))?;
         conn.post_recvs(env)?;
         Ok(conn)
+    }
+
+    /// Runs the transition `event` calls for, then makes sure the driver
+    /// looks at the connection again when its next deadline falls due.
+    pub fn handle(&mut self, event: Event<'_>, env: &mut Env<'_>) {
+        let now = Instant::now();
+        match event {
+            Event::Arm { epoch, armed } => self.on_arm(epoch, armed, env),
+            Event::Replied { epoch, ok } => self.on_replied(epoch, ok, now, env),
+            Event::Abort { epoch, why } => self.on_abort(epoch, why, env),
+            Event::Released { secret } => self.on_released(secret),
+            Event::ConnectRequest { token, request } => {
+                self.on_connect_request(token, request, env)
+            }
+            Event::Completion { completion, kind } => self.on_completion(completion, kind, env),
+            Event::QpFailed { why } => self.on_qp_failed(why, env),
+            Event::Disconnected => self.on_disconnected(env),
+            Event::Timer { at } => self.on_timer(at, now, env),
+            Event::Shut { why } => self.shut(why, env),
+        }
+        self.watch(env);
     }
 
     /// What a thread that leases this slot needs to know.
@@ -487,10 +584,37 @@ impl Conn {
         }
     }
 
-    /// Whether an established link has been unused since `before`, with
-    /// no job on it.
-    pub fn idle_since_before(&self, before: Instant) -> bool {
-        matches!((&self.job, &self.link), (Job::Free, Link::Connected { used, .. }) if *used <= before)
+    /// When something of this connection falls due: its job's deadline,
+    /// the end of a window bind or invalidation, or the idle timeout of an
+    /// unused established link.
+    fn next_due(&self, idle_timeout: Duration) -> Option<Instant> {
+        match (&self.job, &self.link) {
+            (Job::Armed(a, phase), _) => {
+                let step = match phase {
+                    Phase::Binding { until } | Phase::Revoking { until } => Some(*until),
+                    Phase::Waiting | Phase::Granted => None,
+                };
+                match (a.deadline, step) {
+                    (Some(d), Some(s)) => Some(d.min(s)),
+                    (d, s) => d.or(s),
+                }
+            }
+            (Job::Free, Link::Connected { used, .. }) => Some(*used + idle_timeout),
+            _ => None,
+        }
+    }
+
+    /// Makes sure the driver looks at this connection when its next
+    /// deadline falls due: one entry of [`Timers`] at a time, unless an
+    /// earlier one is needed. Run after every event ([`Conn::handle`]).
+    fn watch(&mut self, env: &mut Env<'_>) {
+        let Some(at) = self.next_due(env.idle_timeout) else {
+            return;
+        };
+        if self.timer.is_none_or(|pending| at < pending) {
+            env.timers.push(at, self.index);
+            self.timer = Some(at);
+        }
     }
 
     /// Whether the job is application-driven, for a buffer at `base`.
@@ -517,7 +641,7 @@ impl Conn {
 
     /// The application released the token with this secret (it ends
     /// nothing: its server may still be on its way).
-    pub fn on_released(&mut self, secret: u32) {
+    fn on_released(&mut self, secret: u32) {
         if let Job::Armed(a, _) = &mut self.job {
             if a.detached && a.token.secret == secret {
                 a.released = true;
@@ -530,14 +654,6 @@ impl Conn {
     pub fn reclaimable_since(&self) -> Option<Instant> {
         match &self.job {
             Job::Armed(a, Phase::Waiting) if a.detached && a.released => Some(self.armed_at),
-            _ => None,
-        }
-    }
-
-    /// The armed job's deadline, if it is at `epoch`.
-    pub fn deadline(&self, epoch: u64) -> Option<Instant> {
-        match &self.job {
-            Job::Armed(a, _) if self.epoch == epoch => a.deadline,
             _ => None,
         }
     }
@@ -741,7 +857,7 @@ impl Conn {
     /// The driver sees a slot a thread took from the free list as
     /// `Job::Free` until its Arm (or Release) arrives, with the epoch the
     /// free list handed out.
-    pub fn on_arm(&mut self, epoch: u64, armed: Box<Armed>, env: &mut Env<'_>) {
+    fn on_arm(&mut self, epoch: u64, armed: Box<Armed>, env: &mut Env<'_>) {
         if epoch != self.epoch || !matches!(self.job, Job::Free) {
             log!(
                 Level::Error,
@@ -772,7 +888,6 @@ impl Conn {
             (None, Grant::Region { .. }) => true,
             _ => false,
         };
-        let deadline = armed.deadline;
         self.job = Job::Armed(armed, Phase::Waiting);
         if !window_ok {
             return self.finish(
@@ -782,15 +897,12 @@ impl Conn {
                 env,
             );
         }
-        if let Some(at) = deadline {
-            env.timers.push(at, self.index, epoch);
-        }
     }
 
     /// The thread's S3 conversation ended: `ok` if the server answered
     /// success. A success before any proof means the server never touched
     /// the range by RDMA; a failure ends the job at once.
-    pub fn on_replied(&mut self, epoch: u64, ok: bool, now: Instant, env: &mut Env<'_>) {
+    fn on_replied(&mut self, epoch: u64, ok: bool, now: Instant, env: &mut Env<'_>) {
         if epoch != self.epoch {
             return;
         }
@@ -813,13 +925,12 @@ impl Conn {
         let at = now + env.completion_timeout;
         if armed.deadline.is_none_or(|d| d > at) {
             armed.deadline = Some(at);
-            env.timers.push(at, self.index, epoch);
         }
     }
 
     /// The lease was dropped (its thread failed or unwound) or the job is
     /// ended from outside (deregistration, token release, shutdown).
-    pub fn on_abort(&mut self, epoch: u64, why: Error, env: &mut Env<'_>) {
+    fn on_abort(&mut self, epoch: u64, why: Error, env: &mut Env<'_>) {
         if epoch != self.epoch {
             return;
         }
@@ -830,40 +941,44 @@ impl Conn {
         }
     }
 
-    /// A deadline of this slot passed.
-    pub fn on_deadline(&mut self, epoch: u64, now: Instant, env: &mut Env<'_>) {
-        if epoch != self.epoch {
-            return;
+    /// The driver looks at the connection at `now`, for the entry of
+    /// [`Timers`] at `at`: whatever fell due is handled (a job's deadline,
+    /// a window step that did not complete, an idle link).
+    fn on_timer(&mut self, at: Instant, now: Instant, env: &mut Env<'_>) {
+        if self.timer == Some(at) {
+            self.timer = None;
         }
-        let Job::Armed(armed, phase) = &self.job else {
-            return;
-        };
-        if armed.deadline.is_some_and(|d| d <= now) {
-            let why = if matches!(phase, Phase::Waiting) {
-                "no server proved this transfer's token before its deadline"
-            } else {
-                "the transfer did not end (no valid final message) before its deadline"
-            };
-            return self.finish(Err(Error::Rdma(why.into())), env);
-        }
-        match phase {
-            Phase::Binding { until } if *until <= now => self.finish(
-                Err(Error::Rdma(format!(
-                    "binding the window of QP {} did not complete",
-                    self.qp.qp_num()
-                ))),
-                env,
-            ),
-            // The data is in; the window goes with a reset.
-            Phase::Revoking { until } if *until <= now => self.succeed_by_reset(env),
-            _ => {}
-        }
-    }
-
-    /// The idle timeout of an unused established link passed.
-    pub fn on_idle(&mut self, env: &mut Env<'_>) {
-        if matches!(self.job, Job::Free) && env.pool.is_free(self.index) {
-            self.reset_free(env);
+        match &self.job {
+            Job::Armed(armed, phase) => {
+                if armed.deadline.is_some_and(|d| d <= now) {
+                    let why = if matches!(phase, Phase::Waiting) {
+                        "no server proved this transfer's token before its deadline"
+                    } else {
+                        "the transfer did not end (no valid final message) before its deadline"
+                    };
+                    return self.finish(Err(Error::Rdma(why.into())), env);
+                }
+                match phase {
+                    Phase::Binding { until } if *until <= now => self.finish(
+                        Err(Error::Rdma(format!(
+                            "binding the window of QP {} did not complete",
+                            self.qp.qp_num()
+                        ))),
+                        env,
+                    ),
+                    // The data is in; the window goes with a reset.
+                    Phase::Revoking { until } if *until <= now => self.succeed_by_reset(env),
+                    _ => {}
+                }
+            }
+            Job::Free => {
+                let idle = matches!(&self.link, Link::Connected { used, .. }
+                    if *used + env.idle_timeout <= now);
+                if idle && env.pool.is_free(self.index) {
+                    self.reset_free(env);
+                }
+            }
+            Job::Leased => {}
         }
     }
 
@@ -940,8 +1055,6 @@ impl Conn {
         }
         if let Link::Connected { used, .. } = &mut self.link {
             *used = Instant::now();
-            env.timers
-                .push(*used + env.idle_timeout, self.index, IDLE_EPOCH);
         }
         env.pool.put_back(self.slot_info());
     }
@@ -949,7 +1062,7 @@ impl Conn {
     // ------------------------------------------------------------ peers
 
     /// A connect request whose private data named this slot's QP.
-    pub fn on_connect_request(
+    fn on_connect_request(
         &mut self,
         token: &Token,
         request: Box<dyn CmRequest>,
@@ -1006,7 +1119,6 @@ impl Conn {
                 let until = Instant::now() + WINDOW_TIMEOUT;
                 *phase = Phase::Binding { until };
                 self.link = Link::Accepting { request, peer };
-                env.timers.push(until, self.index, self.epoch);
                 if let Err(e) = self.post_bind(mr, addr, len, rkey, access, None) {
                     self.finish(Err(e), env);
                 }
@@ -1135,7 +1247,7 @@ impl Conn {
     }
 
     /// A completion of this connection (the driver filed it by wr_id).
-    pub fn on_completion(&mut self, c: &Completion, kind: WrKind, env: &mut Env<'_>) {
+    fn on_completion(&mut self, c: &Completion, kind: WrKind, env: &mut Env<'_>) {
         match kind {
             WrKind::Recv0 | WrKind::Recv1 => {
                 let buf = usize::from(kind == WrKind::Recv1);
@@ -1231,7 +1343,6 @@ impl Conn {
                 let (mr, addr, len, rkey) = (mr.clone(), *addr, *len, armed.token.rkey);
                 let until = Instant::now() + WINDOW_TIMEOUT;
                 *phase = Phase::Binding { until };
-                env.timers.push(until, self.index, self.epoch);
                 self.post_bind(mr, addr, len, rkey, access, Some(imm))
             }
             Grant::Region { .. } => {
@@ -1311,10 +1422,7 @@ impl Conn {
                     signaled: true,
                 }]);
                 match posted {
-                    Ok(()) => {
-                        self.sends.push(id);
-                        env.timers.push(until, self.index, self.epoch);
-                    }
+                    Ok(()) => self.sends.push(id),
                     // The data is in; the window goes with a reset.
                     Err(_) => self.succeed_by_reset(env),
                 }
@@ -1359,7 +1467,7 @@ impl Conn {
     /// The QP is in ERR: a receive or a send failed (flushed, or a remote
     /// error), or the device reported it. A waiting job keeps waiting on a
     /// fresh QP; any other ends.
-    pub fn on_qp_failed(&mut self, why: &str, env: &mut Env<'_>) {
+    fn on_qp_failed(&mut self, why: &str, env: &mut Env<'_>) {
         if env.debug {
             let phase = match &self.job {
                 Job::Free => "free",
@@ -1391,7 +1499,7 @@ impl Conn {
     }
 
     /// The server disconnected (its DREQ, or its CM connection failed).
-    pub fn on_disconnected(&mut self, env: &mut Env<'_>) {
+    fn on_disconnected(&mut self, env: &mut Env<'_>) {
         self.on_qp_failed("the server disconnected", env);
     }
 
@@ -1407,7 +1515,7 @@ impl Conn {
     }
 
     /// Shutdown or a dead driver: ends every job, disconnects the link.
-    pub fn shut(&mut self, why: &Error, env: &mut Env<'_>) {
+    fn shut(&mut self, why: &Error, env: &mut Env<'_>) {
         if matches!(self.job, Job::Armed(..)) {
             self.finish(Err(why.clone()), env);
         }

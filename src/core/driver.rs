@@ -28,7 +28,7 @@ use super::sync::Mutex;
 use super::tokens::TokenBook;
 
 use super::conn::{
-    refuse, wr_parts, Armed, Conn, Cooling, Env, Mode, RecvBuffers, Timers, IDLE_EPOCH, QP_CAPS,
+    refuse, wr_parts, Armed, Conn, Cooling, Env, Event, Mode, RecvBuffers, Timers, QP_CAPS,
 };
 use super::mailbox::Mailbox;
 use super::pool::Pool;
@@ -213,6 +213,8 @@ pub struct Settings {
     pub stats: Arc<Stats>,
     /// Application-driven GETs into staged buffers, told when they end.
     pub tokens: Arc<TokenBook>,
+    /// Entries the driver's timer heap holds (after each look at it).
+    pub timers_pending: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Creates `count` connections on `ctx`: one CQ for all, a window each
@@ -535,7 +537,6 @@ impl State {
     }
 
     fn command(&mut self, command: Command) {
-        let now = Instant::now();
         let (conns, shared) = (&mut self.conns, &mut self.shared);
         match command {
             Command::Arm {
@@ -543,34 +544,34 @@ impl State {
                 epoch,
                 armed,
             } => match conns.get_mut(index) {
-                Some(conn) => conn.on_arm(epoch, armed, &mut shared.env()),
+                Some(conn) => conn.handle(Event::Arm { epoch, armed }, &mut shared.env()),
                 None => armed
                     .mailbox
                     .fill(Err(Error::Internal(format!("no connection {index}")))),
             },
             Command::Replied { index, epoch, ok } => {
                 if let Some(conn) = conns.get_mut(index) {
-                    conn.on_replied(epoch, ok, now, &mut shared.env());
+                    conn.handle(Event::Replied { epoch, ok }, &mut shared.env());
                 }
             }
             Command::Abort { index, epoch } | Command::Release { index, epoch } => {
                 if let Some(conn) = conns.get_mut(index) {
                     let why = Error::Rdma("the transfer was abandoned".into());
-                    conn.on_abort(epoch, why, &mut shared.env());
+                    conn.handle(Event::Abort { epoch, why }, &mut shared.env());
                 }
             }
             Command::EndTokens { base, done } => {
                 for conn in conns.iter_mut().filter(|c| c.has_token_on(base)) {
                     let why = Error::Rdma("the token's buffer was deregistered".into());
                     let epoch = conn.epoch;
-                    conn.on_abort(epoch, why, &mut shared.env());
+                    conn.handle(Event::Abort { epoch, why }, &mut shared.env());
                 }
                 done.fill(Ok(()));
             }
             Command::Released { qp_num, secret } => {
                 let found = shared.by_name.get(&qp_num).copied();
                 if let Some(conn) = found.and_then(|i| conns.get_mut(i)) {
-                    conn.on_released(secret);
+                    conn.handle(Event::Released { secret }, &mut shared.env());
                 }
             }
             Command::Reclaim { done } => {
@@ -585,7 +586,7 @@ impl State {
                             .into(),
                     );
                     let epoch = conn.epoch;
-                    conn.on_abort(epoch, why, &mut shared.env());
+                    conn.handle(Event::Abort { epoch, why }, &mut shared.env());
                     done.fill(Ok(()));
                 } else if conns.iter().any(|c| c.frees_soon(&shared.pool)) {
                     // A transfer will end soon and free its connection.
@@ -602,7 +603,8 @@ impl State {
                 shared.closing = true;
                 for conn in conns.iter_mut().filter(|c| c.has_token()) {
                     let epoch = conn.epoch;
-                    conn.on_abort(epoch, Error::NotInitialized, &mut shared.env());
+                    let why = Error::NotInitialized;
+                    conn.handle(Event::Abort { epoch, why }, &mut shared.env());
                 }
                 done.fill(Ok(()));
             }
@@ -625,7 +627,11 @@ impl State {
                     continue;
                 };
                 if let Some(conn) = self.conns.get_mut(index) {
-                    conn.on_completion(c, kind, &mut self.shared.env());
+                    let event = Event::Completion {
+                        completion: c,
+                        kind,
+                    };
+                    conn.handle(event, &mut self.shared.env());
                 }
             }
         }
@@ -647,10 +653,8 @@ impl State {
                         .qp_num
                         .and_then(|q| self.shared.by_qp.get(&q).copied());
                     if let Some(conn) = index.and_then(|i| self.conns.get_mut(i)) {
-                        conn.on_qp_failed(
-                            &format!("the device reported {kind:?}"),
-                            &mut self.shared.env(),
-                        );
+                        let why = format!("the device reported {kind:?}");
+                        conn.handle(Event::QpFailed { why: &why }, &mut self.shared.env());
                     }
                 }
                 _ => {}
@@ -684,7 +688,11 @@ impl State {
                     let index = self.shared.by_name.get(&token.qp_num).copied();
                     match index.and_then(|i| self.conns.get_mut(i)) {
                         Some(conn) => {
-                            conn.on_connect_request(&token, request, &mut self.shared.env())
+                            let event = Event::ConnectRequest {
+                                token: &token,
+                                request,
+                            };
+                            conn.handle(event, &mut self.shared.env())
                         }
                         None => refuse(request),
                     }
@@ -698,7 +706,7 @@ impl State {
                     );
                     if let Some(c) = index.and_then(|i| self.conns.get_mut(i)) {
                         if c.cm_id() == Some(conn) {
-                            c.on_disconnected(&mut self.shared.env());
+                            c.handle(Event::Disconnected, &mut self.shared.env());
                         }
                     }
                 }
@@ -710,19 +718,15 @@ impl State {
     /// Runs the deadlines that are due.
     fn timers(&mut self) {
         let now = Instant::now();
-        let idle_before = now.checked_sub(self.shared.settings.idle_timeout);
-        while let Some((index, epoch)) = self.shared.timers.pop_due(now) {
-            let Some(conn) = self.conns.get_mut(index) else {
-                continue;
-            };
-            if epoch == IDLE_EPOCH {
-                if idle_before.is_some_and(|t| conn.idle_since_before(t)) {
-                    conn.on_idle(&mut self.shared.env());
-                }
-            } else {
-                conn.on_deadline(epoch, now, &mut self.shared.env());
+        while let Some((at, index)) = self.shared.timers.pop_due(now) {
+            if let Some(conn) = self.conns.get_mut(index) {
+                conn.handle(Event::Timer { at }, &mut self.shared.env());
             }
         }
+        self.shared.settings.timers_pending.store(
+            self.shared.timers.len(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// Shutdown: every job ends, every connection is disconnected, and no
@@ -732,7 +736,7 @@ impl State {
         self.shared.commands.kill(&why);
         self.shared.pool.kill(why.clone());
         for conn in &mut self.conns {
-            conn.shut(&why, &mut self.shared.env());
+            conn.handle(Event::Shut { why: &why }, &mut self.shared.env());
         }
     }
 

@@ -108,6 +108,7 @@ pub struct Instance {
     /// What moved the bytes, and what failed ([`Instance::stats`]).
     pub(crate) stats: Arc<Stats>,
     pub(crate) tokens: Arc<TokenBook>,
+    timers_pending: Arc<std::sync::atomic::AtomicUsize>,
     pub(crate) abandoned: AbandonedCopies,
     pub(crate) buffers: BufferMap,
     pub(crate) pool: Arc<Pool>,
@@ -203,9 +204,11 @@ impl Instance {
             debug: options.rdma_debug,
             stats: Arc::new(Stats::default()),
             tokens: Arc::new(TokenBook::new()),
+            timers_pending: Arc::default(),
         };
         let stats = settings.stats.clone();
         let tokens = settings.tokens.clone();
+        let timers_pending = settings.timers_pending.clone();
         let parts = driver::build(&*ctx, &pd, count, &pool, settings.clone())?;
         let mode = parts.mode();
         let listener_port = listener.port();
@@ -227,6 +230,7 @@ impl Instance {
             driver,
             stats,
             tokens,
+            timers_pending,
             abandoned: AbandonedCopies::new(),
             buffers: BufferMap::new(),
             pool,
@@ -297,6 +301,14 @@ impl Instance {
     /// per buffer not reported yet.
     pub fn token_records(&self) -> usize {
         self.tokens.len()
+    }
+
+    /// Deadlines the connection driver watches (its timer heap's entries,
+    /// as it last looked): a few per connection, whatever the transfer
+    /// rate.
+    pub fn timers_pending(&self) -> usize {
+        self.timers_pending
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Abandoned staging copies still listed.
