@@ -20,7 +20,7 @@
 //!    from the secret) and waits for it, before the S3 reply may go out.
 //!
 //! Connections are kept per tenant (the S3 principal a request is signed
-//! by, or any id the caller chooses: [`Requester`]): a transfer is proved
+//! by, or any id the caller chooses: `Requester`): a transfer is proved
 //! in-band only on a connection its own tenant made, so one tenant's bogus
 //! token never reaches another tenant's connection (whose client would
 //! drop it). Connections, dials in progress included, are bounded in all

@@ -86,6 +86,21 @@ pub struct Options {
     pub rdma_max_connections_per_client: usize,
 }
 
+impl Options {
+    /// What the server's RDMA may do.
+    pub fn limits(&self) -> crate::rdma::Limits {
+        crate::rdma::Limits {
+            allow: self.rdma_allow.clone(),
+            max_bytes: self.rdma_max_bytes,
+            memory_bytes: self.rdma_memory_bytes,
+            max_connections: self.rdma_max_connections,
+            max_connections_per_client: self.rdma_max_connections_per_client,
+            max_requests: self.rdma_max_requests,
+            connect_timeout: self.rdma_connect_timeout,
+        }
+    }
+}
+
 /// Parses the arguments (without the program name): the settings, or
 /// `None` for `--help`. Options take their value as the next argument or
 /// after `=`.
@@ -255,14 +270,16 @@ fn bucket_name(name: String) -> Result<String, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub mod tests {
     use super::*;
 
-    fn args(list: &[&str]) -> Vec<String> {
+    /// The arguments as the program gets them.
+    pub fn args(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| (*s).to_owned()).collect()
     }
 
-    fn required() -> Vec<&'static str> {
+    /// The options every command line needs.
+    pub fn required() -> Vec<&'static str> {
         vec![
             "--root",
             "/r",

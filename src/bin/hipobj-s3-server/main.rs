@@ -107,15 +107,7 @@ fn run(options: Options) -> Result<(), String> {
             options.device.as_deref(),
             options.rdma_timeout,
             options.delay_final,
-            rdma::Limits {
-                allow: options.rdma_allow.clone(),
-                max_bytes: options.rdma_max_bytes,
-                memory_bytes: options.rdma_memory_bytes,
-                max_connections: options.rdma_max_connections,
-                max_connections_per_client: options.rdma_max_connections_per_client,
-                max_requests: options.rdma_max_requests,
-                connect_timeout: options.rdma_connect_timeout,
-            },
+            options.limits(),
         )
         .map(Arc::new)
     };

@@ -886,6 +886,18 @@ mod tests {
         assert_eq!(back, data);
     }
 
+    /// The next answer of `answers`, within [`AT_ONCE`]: an error.
+    async fn refused(
+        answers: &mut tokio::sync::mpsc::UnboundedReceiver<S3Result<()>>,
+        what: &str,
+    ) -> S3Error {
+        let answer = tokio::time::timeout(AT_ONCE, answers.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no answer in {AT_ONCE:?}"))
+            .expect("the requests' channel is open");
+        answer.expect_err(what)
+    }
+
     /// Requests whose client's RDMA CM never answers hold their places
     /// until their deadline: at most `--rdma-max-requests` of them run,
     /// the others are answered 503 at once, and plain S3 goes on, on a
@@ -933,11 +945,7 @@ mod tests {
                 });
             }
             for _ in 0..PAST {
-                let answer = tokio::time::timeout(AT_ONCE, rx.recv())
-                    .await
-                    .expect("a request past the cap was answered at once")
-                    .unwrap();
-                let e = answer.expect_err("no place for it");
+                let e = refused(&mut rx, "a request past the cap was answered at once").await;
                 assert_eq!(*e.code(), s3s::S3ErrorCode::SlowDown, "{e:?}");
                 let reply = e.headers().and_then(|h| h.get(REPLY)).cloned();
                 assert_eq!(reply, Some(HeaderValue::from(503u16)));
@@ -948,11 +956,7 @@ mod tests {
             // The client's CM goes away: its connect requests are rejected.
             drop(listener);
             for _ in 0..CAP {
-                let answer = tokio::time::timeout(AT_ONCE, rx.recv())
-                    .await
-                    .expect("a request ended once its dial did")
-                    .unwrap();
-                let e = answer.expect_err("the client rejected the dial");
+                let e = refused(&mut rx, "a request ended once its dial did").await;
                 assert_eq!(*e.code(), s3s::S3ErrorCode::InternalError, "{e:?}");
             }
         });
@@ -964,32 +968,11 @@ mod tests {
     /// that applies, and the server's budget is untouched.
     #[test]
     fn a_token_longer_than_the_budget_holds_is_declined_for_rdma_max_bytes() {
-        let list: Vec<String> = [
-            "--root",
-            "/r",
-            "--listen",
-            "127.0.0.1:0",
-            "--access-key",
-            "ak",
-            "--secret-key",
-            "sk",
-            "--rdma-memory-bytes",
-            "1048576",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
-        let o = crate::cli::parse(&list).unwrap().unwrap();
-        let limits = Limits {
-            allow: Vec::new(),
-            max_bytes: o.rdma_max_bytes,
-            memory_bytes: o.rdma_memory_bytes,
-            max_connections: o.rdma_max_connections,
-            max_connections_per_client: o.rdma_max_connections_per_client,
-            max_requests: o.rdma_max_requests,
-            connect_timeout: o.rdma_connect_timeout,
-        };
-        let fake = Fake::new("max", limits, o.rdma_timeout);
+        use crate::cli::tests::{args, required};
+        let mut list = required();
+        list.extend(["--rdma-memory-bytes", "1048576"]);
+        let o = crate::cli::parse(&args(&list)).unwrap().unwrap();
+        let fake = Fake::new("max", o.limits(), o.rdma_timeout);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
