@@ -19,9 +19,15 @@
 //! 4. sends the final message (a zero-length SEND with immediate derived
 //!    from the secret) and waits for it, before the S3 reply may go out.
 //!
-//! Connections are bounded, in all and per client; an idle one is closed
-//! to make room. A failed transfer's connection is disconnected and
-//! forgotten, and the server's buffer is reported free only once no WRITE
+//! Connections are kept per tenant (the S3 principal a request is signed
+//! by, or any id the caller chooses: `Requester`): a transfer is proved
+//! in-band only on a connection its own tenant made, so one tenant's bogus
+//! token never reaches another tenant's connection (whose client would
+//! drop it). Connections, dials in progress included, are bounded in all
+//! and per tenant and client address; an idle one is closed to make room.
+//! A dial has a deadline of its own, short beside the transfer's (a CM
+//! handshake takes milliseconds). A failed transfer's connection is
+//! disconnected and forgotten, and the server's buffer is reported free only once no WRITE
 //! or READ on it can still be running. Shutting the server side down (or
 //! dropping it) disconnects every connection.
 //!
@@ -66,6 +72,33 @@ impl ClientQp {
             port: token.lid,
         }
     }
+}
+
+/// Who a transfer is for, and where its request came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Requester<'a> {
+    /// The tenant: the S3 principal (the access key of the request's SigV4
+    /// identity), or any id the caller chooses. Connections a tenant's
+    /// transfers made serve only that tenant's later transfers, and the
+    /// per-client limit is counted per tenant.
+    pub tenant: &'a str,
+    /// The HTTP request's source address (`None`: unknown).
+    pub source: Option<IpAddr>,
+}
+
+impl Requester<'_> {
+    /// The one tenant of [`ServerSide::begin`] and [`ServerSide::transfer`]
+    /// (the empty id), from `source`.
+    pub fn anyone(source: Option<IpAddr>) -> Requester<'static> {
+        Requester { tenant: "", source }
+    }
+}
+
+/// A kept connection's key: its tenant and the client QP.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ConnKey {
+    tenant: Arc<str>,
+    qp: ClientQp,
 }
 
 /// Bytes of a connection's send buffer: room for an in-band proof.
@@ -159,10 +192,16 @@ impl DialPolicy {
 pub struct ServerConfig {
     /// Where it may connect.
     pub dial: DialPolicy,
-    /// Connections held at most, to all clients.
+    /// Connections held at most, to all clients, dials in progress
+    /// included.
     pub max_connections: usize,
-    /// Connections held at most to one client address.
+    /// Connections held at most for one tenant to one client address,
+    /// dials in progress included.
     pub max_connections_per_client: usize,
+    /// How long a dial (the CM connect) may take, within the transfer's
+    /// deadline: a client whose CM does not answer holds the transfer this
+    /// long, not until its deadline.
+    pub connect_timeout: Duration,
     /// `conn_param.retry_count`: finite, so failures surface (7 would
     /// retry forever on Soft-RoCE).
     pub retry_count: u8,
@@ -181,6 +220,7 @@ impl Default for ServerConfig {
             dial: DialPolicy::request_source(),
             max_connections: 4096,
             max_connections_per_client: 1024,
+            connect_timeout: Duration::from_secs(2),
             retry_count: 6,
             proof_timeout: Duration::from_secs(2),
             delay_before_final: Duration::ZERO,
@@ -253,6 +293,39 @@ struct Slot {
     client: IpAddr,
 }
 
+/// The connections, and the dials in progress that count as connections
+/// against the limits.
+#[derive(Default)]
+struct Conns {
+    kept: HashMap<ConnKey, Slot>,
+    /// Dials in progress, by tenant and client address.
+    dialing: HashMap<(Arc<str>, IpAddr), usize>,
+}
+
+impl Conns {
+    fn dials(&self) -> usize {
+        self.dialing.values().sum()
+    }
+}
+
+/// A dial in progress, counted against the limits until it is dropped.
+struct Dial<'a> {
+    side: &'a ServerSide,
+    who: (Arc<str>, IpAddr),
+}
+
+impl Drop for Dial<'_> {
+    fn drop(&mut self) {
+        let mut conns = self.side.conns.lock();
+        if let Some(n) = conns.dialing.get_mut(&self.who) {
+            *n -= 1;
+            if *n == 0 {
+                conns.dialing.remove(&self.who);
+            }
+        }
+    }
+}
+
 /// The server side of one NIC.
 ///
 /// Thread-safe: any number of threads serve transfers at once. The map of
@@ -263,7 +336,7 @@ pub struct ServerSide {
     cm: Arc<dyn Cm>,
     ctx: Arc<dyn Context>,
     pd: Arc<dyn Pd>,
-    conns: Mutex<HashMap<ClientQp, Slot>>,
+    conns: Mutex<Conns>,
     closed: AtomicBool,
     /// When connections whose client disconnected were last forgotten.
     last_sweep: Mutex<Instant>,
@@ -279,7 +352,7 @@ pub struct ServerSide {
 /// the transfer and revokes its access).
 pub struct Session<'a> {
     side: &'a ServerSide,
-    key: ClientQp,
+    key: ConnKey,
     conn: Arc<Mutex<ServerConn>>,
     guard: Option<parking_lot::lock_api::ArcMutexGuard<RawMutex, ServerConn>>,
     token: Token,
@@ -309,7 +382,7 @@ impl ServerSide {
             cm,
             ctx,
             pd,
-            conns: Mutex::new(HashMap::new()),
+            conns: Mutex::new(Conns::default()),
             closed: AtomicBool::new(false),
             last_sweep: Mutex::new(Instant::now()),
             max_msg_sz,
@@ -339,7 +412,8 @@ impl ServerSide {
     /// Serves one transfer of `len` bytes (at most the token's length)
     /// between `local` and the start of the client's range, for an S3
     /// request from `source`: the whole protocol. Only after `Ok` may the
-    /// S3 reply be sent; it says how the token was proven.
+    /// S3 reply be sent; it says how the token was proven. One tenant's
+    /// ([`Requester::anyone`]); see [`ServerSide::transfer_for`].
     pub fn transfer(
         &self,
         token: &Token,
@@ -349,12 +423,26 @@ impl ServerSide {
         source: Option<IpAddr>,
         deadline: Instant,
     ) -> std::result::Result<Proven, TransferFailure> {
+        self.transfer_for(token, op, local, len, Requester::anyone(source), deadline)
+    }
+
+    /// [`ServerSide::transfer`] for `requester`'s tenant: only connections
+    /// that tenant's transfers made are reused.
+    pub fn transfer_for(
+        &self,
+        token: &Token,
+        op: Op,
+        local: &LocalBuf,
+        len: u64,
+        requester: Requester<'_>,
+        deadline: Instant,
+    ) -> std::result::Result<Proven, TransferFailure> {
         if len > token.length {
             return Err(TransferFailure::quiet(Error::InvalidValue(
                 "transfer longer than the token's range",
             )));
         }
-        let mut session = self.begin(token, source, deadline)?;
+        let mut session = self.begin_for(token, requester, deadline)?;
         let proven = session.proven();
         match op {
             Op::Get => session.write(local, 0, 0, len)?,
@@ -363,17 +451,30 @@ impl ServerSide {
         session.finish().map(|()| proven)
     }
 
-    /// Starts a transfer for `token`, for an S3 request from `source`:
-    /// checks the token and the dial policy, then proves the token on the
-    /// established connection to the client QP (or, failing that or with
-    /// none, connects with it). Fails after [`ServerSide::shutdown`].
+    /// Starts a transfer for `token`, for an S3 request from `source`, of
+    /// one tenant's ([`Requester::anyone`]); see [`ServerSide::begin_for`].
     pub fn begin(
         &self,
         token: &Token,
         source: Option<IpAddr>,
         deadline: Instant,
     ) -> std::result::Result<Session<'_>, TransferFailure> {
+        self.begin_for(token, Requester::anyone(source), deadline)
+    }
+
+    /// Starts a transfer for `token`, for `requester`: checks the token and
+    /// the dial policy, then proves the token on the established
+    /// connection of the requester's tenant to the client QP (or, failing
+    /// that or with none, connects with it; another tenant's connection to
+    /// that QP is left alone). Fails after [`ServerSide::shutdown`].
+    pub fn begin_for(
+        &self,
+        token: &Token,
+        requester: Requester<'_>,
+        deadline: Instant,
+    ) -> std::result::Result<Session<'_>, TransferFailure> {
         let quiet = TransferFailure::quiet;
+        let source = requester.source;
         if token.transport != Transport::RcCm {
             return Err(quiet(Error::InvalidValue(
                 "not a 0x02 token: this server connects through RDMA CM",
@@ -389,7 +490,10 @@ impl ServerSide {
             return Err(quiet(Error::Rdma("the server side is shut down".into())));
         }
         self.sweep();
-        let key = ClientQp::of(token);
+        let key = ConnKey {
+            tenant: Arc::from(requester.tenant),
+            qp: ClientQp::of(token),
+        };
         if let Some(conn) = self.established(&key) {
             let Some(mut guard) = conn.try_lock_arc_until(deadline) else {
                 return Err(quiet(Error::Rdma(
@@ -424,7 +528,7 @@ impl ServerSide {
                 }
             }
         }
-        let made = self.connect(token, client, deadline).map_err(quiet)?;
+        let made = self.connect(&key, token, client, deadline).map_err(quiet)?;
         let Some(guard) = made.try_lock_arc_until(deadline) else {
             return Err(quiet(Error::Rdma("the new connection is busy".into())));
         };
@@ -440,10 +544,11 @@ impl ServerSide {
     }
 
     /// The established connection to `key`, if it is still connected.
-    fn established(&self, key: &ClientQp) -> Option<Arc<Mutex<ServerConn>>> {
+    fn established(&self, key: &ConnKey) -> Option<Arc<Mutex<ServerConn>>> {
         let existing = self
             .conns
             .lock()
+            .kept
             .get(key)
             .map(|s| (s.conn.clone(), s.cm.clone()))?;
         let (conn, cm) = existing;
@@ -455,16 +560,27 @@ impl ServerSide {
     }
 
     /// Connects to the client's listener with the token as proof, making
-    /// room within the limits first, and records the connection.
+    /// room within the limits first (the dial counts as a connection while
+    /// it lasts, at most [`ServerConfig::connect_timeout`]), and records
+    /// the connection under `key`.
     fn connect(
         &self,
+        key: &ConnKey,
         token: &Token,
         client: IpAddr,
         deadline: Instant,
     ) -> Result<Arc<Mutex<ServerConn>>> {
-        let key = ClientQp::of(token);
-        self.make_room(client)?;
-        let made = self.connect_with(token, &encode_connect(token), deadline)?;
+        let dial = self.make_room(&key.tenant, client)?;
+        let timeout = self.config.connect_timeout;
+        let until = deadline.min(Instant::now() + timeout);
+        let made = self
+            .connect_with(token, &encode_connect(token), until)
+            .map_err(|e| match e {
+                Error::Rdma(why) if until < deadline && Instant::now() >= until => Error::Rdma(
+                    format!("{why} (a dial may take {} ms)", timeout.as_millis()),
+                ),
+                e => e,
+            })?;
         let cm = made.cm.clone();
         let conn = Arc::new(Mutex::new(made));
         let replaced = {
@@ -477,8 +593,8 @@ impl ServerSide {
                 let _ = cm.disconnect();
                 return Err(Error::Rdma("the server side is shut down".into()));
             }
-            conns.insert(
-                key,
+            conns.kept.insert(
+                key.clone(),
                 Slot {
                     conn: conn.clone(),
                     cm,
@@ -486,42 +602,56 @@ impl ServerSide {
                 },
             )
         };
+        // Counted as a connection now (the dial's count ends with it).
+        drop(dial);
         if let Some(old) = replaced {
             let _ = old.cm.disconnect();
         }
         Ok(conn)
     }
 
-    /// Keeps the connections within the limits before one more to
-    /// `client`: closes the least recently used idle one (of that client
-    /// first, when its own limit is reached); `Busy` when every connection
-    /// that could go is in use.
-    fn make_room(&self, client: IpAddr) -> Result<()> {
+    /// Keeps the connections within the limits before one more dial by
+    /// `tenant` to `client`, dials in progress counted as connections:
+    /// closes the least recently used idle one (of that tenant and client,
+    /// when their own limit is reached) and counts the dial; `Busy` when
+    /// every connection that could go is in use or still being dialed.
+    fn make_room(&self, tenant: &Arc<str>, client: IpAddr) -> Result<Dial<'_>> {
+        let who = (tenant.clone(), client);
         let victim = {
-            let conns = self.conns.lock();
-            let of_client = conns.values().filter(|s| s.client == client).count();
+            let mut conns = self.conns.lock();
+            let mine = |k: &ConnKey, s: &Slot| k.tenant == *tenant && s.client == client;
+            let of_client = conns.kept.iter().filter(|(k, s)| mine(k, s)).count()
+                + conns.dialing.get(&who).copied().unwrap_or(0);
             let full_client = of_client >= self.config.max_connections_per_client;
-            let full = conns.len() >= self.config.max_connections;
-            if !full_client && !full {
-                return Ok(());
-            }
-            // An idle connection: its lock is free (no transfer holds it).
-            let idle = conns
-                .iter()
-                .filter(|(_, s)| !full_client || s.client == client)
-                .filter_map(|(k, s)| s.conn.try_lock().map(|c| (c.last_used, *k)))
-                .min_by_key(|(used, _)| *used);
-            match idle {
-                Some((_, key)) => key,
-                None => {
-                    return Err(Error::Busy(
-                        "every connection this server may hold is in use",
-                    ))
-                }
-            }
+            let full = conns.kept.len() + conns.dials() >= self.config.max_connections;
+            let victim = if full_client || full {
+                // An idle connection: its lock is free (no transfer holds it).
+                let idle = conns
+                    .kept
+                    .iter()
+                    .filter(|(k, s)| !full_client || mine(k, s))
+                    .filter_map(|(k, s)| s.conn.try_lock().map(|c| (c.last_used, k)))
+                    .min_by_key(|(used, _)| *used)
+                    .map(|(_, k)| k.clone());
+                let Some(key) = idle else {
+                    return Err(Error::Busy(if full_client {
+                        "every connection this server may hold to this client is in use or \
+                         being dialed"
+                    } else {
+                        "every connection this server may hold is in use or being dialed"
+                    }));
+                };
+                conns.kept.remove(&key)
+            } else {
+                None
+            };
+            *conns.dialing.entry(who.clone()).or_insert(0) += 1;
+            victim
         };
-        self.drop_connection(&victim);
-        Ok(())
+        if let Some(slot) = victim {
+            let _ = slot.cm.disconnect();
+        }
+        Ok(Dial { side: self, who })
     }
 
     /// Connects to the listener `token` names with `private_data` as the
@@ -580,22 +710,36 @@ impl ServerSide {
         }
     }
 
-    /// Disconnects and forgets the connection to `key`. Does not wait for a
-    /// transfer using it: that transfer fails (its QP is in ERR).
+    /// Disconnects and forgets the connections to `key`, every tenant's.
+    /// Does not wait for a transfer using one: that transfer fails (its QP
+    /// is in ERR).
     pub fn drop_connection(&self, key: &ClientQp) {
-        let removed = self.conns.lock().remove(key);
-        if let Some(slot) = removed {
+        let removed: Vec<Slot> = {
+            let mut conns = self.conns.lock();
+            let keys: Vec<ConnKey> = conns
+                .kept
+                .keys()
+                .filter(|k| k.qp == *key)
+                .cloned()
+                .collect();
+            keys.iter().filter_map(|k| conns.kept.remove(k)).collect()
+        };
+        for slot in &removed {
             let _ = slot.cm.disconnect();
         }
     }
 
     /// Disconnects `cm`, the CM id of `conn`, and forgets `conn` if the map
     /// still holds it for `key` (and not a newer connection).
-    fn drop_this(&self, key: &ClientQp, conn: &Arc<Mutex<ServerConn>>, cm: &Arc<dyn CmConnection>) {
+    fn drop_this(&self, key: &ConnKey, conn: &Arc<Mutex<ServerConn>>, cm: &Arc<dyn CmConnection>) {
         {
             let mut conns = self.conns.lock();
-            if conns.get(key).is_some_and(|s| Arc::ptr_eq(&s.conn, conn)) {
-                conns.remove(key);
+            if conns
+                .kept
+                .get(key)
+                .is_some_and(|s| Arc::ptr_eq(&s.conn, conn))
+            {
+                conns.kept.remove(key);
             }
         }
         let _ = cm.disconnect();
@@ -606,12 +750,13 @@ impl ServerSide {
     pub fn forget_disconnected(&self) {
         let gone: Vec<Slot> = {
             let mut conns = self.conns.lock();
-            let keys: Vec<ClientQp> = conns
+            let keys: Vec<ConnKey> = conns
+                .kept
                 .iter()
                 .filter(|(_, s)| s.cm.is_disconnected())
-                .map(|(k, _)| *k)
+                .map(|(k, _)| k.clone())
                 .collect();
-            keys.iter().filter_map(|k| conns.remove(k)).collect()
+            keys.iter().filter_map(|k| conns.kept.remove(k)).collect()
         };
         drop(gone);
     }
@@ -632,19 +777,34 @@ impl ServerSide {
 
     /// Established connections.
     pub fn connection_count(&self) -> usize {
-        self.conns.lock().len()
+        self.conns.lock().kept.len()
     }
 
-    /// The established connection to `key`, if any (for tests that play a
-    /// misbehaving server on it).
+    /// Dials in progress.
+    pub fn dial_count(&self) -> usize {
+        self.conns.lock().dials()
+    }
+
+    /// The established connection to `key` of the one tenant of
+    /// [`ServerSide::begin`], if any (for tests that play a misbehaving
+    /// server on it).
     pub fn connection(&self, key: &ClientQp) -> Option<Arc<Mutex<ServerConn>>> {
-        self.conns.lock().get(key).map(|s| s.conn.clone())
+        self.connection_of("", key)
+    }
+
+    /// The established connection of `tenant` to `key`, if any.
+    pub fn connection_of(&self, tenant: &str, key: &ClientQp) -> Option<Arc<Mutex<ServerConn>>> {
+        let key = ConnKey {
+            tenant: Arc::from(tenant),
+            qp: *key,
+        };
+        self.conns.lock().kept.get(&key).map(|s| s.conn.clone())
     }
 
     /// Disconnects every connection (and goes on serving: the next transfer
     /// to each client connects afresh).
     pub fn disconnect_all(&self) {
-        let all: Vec<Slot> = self.conns.lock().drain().map(|(_, s)| s).collect();
+        let all: Vec<Slot> = self.conns.lock().kept.drain().map(|(_, s)| s).collect();
         for slot in &all {
             let _ = slot.cm.disconnect();
         }
@@ -655,7 +815,7 @@ impl ServerSide {
     /// server side does it too.
     pub fn shutdown(&self) {
         self.closed.store(true, Ordering::SeqCst);
-        let all: Vec<Slot> = self.conns.lock().drain().map(|(_, s)| s).collect();
+        let all: Vec<Slot> = self.conns.lock().kept.drain().map(|(_, s)| s).collect();
         for slot in &all {
             if let Err(e) = slot.cm.disconnect() {
                 let _ = writeln!(
@@ -1012,9 +1172,10 @@ mod tests {
 
     use super::*;
     use crate::core::args::{BufferRange, Slice, TokenOp};
+    use crate::core::transfer::Direction;
     use crate::core::{Config, Current};
-    use crate::platform::{Access, QpState};
-    use crate::testing::world::{World, SERVER_NIC};
+    use crate::platform::{Access, CmListener, QpState};
+    use crate::testing::world::{Scripted, World, CLIENT_IP, CLIENT_NIC, SERVER_NIC};
 
     const LEN: usize = 4096;
 
@@ -1040,27 +1201,7 @@ mod tests {
 
         fn with(config: ServerConfig) -> Setup {
             let world = World::new();
-            let current = Current::new();
-            let options = crate::core::Options {
-                max_transfers: 4,
-                ..crate::core::Options::default()
-            };
-            let config_ = Config {
-                gpu_device: 0,
-                ..Config::default()
-            };
-            current
-                .init_with(world.platform(), config_, options)
-                .expect("init on the fake platform");
-            let client = vec![0xeeu8; LEN].into_boxed_slice();
-            current
-                .instance()
-                .unwrap()
-                .register(
-                    BufferRange::new(client.as_ptr().expose_provenance(), LEN).unwrap(),
-                    true,
-                )
-                .expect("client buffer registered");
+            let (current, client) = Setup::client(&world);
             let fabric = &world.platform.fabric;
             let ctx = fabric.verbs(&[SERVER_NIC]).open(SERVER_NIC).unwrap();
             let pd = ctx.alloc_pd().unwrap();
@@ -1092,6 +1233,33 @@ mod tests {
             }
         }
 
+        /// A client instance on `world`'s client device, with one
+        /// registered host buffer.
+        fn client(world: &World) -> (Current, Box<[u8]>) {
+            let current = Current::new();
+            let options = crate::core::Options {
+                max_transfers: 4,
+                ..crate::core::Options::default()
+            };
+            let config = Config {
+                gpu_device: 0,
+                ..Config::default()
+            };
+            current
+                .init_with(world.platform(), config, options)
+                .expect("init on the fake platform");
+            let client = vec![0xeeu8; LEN].into_boxed_slice();
+            current
+                .instance()
+                .unwrap()
+                .register(
+                    BufferRange::new(client.as_ptr().expose_provenance(), LEN).unwrap(),
+                    true,
+                )
+                .expect("client buffer registered");
+            (current, client)
+        }
+
         /// A token for the whole client buffer (a lease of its own).
         fn token(&self, op: TokenOp) -> Token {
             let slice = Slice::new(self.client.as_ptr().expose_provenance(), LEN, 0).unwrap();
@@ -1105,6 +1273,59 @@ mod tests {
         fn deadline() -> Instant {
             Instant::now() + Duration::from_secs(5)
         }
+
+        /// A CM listener on the client's address that nobody ever answers
+        /// (a client whose CM is stuck), and a token naming it.
+        fn silent_client(&self) -> (Arc<dyn CmListener>, Token) {
+            let cm = self._world.platform.fabric.cm(&[CLIENT_NIC]);
+            let listener = cm
+                .listen(SocketAddr::new(IpAddr::V4(CLIENT_IP), 0))
+                .expect("a listener on the client's address");
+            let token = Token {
+                lid: listener.port(),
+                ..self.token(TokenOp::Get)
+            };
+            (listener, token)
+        }
+
+        /// A GET of the whole client buffer by the client instance, served
+        /// by this server side for `requester`.
+        fn get_for(&self, requester: Requester<'_>) -> Result<()> {
+            self.get_by(&self.current, &self.client, requester)
+        }
+
+        /// A GET into `buf` by the client instance `current`, served by
+        /// this server side for `requester`.
+        fn get_by(&self, current: &Current, buf: &[u8], requester: Requester<'_>) -> Result<()> {
+            let slice = Slice::new(buf.as_ptr().expose_provenance(), buf.len(), 0).unwrap();
+            let mut s3 = Scripted::new(|t: &Token| {
+                let served = self.side.transfer_for(
+                    t,
+                    Op::Get,
+                    &self.local,
+                    t.length,
+                    requester,
+                    Setup::deadline(),
+                );
+                match served {
+                    Ok(_) => b"200".to_vec(),
+                    Err(_) => b"500".to_vec(),
+                }
+            });
+            current
+                .instance()
+                .unwrap()
+                .transfer(Direction::Get, slice, &mut s3)
+        }
+    }
+
+    /// Waits (at most a generous bound) until `done` holds.
+    fn eventually(what: &str, done: impl Fn() -> bool) {
+        let until = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < until, "{what} never happened");
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Runs `f` on another thread; fails if it does not return in time
@@ -1115,7 +1336,7 @@ mod tests {
             let _ = tx.send(f());
         });
         rx.recv_timeout(Duration::from_secs(10))
-            .expect("returned without waiting for the busy connection")
+            .expect("returned in time, without waiting for what it must not wait for")
     }
 
     #[test]
@@ -1244,6 +1465,7 @@ mod tests {
             .side
             .conns
             .lock()
+            .kept
             .values()
             .map(|c| c.conn.clone())
             .collect();
@@ -1327,5 +1549,137 @@ mod tests {
         assert_eq!(count, 1);
         assert!(held.cm.is_disconnected(), "disconnected while held");
         drop(held);
+    }
+
+    #[test]
+    fn another_tenants_token_for_a_kept_qp_connects_afresh_and_leaves_its_connection_alone() {
+        let s = Setup::new();
+        let victim = Requester {
+            tenant: "victim",
+            source: None,
+        };
+        s.get_for(victim).expect("the victim's first GET");
+        s.get_for(victim).expect("the victim's second GET");
+        let victim_qp = s.side.conns.lock().kept.keys().next().unwrap().qp;
+        let before = s.current.instance().unwrap().stats();
+        // Another tenant names the victim's QP with a guessed secret.
+        let bogus = Token {
+            transport: Transport::RcCm,
+            qp_num: victim_qp.qp_num,
+            gid: victim_qp.gid,
+            rkey: 0x1234,
+            addr: s.client.as_ptr().expose_provenance() as u64,
+            length: 8,
+            port: 0,
+            lid: victim_qp.port,
+            secret: 0x0bad_5eed,
+        };
+        let attacker = Requester {
+            tenant: "attacker",
+            source: None,
+        };
+        let refused = s
+            .side
+            .transfer_for(&bogus, Op::Get, &s.local, 8, attacker, Setup::deadline())
+            .expect_err("a guessed secret");
+        assert!(
+            refused.error.to_string().contains("refused the connection"),
+            "refused by the client's CM, not proved in-band: {refused}"
+        );
+        assert!(s.side.connection_of("attacker", &victim_qp).is_none());
+        s.get_for(victim).expect("the victim's next GET");
+        let after = s.current.instance().unwrap().stats();
+        assert_eq!(
+            (after.handshakes, after.reused),
+            (before.handshakes, before.reused + 1),
+            "the victim's connection was reused, not made again"
+        );
+    }
+
+    #[test]
+    fn one_tenant_at_its_client_limit_does_not_evict_another_tenants_connection() {
+        let s = Setup::with(ServerConfig {
+            dial: DialPolicy::any(),
+            max_connections_per_client: 1,
+            ..ServerConfig::default()
+        });
+        let [a, b] = ["a", "b"].map(|tenant| Requester {
+            tenant,
+            source: None,
+        });
+        s.get_for(a).expect("tenant a's GET");
+        let a_qp = s.side.conns.lock().kept.keys().next().unwrap().qp;
+        // Tenant b: another process on the same client host.
+        let (other, buf) = Setup::client(&s._world);
+        s.get_by(&other, &buf, b)
+            .expect("tenant b's GET, from the same client address");
+        assert!(
+            s.side.connection_of("a", &a_qp).is_some(),
+            "tenant a's connection was closed to make room for tenant b's"
+        );
+        assert_eq!(s.side.connection_count(), 2);
+        s.get_for(a).expect("tenant a's next GET");
+        assert_eq!(
+            s.current.instance().unwrap().stats().reused,
+            1,
+            "tenant a's connection served it again"
+        );
+    }
+
+    #[test]
+    fn dials_in_progress_count_against_the_connection_limits() {
+        let s = Setup::with(ServerConfig {
+            dial: DialPolicy::any(),
+            max_connections_per_client: 2,
+            connect_timeout: Duration::from_secs(60),
+            ..ServerConfig::default()
+        });
+        let (listener, token) = s.silent_client();
+        let far = Instant::now() + Duration::from_secs(60);
+        let dials: Vec<_> = (0..2u32)
+            .map(|i| {
+                let (side, local) = (s.side.clone(), s.local.clone());
+                let token = Token {
+                    qp_num: token.qp_num + i,
+                    ..token
+                };
+                std::thread::spawn(move || side.transfer(&token, Op::Get, &local, 8, None, far))
+            })
+            .collect();
+        eventually("two dials in progress", || s.side.dial_count() == 2);
+        let (side, local) = (s.side.clone(), s.local.clone());
+        let third = Token {
+            qp_num: token.qp_num + 2,
+            ..token
+        };
+        let busy = returns_in_time(move || side.transfer(&third, Op::Get, &local, 8, None, far))
+            .expect_err("no room while two dials are in progress");
+        assert!(matches!(busy.error, Error::Busy(_)), "{busy}");
+        // The client's CM goes away: its requests are rejected, the dials end.
+        drop(listener);
+        for dial in dials {
+            assert!(dial.join().unwrap().is_err());
+        }
+        assert_eq!(s.side.dial_count(), 0);
+        assert_eq!(s.side.connection_count(), 0);
+    }
+
+    #[test]
+    fn a_dial_to_a_client_whose_cm_never_answers_ends_at_the_dials_own_deadline() {
+        let s = Setup::with(ServerConfig {
+            dial: DialPolicy::any(),
+            connect_timeout: Duration::from_millis(100),
+            ..ServerConfig::default()
+        });
+        let (_listener, token) = s.silent_client();
+        let (side, local) = (s.side.clone(), s.local.clone());
+        let far = Instant::now() + Duration::from_secs(60);
+        let failed = returns_in_time(move || side.transfer(&token, Op::Get, &local, 8, None, far))
+            .expect_err("the client never answers");
+        assert!(
+            failed.error.to_string().contains("a dial may take 100 ms"),
+            "{failed}"
+        );
+        assert_eq!(s.side.dial_count(), 0);
     }
 }

@@ -454,6 +454,71 @@ fn malformed_and_foreign_tokens_are_declined_with_501_whether_or_not_rdma_is_on(
     }
 }
 
+/// The original clients' form of the header, `"%s:%016lx:%016lx"`: the
+/// token, then its address and size in zero-padded hex. With RDMA off the
+/// token is never parsed: whatever it looks like, the decline says RDMA is
+/// off.
+#[test]
+fn with_no_rdma_any_token_is_declined_because_rdma_is_off() {
+    let root = S3Server::new_root();
+    let mut log = root.clone().into_os_string();
+    log.push(".log");
+    let log = PathBuf::from(log);
+    let server = S3Server::start_logged(binary(), "127.0.0.1", &root, &["--no-rdma"], &log);
+    let data = pattern(1000, 8);
+    put(&server, "object", &data);
+    let original = format!(
+        "{}:00007f2a5c000000:0000000001000000",
+        token_hex(Transport::RcCm)
+    );
+    let get = Request::new("GET", server.url("object"))
+        .token(&original)
+        .send(&server);
+    assert_eq!(get.status, 200, "{get:?}");
+    assert_eq!(get.header("x-amz-rdma-reply"), Some("501"));
+    assert_eq!(get.body, data, "served the ordinary way");
+    let put = Request::new("PUT", server.url("other"))
+        .token(&original)
+        .body(b"")
+        .send(&server);
+    assert_eq!(put.status, 501, "{put:?}");
+    assert_eq!(put.header("x-amz-rdma-reply"), Some("501"));
+    let body = String::from_utf8_lossy(&put.body);
+    assert!(body.contains("RDMA is off (--no-rdma)"), "{body}");
+    assert!(!object_file(&server, "other").exists());
+    drop(server);
+    let said = std::fs::read_to_string(&log).expect("the server's log");
+    let declines: Vec<&str> = said.lines().filter(|l| l.contains("declined")).collect();
+    assert_eq!(declines.len(), 2, "{said}");
+    for line in declines {
+        assert!(line.ends_with("RDMA is off (--no-rdma)"), "{line}");
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    let _ = std::fs::remove_file(&log);
+}
+
+/// A largest transfer the memory budget cannot hold would never apply: the
+/// server refuses to start, saying what to change. (A root that cannot be
+/// made: a server that got past its options would fail there, not listen.)
+#[test]
+fn a_largest_transfer_above_the_memory_budget_is_refused_at_startup() {
+    let out = Command::new(binary())
+        .args(["--root", "/dev/null/root", "--listen", "127.0.0.1:0"])
+        .args(["--access-key", "ak", "--secret-key", "sk"])
+        .args(["--rdma-max-bytes", "5368709120"])
+        .output()
+        .expect("the server runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty(), "nothing on stdout");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(
+            "--rdma-max-bytes 5368709120 is more than --rdma-memory-bytes 1073741824 holds"
+        ),
+        "{said}"
+    );
+}
+
 #[test]
 fn the_first_line_says_rdma_off_with_no_rdma() {
     let server = start(&["--no-rdma"]);

@@ -8,8 +8,9 @@ use std::time::Duration;
 pub const USAGE: &str = "\
 usage: hipobj-s3-server --root DIR --listen ADDR:PORT --access-key AK --secret-key SK
                         [--region REGION] [--bucket NAME]... [--device NAME] [--no-rdma]
-                        [--rdma-timeout-ms N] [--delay-final-ms N] [--rdma-allow CIDR]...
-                        [--rdma-max-bytes N] [--rdma-memory-bytes N]
+                        [--rdma-timeout-ms N] [--rdma-connect-timeout-ms N]
+                        [--delay-final-ms N] [--rdma-allow CIDR]...
+                        [--rdma-max-bytes N] [--rdma-memory-bytes N] [--rdma-max-requests N]
                         [--rdma-max-connections N] [--rdma-max-connections-per-client N]
 
   --root DIR            where buckets and objects are stored (created if missing)
@@ -21,18 +22,29 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT --access-key AK --secret-k
   --device NAME         RDMA device (default: the first one with an active port)
   --no-rdma             decline every x-amz-rdma-token (501), as a server without RDMA
   --rdma-timeout-ms N   deadline of each RDMA transfer (default 10000)
+  --rdma-connect-timeout-ms N
+                        how long connecting to a client may take, within that deadline
+                        (default 2000); a client whose RDMA CM does not answer fails the
+                        transfer (500) after this long
   --delay-final-ms N    test knob: pause between the data and the final message (default 0)
   --rdma-allow CIDR     a network whose clients the server may connect to, besides the address
                         each request comes from (the fabric's subnet behind a load balancer);
                         repeatable
-  --rdma-max-bytes N    the largest RDMA transfer served (default 5368709120, S3's largest PUT);
-                        a longer token is declined (501)
+  --rdma-max-bytes N    the largest RDMA transfer served (default 5368709120, S3's largest PUT,
+                        or the largest that --rdma-memory-bytes holds if less); a longer token
+                        is declined (501); more than --rdma-memory-bytes holds is refused here
   --rdma-memory-bytes N registered memory the transfers in progress may hold at once (default
-                        1073741824); a transfer that does not fit waits, then gets 503
+                        1073741824, at least 4096); a transfer that does not fit waits, then
+                        gets 503
+  --rdma-max-requests N RDMA requests served at once (default 128); one more is answered 503
+                        SlowDown at once. The runtime has N + 256 blocking threads: RDMA requests
+                        hold at most N of them, the rest serve every request's file I/O
   --rdma-max-connections N
-                        RDMA connections held at once, to all clients (default 4096)
+                        RDMA connections held at once, to all clients, dials in progress
+                        included (default 4096)
   --rdma-max-connections-per-client N
-                        RDMA connections held to one client address (default 1024)
+                        RDMA connections held for one access key to one client address,
+                        dials in progress included (default 1024)
 ";
 
 /// The server's settings.
@@ -56,6 +68,8 @@ pub struct Options {
     pub no_rdma: bool,
     /// `--rdma-timeout-ms`.
     pub rdma_timeout: Duration,
+    /// `--rdma-connect-timeout-ms`.
+    pub rdma_connect_timeout: Duration,
     /// `--delay-final-ms`.
     pub delay_final: Duration,
     /// `--rdma-allow`, each.
@@ -64,10 +78,27 @@ pub struct Options {
     pub rdma_max_bytes: u64,
     /// `--rdma-memory-bytes`.
     pub rdma_memory_bytes: u64,
+    /// `--rdma-max-requests`.
+    pub rdma_max_requests: usize,
     /// `--rdma-max-connections`.
     pub rdma_max_connections: usize,
     /// `--rdma-max-connections-per-client`.
     pub rdma_max_connections_per_client: usize,
+}
+
+impl Options {
+    /// What the server's RDMA may do.
+    pub fn limits(&self) -> crate::rdma::Limits {
+        crate::rdma::Limits {
+            allow: self.rdma_allow.clone(),
+            max_bytes: self.rdma_max_bytes,
+            memory_bytes: self.rdma_memory_bytes,
+            max_connections: self.rdma_max_connections,
+            max_connections_per_client: self.rdma_max_connections_per_client,
+            max_requests: self.rdma_max_requests,
+            connect_timeout: self.rdma_connect_timeout,
+        }
+    }
 }
 
 /// Parses the arguments (without the program name): the settings, or
@@ -83,10 +114,12 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
     let mut device = None;
     let mut no_rdma = false;
     let mut rdma_timeout = Duration::from_millis(10_000);
+    let mut rdma_connect_timeout = Duration::from_millis(2_000);
     let mut delay_final = Duration::ZERO;
     let mut rdma_allow = Vec::new();
-    let mut rdma_max_bytes: u64 = 5 << 30;
+    let mut rdma_max_bytes: Option<u64> = None;
     let mut rdma_memory_bytes: u64 = 1 << 30;
+    let mut rdma_max_requests = 128;
     let mut rdma_max_connections = 4096;
     let mut rdma_max_connections_per_client = 1024;
     let mut it = args.iter();
@@ -118,6 +151,7 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
             "--device" => device = Some(value()?),
             "--no-rdma" if inline.is_none() => no_rdma = true,
             "--rdma-timeout-ms" => rdma_timeout = millis(name, &value()?, 1)?,
+            "--rdma-connect-timeout-ms" => rdma_connect_timeout = millis(name, &value()?, 1)?,
             "--delay-final-ms" => delay_final = millis(name, &value()?, 0)?,
             "--rdma-allow" => {
                 let v = value()?;
@@ -126,8 +160,9 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
                         .map_err(|e| format!("--rdma-allow {v}: {e} (expected ADDR/PREFIX)"))?,
                 );
             }
-            "--rdma-max-bytes" => rdma_max_bytes = count(name, &value()?)?,
+            "--rdma-max-bytes" => rdma_max_bytes = Some(count(name, &value()?)?),
             "--rdma-memory-bytes" => rdma_memory_bytes = count(name, &value()?)?,
+            "--rdma-max-requests" => rdma_max_requests = count(name, &value()?)?,
             "--rdma-max-connections" => rdma_max_connections = count(name, &value()?)?,
             "--rdma-max-connections-per-client" => {
                 rdma_max_connections_per_client = count(name, &value()?)?
@@ -141,6 +176,12 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
     if access_key.is_empty() || secret_key.is_empty() {
         return Err("--access-key and --secret-key must not be empty".into());
     }
+    let rdma_max_bytes = max_bytes(rdma_max_bytes, rdma_memory_bytes)?;
+    if rdma_max_requests > MAX_REQUESTS {
+        return Err(format!(
+            "--rdma-max-requests {rdma_max_requests}: at most {MAX_REQUESTS}"
+        ));
+    }
     Ok(Some(Options {
         root: root.ok_or_else(|| missing("--root"))?,
         listen: listen.ok_or_else(|| missing("--listen"))?,
@@ -151,13 +192,43 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
         device,
         no_rdma,
         rdma_timeout,
+        rdma_connect_timeout,
         delay_final,
         rdma_allow,
         rdma_max_bytes,
         rdma_memory_bytes,
+        rdma_max_requests,
         rdma_max_connections,
         rdma_max_connections_per_client,
     }))
+}
+
+/// The most RDMA requests served at once: each may hold a blocking thread,
+/// and tokio's pool takes at most a few thousand.
+const MAX_REQUESTS: usize = 4096;
+
+/// The longest RDMA transfer served: `--rdma-max-bytes` if given, else 5
+/// GiB (S3's largest PUT) or the longest transfer whose buffer the memory
+/// budget holds, if less. A maximum the budget cannot hold would never
+/// apply (the budget would decline first): refused, with what to change.
+fn max_bytes(given: Option<u64>, memory_bytes: u64) -> Result<u64, String> {
+    let fits = crate::rdma::longest_transfer(memory_bytes);
+    if fits == 0 {
+        return Err(format!(
+            "--rdma-memory-bytes {memory_bytes}: no transfer fits (a transfer's buffer is at \
+             least {} bytes)",
+            crate::rdma::MIN_BUF
+        ));
+    }
+    match given {
+        None => Ok(fits.min(5 << 30)),
+        Some(max) if max > fits => Err(format!(
+            "--rdma-max-bytes {max} is more than --rdma-memory-bytes {memory_bytes} holds for \
+             one transfer ({fits} bytes), so it would never apply: raise --rdma-memory-bytes \
+             or lower --rdma-max-bytes"
+        )),
+        Some(max) => Ok(max),
+    }
 }
 
 /// A whole number of at least 1, in plain decimal digits.
@@ -199,14 +270,16 @@ fn bucket_name(name: String) -> Result<String, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub mod tests {
     use super::*;
 
-    fn args(list: &[&str]) -> Vec<String> {
+    /// The arguments as the program gets them.
+    pub fn args(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| (*s).to_owned()).collect()
     }
 
-    fn required() -> Vec<&'static str> {
+    /// The options every command line needs.
+    pub fn required() -> Vec<&'static str> {
         vec![
             "--root",
             "/r",
@@ -227,10 +300,16 @@ mod tests {
         assert_eq!(o.region, "us-east-1");
         assert!(o.buckets.is_empty() && o.device.is_none() && !o.no_rdma);
         assert_eq!(o.rdma_timeout, Duration::from_secs(10));
+        assert_eq!(o.rdma_connect_timeout, Duration::from_secs(2));
         assert_eq!(o.delay_final, Duration::ZERO);
         assert!(o.rdma_allow.is_empty());
-        assert_eq!(o.rdma_max_bytes, 5 << 30);
+        assert_eq!(o.rdma_max_requests, 128);
         assert_eq!(o.rdma_memory_bytes, 1 << 30);
+        assert_eq!(
+            o.rdma_max_bytes,
+            1 << 30,
+            "the largest transfer the default memory budget holds"
+        );
         assert_eq!(
             (o.rdma_max_connections, o.rdma_max_connections_per_client),
             (4096, 1024)
@@ -250,6 +329,9 @@ mod tests {
             "--no-rdma",
             "--rdma-timeout-ms",
             "250",
+            "--rdma-connect-timeout-ms=75",
+            "--rdma-max-requests",
+            "16",
             "--delay-final-ms=3000",
             "--rdma-allow",
             "192.0.2.0/24",
@@ -267,6 +349,8 @@ mod tests {
         assert_eq!(o.device.as_deref(), Some("rxe0"));
         assert!(o.no_rdma);
         assert_eq!(o.rdma_timeout, Duration::from_millis(250));
+        assert_eq!(o.rdma_connect_timeout, Duration::from_millis(75));
+        assert_eq!(o.rdma_max_requests, 16);
         assert_eq!(o.delay_final, Duration::from_secs(3));
         assert_eq!(o.rdma_allow.len(), 2);
         assert_eq!((o.rdma_max_bytes, o.rdma_memory_bytes), (1 << 20, 4 << 20));
@@ -292,6 +376,9 @@ mod tests {
             ["--rdma-max-bytes", "0"],
             ["--rdma-memory-bytes", "1e9"],
             ["--rdma-max-connections", "-1"],
+            ["--rdma-connect-timeout-ms", "0"],
+            ["--rdma-max-requests", "0"],
+            ["--rdma-max-requests", "1000000"],
         ] {
             let mut list = required();
             list.extend(bad);
@@ -300,6 +387,45 @@ mod tests {
         let mut dangling = required();
         dangling.push("--region");
         assert!(parse(&args(&dangling)).is_err());
+    }
+
+    #[test]
+    fn the_largest_transfer_is_5_gib_or_what_the_memory_budget_holds_if_less() {
+        let with = |extra: &[&str]| {
+            let mut list = required();
+            list.extend(extra);
+            parse(&args(&list)).map(|o| {
+                let o = o.expect("not --help");
+                (o.rdma_max_bytes, o.rdma_memory_bytes)
+            })
+        };
+        assert_eq!(
+            with(&["--rdma-memory-bytes", "8589934592"]),
+            Ok((5 << 30, 8 << 30))
+        );
+        // Whole MiB above 1 MiB, powers of two below: what a buffer takes.
+        assert_eq!(
+            with(&["--rdma-memory-bytes", "5767168"]),
+            Ok((5 << 20, 5767168))
+        );
+        assert_eq!(with(&["--rdma-memory-bytes", "5000"]), Ok((4096, 5000)));
+        assert_eq!(
+            with(&[
+                "--rdma-max-bytes",
+                "1048576",
+                "--rdma-memory-bytes",
+                "1048576"
+            ]),
+            Ok((1 << 20, 1 << 20))
+        );
+        let never = with(&["--rdma-max-bytes", "5368709120"]).unwrap_err();
+        assert!(
+            never.contains("--rdma-max-bytes 5368709120 is more than --rdma-memory-bytes")
+                && never.contains("raise --rdma-memory-bytes or lower --rdma-max-bytes"),
+            "{never}"
+        );
+        let tiny = with(&["--rdma-memory-bytes", "4095"]).unwrap_err();
+        assert!(tiny.contains("no transfer fits"), "{tiny}");
     }
 
     #[test]

@@ -10,6 +10,15 @@
 //! SIGINT stops accepting, disconnects every RDMA connection (a transfer in
 //! progress fails and answers 500), lets the HTTP requests in progress
 //! finish and exits 0.
+//!
+//! Threads: every blocking step (the backend's file I/O through
+//! `tokio::fs`, and each RDMA request's buffer, file read, dial and
+//! transfer) runs on tokio's blocking pool. An RDMA request's steps may
+//! each wait up to `--rdma-timeout-ms` for a client, and at most
+//! `--rdma-max-requests` RDMA requests run at once (one more is answered
+//! 503 at once), so the pool is sized that many plus [`FILE_IO_THREADS`]:
+//! however slow the RDMA clients, those threads stay for the file I/O of
+//! every request, plain S3 included.
 
 mod cli;
 mod range;
@@ -33,6 +42,13 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use cli::Options;
 use rdma::Rdma;
+
+/// Why RDMA is off when `--no-rdma` turned it off.
+const NO_RDMA: &str = "--no-rdma";
+
+/// Blocking threads that RDMA requests never hold: the file I/O of every
+/// request has them (tokio's default pool is 512 threads in all).
+const FILE_IO_THREADS: usize = 256;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -85,31 +101,23 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for WithPeer 
 fn run(options: Options) -> Result<(), String> {
     make_buckets(&options.root, &options.buckets)?;
     let rdma = if options.no_rdma {
-        Err("disabled by --no-rdma".to_owned())
+        Err(NO_RDMA.to_owned())
     } else {
         Rdma::open(
             options.device.as_deref(),
             options.rdma_timeout,
             options.delay_final,
-            rdma::Limits {
-                allow: options.rdma_allow.clone(),
-                max_bytes: options.rdma_max_bytes,
-                memory_bytes: options.rdma_memory_bytes,
-                max_connections: options.rdma_max_connections,
-                max_connections_per_client: options.rdma_max_connections_per_client,
-            },
+            options.limits(),
         )
         .map(Arc::new)
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .max_blocking_threads(options.rdma_max_requests + FILE_IO_THREADS)
         .enable_all()
         .build()
         .map_err(|e| format!("starting the async runtime: {e}"))?;
-    let outcome = runtime.block_on(serve(
-        &options,
-        rdma.as_ref().ok().cloned(),
-        rdma_status(&rdma),
-    ));
+    let status = rdma_status(&rdma);
+    let outcome = runtime.block_on(serve(&options, rdma.clone(), status));
     // Requests still running (past the grace period) end with the runtime;
     // then no transfer can start, and every connection is disconnected.
     runtime.shutdown_timeout(Duration::from_secs(1));
@@ -129,6 +137,7 @@ fn run(options: Options) -> Result<(), String> {
 fn rdma_status(rdma: &Result<Arc<Rdma>, String>) -> String {
     match rdma {
         Ok(rdma) => rdma.device().to_owned(),
+        Err(reason) if reason == NO_RDMA => format!("off: disabled by {NO_RDMA}"),
         Err(reason) => format!("off: {reason}"),
     }
 }
@@ -146,7 +155,11 @@ fn make_buckets(root: &Path, buckets: &[String]) -> Result<(), String> {
 /// Serves HTTP on the listener until SIGTERM or SIGINT, then ends RDMA and
 /// waits for the requests in progress (at most the RDMA deadline, the
 /// final-message delay and a second).
-async fn serve(options: &Options, rdma: Option<Arc<Rdma>>, status: String) -> Result<(), String> {
+async fn serve(
+    options: &Options,
+    rdma: Result<Arc<Rdma>, String>,
+    status: String,
+) -> Result<(), String> {
     let fs = s3s_fs::FileSystem::new(&options.root)
         .map_err(|e| format!("opening {}: {e:?}", options.root.display()))?;
     let service = {
@@ -206,7 +219,7 @@ async fn serve(options: &Options, rdma: Option<Arc<Rdma>>, status: String) -> Re
     drop(listener);
     // Transfers in progress fail now (their QPs are in ERR) and answer 500;
     // no new one starts.
-    if let Some(rdma) = &rdma {
+    if let Ok(rdma) = &rdma {
         rdma.shutdown();
     }
     let grace = options.rdma_timeout + options.delay_final + Duration::from_secs(1);

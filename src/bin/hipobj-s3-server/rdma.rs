@@ -1,22 +1,25 @@
 //! The server's RDMA: one device, its server side of the protocol, and a
 //! pool of registered buffers that payloads pass through, within a memory
 //! budget set by configuration (never by what a token asks for). Every
-//! call here blocks (verbs, the CM, completions): the S3 layer runs them
-//! with `spawn_blocking`.
+//! call here but [`Rdma::admit`] blocks (verbs, the CM, completions): the
+//! S3 layer runs them with `spawn_blocking`, each request holding an
+//! [`Admission`] while any of them runs, so that RDMA requests never hold
+//! more than `--rdma-max-requests` of the runtime's blocking threads.
 
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hipobj::core::token::Token;
-use hipobj::platform::{Access, Context, Mr, PortState};
-use hipobj::server::{DialPolicy, LocalBuf, Op, ServerConfig, ServerSide};
+use hipobj::platform::{Access, Cm, Context, Mr, PortState};
+use hipobj::server::{DialPolicy, LocalBuf, Op, Requester, ServerConfig, ServerSide};
 use parking_lot::{Condvar, Mutex};
 
 /// Registered bytes the pool keeps for reuse; buffers beyond are freed.
 const POOL_BYTES: usize = 256 << 20;
 /// The smallest buffer registered.
-const MIN_BUF: usize = 4096;
+pub const MIN_BUF: usize = 4096;
 /// Ports looked at when choosing a device.
 const MAX_PORTS: u8 = 8;
 
@@ -31,8 +34,12 @@ pub struct Limits {
     pub memory_bytes: u64,
     /// Connections in all.
     pub max_connections: usize,
-    /// Connections to one client address.
+    /// Connections of one tenant to one client address.
     pub max_connections_per_client: usize,
+    /// RDMA requests in progress at once.
+    pub max_requests: usize,
+    /// How long connecting to a client may take.
+    pub connect_timeout: Duration,
 }
 
 /// The server's RDMA device and its server side.
@@ -43,6 +50,27 @@ pub struct Rdma {
     max_bytes: u64,
     pool: Mutex<Pool>,
     budget: Arc<Budget>,
+    gate: Arc<Gate>,
+}
+
+/// RDMA requests in progress, at most `limit`.
+struct Gate {
+    held: AtomicUsize,
+    limit: usize,
+}
+
+/// One RDMA request's place among those in progress ([`Rdma::admit`]),
+/// given back when dropped. Each blocking step of the request holds it
+/// (a clone of its `Arc`), so a request whose handler was dropped keeps
+/// its place until its last step ends.
+pub struct Admission {
+    gate: Arc<Gate>,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.gate.held.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// The bytes of the buffers taken (in use by transfers), at most `limit`.
@@ -166,6 +194,9 @@ pub struct Label<'a> {
     pub object: &'a str,
     /// The HTTP request's source address.
     pub source: Option<IpAddr>,
+    /// The S3 principal it is signed by (its access key): the tenant
+    /// whose kept connections it may use.
+    pub principal: &'a str,
     /// When its handler started: the log says how long the request waited
     /// before its transfer (the backend's read, room in the budget).
     pub arrived: Instant,
@@ -230,6 +261,18 @@ impl Rdma {
                     }
                 })?,
         };
+        Rdma::on(cm, ctx, timeout, delay_final, limits)
+    }
+
+    /// The server's RDMA on the device `ctx` opened, connecting through
+    /// `cm`.
+    pub fn on(
+        cm: Arc<dyn Cm>,
+        ctx: Arc<dyn Context>,
+        timeout: Duration,
+        delay_final: Duration,
+        limits: Limits,
+    ) -> Result<Rdma, String> {
         let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
         let device = ctx.name().to_owned();
         let config = ServerConfig {
@@ -239,6 +282,7 @@ impl Rdma {
             },
             max_connections: limits.max_connections,
             max_connections_per_client: limits.max_connections_per_client,
+            connect_timeout: limits.connect_timeout,
             delay_before_final: delay_final,
             ..ServerConfig::default()
         };
@@ -250,7 +294,37 @@ impl Rdma {
             max_bytes: limits.max_bytes,
             pool: Mutex::new(Pool::default()),
             budget: Budget::new(limits.memory_bytes),
+            gate: Arc::new(Gate {
+                held: AtomicUsize::new(0),
+                limit: limits.max_requests,
+            }),
         })
+    }
+
+    /// A place among the RDMA requests in progress, without waiting; `Err`
+    /// (why, for a 503) when `--rdma-max-requests` of them are.
+    pub fn admit(&self) -> Result<Admission, String> {
+        let limit = self.gate.limit;
+        self.gate
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held < limit).then_some(held + 1)
+            })
+            .map(|_| Admission {
+                gate: Arc::clone(&self.gate),
+            })
+            .map_err(|_| {
+                format!(
+                    "{limit} RDMA requests are in progress, as many as --rdma-max-requests \
+                     allows; try again"
+                )
+            })
+    }
+
+    /// RDMA requests in progress.
+    #[cfg(test)]
+    pub fn requests_in_progress(&self) -> usize {
+        self.gate.held.load(Ordering::Acquire)
     }
 
     /// Whether the client a token names may be connected to for a
@@ -274,7 +348,8 @@ impl Rdma {
         let wanted = u64::try_from(len).unwrap_or(u64::MAX);
         if wanted > self.max_bytes {
             return Err(TakeError::TooLarge(format!(
-                "{len} bytes is more than --rdma-max-bytes {}",
+                "{len} bytes is more than --rdma-max-bytes {}, the longest RDMA transfer this \
+                 server serves",
                 self.max_bytes
             )));
         }
@@ -282,7 +357,7 @@ impl Rdma {
         let charge = u64::try_from(size).unwrap_or(u64::MAX);
         if charge > self.budget.limit {
             return Err(TakeError::TooLarge(format!(
-                "{len} bytes is more than --rdma-memory-bytes {}",
+                "{len} bytes take a {size} byte buffer, more than --rdma-memory-bytes {}",
                 self.budget.limit
             )));
         }
@@ -390,12 +465,16 @@ impl Rdma {
         label: &Label<'_>,
     ) -> (Result<(), Failure>, Option<RegBuf>) {
         let start = Instant::now();
-        let outcome = self.side.transfer(
+        let requester = Requester {
+            tenant: label.principal,
+            source: label.source,
+        };
+        let outcome = self.side.transfer_for(
             token,
             op,
             &buf.local(),
             len,
-            label.source,
+            requester,
             start + self.timeout,
         );
         let peer = hipobj::core::nic::ip_of(&token.gid);
@@ -451,6 +530,21 @@ fn has_active_port(ctx: &dyn Context) -> bool {
     (1..=MAX_PORTS)
         .map_while(|port| ctx.query_port(port).ok())
         .any(|attr| attr.state == PortState::Active)
+}
+
+/// The longest transfer whose buffer ([`buffer_size`]) a memory budget of
+/// `budget` bytes holds: whole MiB from 1 MiB, a power of two below; 0 when
+/// not even [`MIN_BUF`] fits.
+pub fn longest_transfer(budget: u64) -> u64 {
+    const MIB: u64 = 1 << 20;
+    let min = MIN_BUF as u64;
+    if budget >= MIB {
+        budget / MIB * MIB
+    } else if budget >= min {
+        1 << budget.ilog2()
+    } else {
+        0
+    }
 }
 
 /// The size registered for `len` bytes: a power of two up to 1 MiB, whole
@@ -509,5 +603,30 @@ mod tests {
         assert_eq!(buffer_size(1 << 20), 1 << 20);
         assert_eq!(buffer_size((1 << 20) + 1), 2 << 20);
         assert_eq!(buffer_size((5 << 20) - 3), 5 << 20);
+    }
+
+    #[test]
+    fn the_longest_transfer_of_a_budget_is_the_longest_whose_buffer_fits() {
+        for budget in [
+            4095,
+            4096,
+            5000,
+            65_537,
+            (1 << 20) - 1,
+            1 << 20,
+            (3 << 20) + 7,
+            1 << 30,
+        ] {
+            let longest = longest_transfer(budget);
+            if longest == 0 {
+                assert!(buffer_size(1) as u64 > budget, "{budget}");
+                continue;
+            }
+            let fits = |len: u64| buffer_size(usize::try_from(len).unwrap()) as u64 <= budget;
+            assert!(fits(longest), "{budget}: {longest}");
+            assert!(!fits(longest + 1), "{budget}: {longest} + 1");
+        }
+        assert_eq!(longest_transfer(1 << 30), 1 << 30);
+        assert_eq!(longest_transfer(4095), 0);
     }
 }

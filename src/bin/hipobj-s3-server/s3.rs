@@ -15,12 +15,21 @@
 //!   `x-amz-rdma-reply` set to its status.
 //! - An unusable token: GET is answered the ordinary way plus
 //!   `x-amz-rdma-reply: 501`; PUT and UploadPart store nothing and answer
-//!   501 NotImplemented with `x-amz-rdma-reply: 501`. Unusable: it does not
-//!   decode, its transport is not `0x02`, RDMA is off, it names an address
-//!   the server may not connect to (`--rdma-allow`, else only the
-//!   request's own source), or it is longer than `--rdma-max-bytes`.
+//!   501 NotImplemented with `x-amz-rdma-reply: 501`. Unusable: RDMA is off
+//!   (whatever the token looks like), it does not decode, its transport is
+//!   not `0x02`, it names an address the server may not connect to
+//!   (`--rdma-allow`, else only the request's own source), or it is longer
+//!   than `--rdma-max-bytes`.
+//! - `--rdma-max-requests` RDMA requests in progress already: 503 SlowDown
+//!   with `x-amz-rdma-reply: 503` at once, before anything blocks. A
+//!   request admitted holds its place until its last blocking step ends,
+//!   so RDMA requests never hold more of the runtime's blocking threads
+//!   than that, whatever their clients do.
 //! - No room in the memory budget until the deadline: 503 SlowDown with
 //!   `x-amz-rdma-reply: 503`.
+//!
+//! Connections a transfer made are reused only by transfers of the same S3
+//! principal (the access key the request is signed with).
 //!
 //! A token may carry the suffix `:<addr>:<size>` that the original's
 //! clients append (decimal or `0x` hex): its size must be the token's
@@ -44,7 +53,7 @@ use s3s::{s3_error, S3Error, S3Request, S3Response, S3Result, S3};
 use s3s_fs::FileSystem;
 
 use crate::range;
-use crate::rdma::{Failure, Label, Rdma, TakeError};
+use crate::rdma::{Admission, Failure, Label, Rdma, TakeError};
 
 /// The TCP peer of an HTTP request, put into its extensions by the
 /// connection's service (`main.rs`).
@@ -79,7 +88,8 @@ pub struct RdmaS3 {
     fs: FileSystem,
     /// The backend's root, canonical, as s3s-fs resolves paths under it.
     root: PathBuf,
-    rdma: Option<Arc<Rdma>>,
+    /// The server's RDMA, or why it is off.
+    rdma: Result<Arc<Rdma>, String>,
     region: String,
 }
 
@@ -89,14 +99,53 @@ enum Ask {
     Plain,
     /// A token this server cannot serve, and why.
     Decline(String),
-    /// A token to serve, for a request from `source`.
-    Rdma(Token, Arc<Rdma>, Option<IpAddr>),
+    /// A token it could serve, but as many RDMA requests as it serves at
+    /// once are in progress (503), and why.
+    Busy(String),
+    /// A token to serve.
+    Rdma(Job),
+}
+
+/// An RDMA request admitted: its token, for whom, and its place among the
+/// requests in progress.
+struct Job {
+    token: Token,
+    rdma: Arc<Rdma>,
+    /// The HTTP request's source address.
+    source: Option<IpAddr>,
+    /// The access key it is signed with.
+    principal: String,
+    admission: Arc<Admission>,
+}
+
+impl Job {
+    /// Runs a blocking step (verbs, the CM, a file) off the async workers,
+    /// holding the request's place until it ends, even if the handler is
+    /// dropped meanwhile.
+    async fn blocking<T, F>(&self, f: F) -> Result<T, String>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let held = Arc::clone(&self.admission);
+        blocking(move || {
+            let out = f();
+            drop(held);
+            out
+        })
+        .await
+    }
 }
 
 impl RdmaS3 {
     /// The operations over `fs` (whose root is `root`, canonical); `rdma`
-    /// is `None` when RDMA is off.
-    pub fn new(fs: FileSystem, root: PathBuf, rdma: Option<Arc<Rdma>>, region: String) -> RdmaS3 {
+    /// is why RDMA is off when it is.
+    pub fn new(
+        fs: FileSystem,
+        root: PathBuf,
+        rdma: Result<Arc<Rdma>, String>,
+        region: String,
+    ) -> RdmaS3 {
         RdmaS3 {
             fs,
             root,
@@ -170,27 +219,45 @@ impl RdmaS3 {
         self.fs.get_object(req).await
     }
 
-    /// What the request's `x-amz-rdma-token` asks for. A decline is logged.
+    /// What the request's `x-amz-rdma-token` asks for; a token to serve
+    /// takes its place among the RDMA requests in progress. A decline or a
+    /// refusal is logged.
     fn ask<T>(&self, req: &S3Request<T>, what: &str) -> Ask {
         let Some(value) = req.headers.get(TOKEN) else {
             return Ask::Plain;
         };
         let source = req.extensions.get::<Peer>().map(|p| p.0.ip());
-        let why = match parse_header(value.as_bytes()) {
-            Err(e) => e.to_string(),
-            Ok(token) if token.transport != Transport::RcCm => format!(
+        // RDMA off first: whatever the token looks like, that is the reason.
+        let why = match (&self.rdma, parse_header(value.as_bytes())) {
+            (Err(off), _) => format!("RDMA is off ({off})"),
+            (_, Err(e)) => e.to_string(),
+            (_, Ok(token)) if token.transport != Transport::RcCm => format!(
                 "transport {:#04x}: this server connects through RDMA CM (0x02) only",
                 token.transport.to_byte()
             ),
-            Ok(token) => match &self.rdma {
-                Some(rdma) if !rdma.may_dial(&token, source) => format!(
-                    "the token names {}, which this server may not connect to for a request \
-                     from {} (see --rdma-allow)",
-                    hipobj::core::nic::ip_of(&token.gid),
-                    source.map_or("an unknown address".to_owned(), |s| s.to_string())
-                ),
-                Some(rdma) => return Ask::Rdma(token, rdma.clone(), source),
-                None => "RDMA is off".to_owned(),
+            (Ok(rdma), Ok(token)) if !rdma.may_dial(&token, source) => format!(
+                "the token names {}, which this server may not connect to for a request \
+                 from {} (see --rdma-allow)",
+                hipobj::core::nic::ip_of(&token.gid),
+                source.map_or("an unknown address".to_owned(), |s| s.to_string())
+            ),
+            (Ok(rdma), Ok(token)) => match rdma.admit() {
+                Ok(admission) => {
+                    return Ask::Rdma(Job {
+                        token,
+                        rdma: rdma.clone(),
+                        source,
+                        principal: req
+                            .credentials
+                            .as_ref()
+                            .map_or_else(String::new, |c| c.access_key.clone()),
+                        admission: Arc::new(admission),
+                    })
+                }
+                Err(why) => {
+                    eprintln!("hipobj-s3-server: {what}: {TOKEN} refused for now: {why}");
+                    return Ask::Busy(why);
+                }
             },
         };
         eprintln!("hipobj-s3-server: {what}: declined {TOKEN}: {why}");
@@ -201,12 +268,11 @@ impl RdmaS3 {
     async fn get_by_rdma(
         &self,
         req: S3Request<GetObjectInput>,
-        token: Token,
-        rdma: Arc<Rdma>,
-        source: Option<IpAddr>,
+        job: Job,
         what: String,
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let arrived = Instant::now();
+        let (token, rdma, source) = (job.token, job.rdma.clone(), job.source);
         let file = self.object_file(&req.input.bucket, &req.input.key);
         let mut resp = self.backend_get(req).await.map_err(echo_status)?;
         let length = resp
@@ -217,12 +283,13 @@ impl RdmaS3 {
         let len = length.min(token.length);
         let want = usize::try_from(len)
             .map_err(|_| failed(format!("{len} bytes do not fit this machine's memory")))?;
-        let taken = blocking({
-            let rdma = rdma.clone();
-            move || rdma.take(want)
-        })
-        .await
-        .map_err(failed)?;
+        let taken = job
+            .blocking({
+                let rdma = rdma.clone();
+                move || rdma.take(want)
+            })
+            .await
+            .map_err(failed)?;
         let mut buf = match taken {
             Ok(buf) => buf,
             Err(TakeError::TooLarge(why)) => {
@@ -240,12 +307,13 @@ impl RdmaS3 {
         let (first, total) = span(&resp.output, length);
         let filled = match (file, resp.output.body.take()) {
             (Some(path), _) => {
-                let (n, back) = blocking(move || {
-                    let n = read_file(&path, first, total, &mut buf.bytes_mut()[..want]);
-                    (n, buf)
-                })
-                .await
-                .map_err(failed)?;
+                let (n, back) = job
+                    .blocking(move || {
+                        let n = read_file(&path, first, total, &mut buf.bytes_mut()[..want]);
+                        (n, buf)
+                    })
+                    .await
+                    .map_err(failed)?;
                 buf = back;
                 n
             }
@@ -263,20 +331,23 @@ impl RdmaS3 {
                 return Err(failed(format!("reading {what}: {why}")));
             }
         }
-        let (outcome, kept) = blocking({
-            let rdma = rdma.clone();
-            move || {
-                let label = Label {
-                    op: "GET",
-                    object: &what,
-                    source,
-                    arrived,
-                };
-                rdma.write_to_client(&token, buf, len, &label)
-            }
-        })
-        .await
-        .map_err(failed)?;
+        let principal = job.principal.clone();
+        let (outcome, kept) = job
+            .blocking({
+                let rdma = rdma.clone();
+                move || {
+                    let label = Label {
+                        op: "GET",
+                        object: &what,
+                        source,
+                        principal: &principal,
+                        arrived,
+                    };
+                    rdma.write_to_client(&token, buf, len, &label)
+                }
+            })
+            .await
+            .map_err(failed)?;
         if let Some(buf) = kept {
             rdma.give_back(buf);
         }
@@ -300,12 +371,11 @@ impl RdmaS3 {
     async fn read_by_rdma(
         &self,
         body: Option<StreamingBlob>,
-        token: Token,
-        rdma: Arc<Rdma>,
-        source: Option<IpAddr>,
+        job: Job,
         what: String,
     ) -> S3Result<Bytes> {
         let arrived = Instant::now();
+        let (token, rdma, source) = (job.token, job.rdma.clone(), job.source);
         if let Some(mut body) = body {
             while let Some(chunk) = body.next().await {
                 let chunk = chunk.map_err(|e| {
@@ -331,12 +401,14 @@ impl RdmaS3 {
                 token.length
             ))
         })?;
-        blocking(move || {
+        let principal = job.principal.clone();
+        job.blocking(move || {
             let buf = rdma.take(len).map_err(take_failed)?;
             let label = Label {
                 op: "PUT",
                 object: &what,
                 source,
+                principal: &principal,
                 arrived,
             };
             match rdma.read_from_client(&token, buf, &label) {
@@ -385,7 +457,8 @@ impl Drop for Lent {
     }
 }
 
-/// Runs a blocking call (verbs, the CM) off the async workers.
+/// Runs a blocking call off the async workers (through [`Job::blocking`],
+/// which holds the request's place while it runs).
 async fn blocking<T, F>(f: F) -> Result<T, String>
 where
     F: FnOnce() -> T + Send + 'static,
@@ -477,7 +550,7 @@ fn take_failed(e: TakeError) -> S3Error {
     eprintln!("hipobj-s3-server: no buffer for an RDMA transfer: {why}");
     match e {
         TakeError::TooLarge(why) => declined(&why),
-        TakeError::Busy(why) => with_reply(s3_error!(SlowDown, "{why}"), 503),
+        TakeError::Busy(why) => slow_down(&why),
         TakeError::Failed(why) => failed(why),
     }
 }
@@ -487,9 +560,15 @@ fn take_failed(e: TakeError) -> S3Error {
 fn transfer_failed(f: Failure) -> S3Error {
     match f {
         Failure::Declined(why) => declined(&why),
-        Failure::Busy(why) => with_reply(s3_error!(SlowDown, "{why}"), 503),
+        Failure::Busy(why) => slow_down(&why),
         Failure::Failed(why) => failed(format!("RDMA transfer failed: {why}")),
     }
+}
+
+/// Too many RDMA requests in progress: 503 SlowDown, `x-amz-rdma-reply:
+/// 503` (the client retries later, or falls back to HTTP).
+fn slow_down(why: &str) -> S3Error {
+    with_reply(s3_error!(SlowDown, "{why}"), 503)
 }
 
 /// A declined token: 501 NotImplemented, `x-amz-rdma-reply: 501`.
@@ -523,9 +602,8 @@ macro_rules! rdma_s3 {
                         }
                         Err(e) => Err(with_reply(e, 501)),
                     },
-                    Ask::Rdma(token, rdma, source) => {
-                        self.get_by_rdma(req, token, rdma, source, what).await
-                    }
+                    Ask::Busy(why) => Err(slow_down(&why)),
+                    Ask::Rdma(job) => self.get_by_rdma(req, job, what).await,
                 }
             }
 
@@ -535,13 +613,14 @@ macro_rules! rdma_s3 {
             ) -> S3Result<S3Response<PutObjectOutput>> {
                 self.check_region(&req)?;
                 let what = object(&req.input.bucket, &req.input.key);
-                let (token, rdma, source) = match self.ask(&req, &format!("PUT {what}")) {
+                let job = match self.ask(&req, &format!("PUT {what}")) {
                     Ask::Plain => return self.fs.put_object(req).await,
                     Ask::Decline(why) => return Err(declined(&why)),
-                    Ask::Rdma(token, rdma, source) => (token, rdma, source),
+                    Ask::Busy(why) => return Err(slow_down(&why)),
+                    Ask::Rdma(job) => job,
                 };
                 let body = req.input.body.take();
-                let data = self.read_by_rdma(body, token, rdma, source, what).await?;
+                let data = self.read_by_rdma(body, job, what).await?;
                 let len = data.len();
                 req.input.content_length = i64::try_from(len).ok();
                 req.input.body = Some(StreamingBlob::from(s3s::Body::from(data)));
@@ -562,13 +641,14 @@ macro_rules! rdma_s3 {
                     object(&req.input.bucket, &req.input.key),
                     req.input.part_number
                 );
-                let (token, rdma, source) = match self.ask(&req, &format!("PUT {what}")) {
+                let job = match self.ask(&req, &format!("PUT {what}")) {
                     Ask::Plain => return self.fs.upload_part(req).await,
                     Ask::Decline(why) => return Err(declined(&why)),
-                    Ask::Rdma(token, rdma, source) => (token, rdma, source),
+                    Ask::Busy(why) => return Err(slow_down(&why)),
+                    Ask::Rdma(job) => job,
                 };
                 let body = req.input.body.take();
-                let data = self.read_by_rdma(body, token, rdma, source, what).await?;
+                let data = self.read_by_rdma(body, job, what).await?;
                 let len = data.len();
                 req.input.content_length = i64::try_from(len).ok();
                 req.input.body = Some(StreamingBlob::from(s3s::Body::from(data)));
@@ -610,7 +690,12 @@ rdma_s3! {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use hipobj::testing::world::{World, CLIENT_IP, CLIENT_NIC, SERVER_NIC};
+
     use super::*;
+    use crate::rdma::Limits;
 
     #[test]
     fn an_answer_s_bytes_start_where_its_content_range_says() {
@@ -655,7 +740,7 @@ mod tests {
         let s3 = RdmaS3 {
             fs: FileSystem::new(&fs_root).unwrap(),
             root: PathBuf::from("/srv/root"),
-            rdma: None,
+            rdma: Err("--no-rdma".to_owned()),
             region: "us-east-1".to_owned(),
         };
         assert_eq!(
@@ -666,5 +751,244 @@ mod tests {
             assert_eq!(s3.object_file("b", key), None, "{key}");
         }
         std::fs::remove_dir_all(&fs_root).unwrap();
+    }
+
+    /// A bound no answer that comes "at once" gets near, far below the
+    /// deadlines the slow requests have.
+    const AT_ONCE: Duration = Duration::from_secs(20);
+    const BUCKET: &str = "bucket";
+
+    fn request<T>(input: T, method: http::Method, token: Option<&str>) -> S3Request<T> {
+        let mut headers = HeaderMap::new();
+        if let Some(token) = token {
+            headers.insert(TOKEN, HeaderValue::from_str(token).unwrap());
+        }
+        let mut extensions = http::Extensions::new();
+        extensions.insert(Peer(SocketAddr::new(IpAddr::V4(CLIENT_IP), 40_000)));
+        S3Request {
+            input,
+            method,
+            uri: http::Uri::from_static("/"),
+            headers,
+            extensions,
+            credentials: Some(s3s::auth::Credentials {
+                access_key: "tenant".to_owned(),
+                secret_key: "secret".into(),
+            }),
+            region: None,
+            service: None,
+            trailing_headers: None,
+        }
+    }
+
+    fn get(key: &str, token: Option<&str>) -> S3Request<GetObjectInput> {
+        let input = GetObjectInput {
+            bucket: BUCKET.to_owned(),
+            key: key.to_owned(),
+            ..GetObjectInput::default()
+        };
+        request(input, http::Method::GET, token)
+    }
+
+    fn put(key: &str, data: &[u8], token: Option<&str>) -> S3Request<PutObjectInput> {
+        let input = PutObjectInput {
+            bucket: BUCKET.to_owned(),
+            key: key.to_owned(),
+            content_length: i64::try_from(data.len()).ok(),
+            body: Some(StreamingBlob::from(s3s::Body::from(
+                Bytes::copy_from_slice(data),
+            ))),
+            ..PutObjectInput::default()
+        };
+        request(input, http::Method::PUT, token)
+    }
+
+    /// A token of `length` bytes naming a client QP behind the client's
+    /// `port` on the fake fabric, as the header carries it.
+    fn token(port: u16, length: u64) -> String {
+        let mut gid = [0u8; 16];
+        gid[10..12].copy_from_slice(&[0xff, 0xff]);
+        gid[12..].copy_from_slice(&CLIENT_IP.octets());
+        let token = Token {
+            transport: Transport::RcCm,
+            qp_num: 17,
+            gid,
+            rkey: 0x1234,
+            addr: 0x7f00_0000_0000,
+            length,
+            port: 0,
+            lid: port,
+            secret: 0x005e_c2e7,
+        };
+        String::from_utf8(token.to_hex().to_vec()).unwrap()
+    }
+
+    /// The S3 server over a fresh root, with RDMA on the fake fabric's
+    /// server device within `limits`.
+    struct Fake {
+        world: World,
+        rdma: Arc<Rdma>,
+        s3: Arc<RdmaS3>,
+        root: PathBuf,
+    }
+
+    impl Fake {
+        fn new(name: &str, limits: Limits, timeout: Duration) -> Fake {
+            let world = World::new();
+            let fabric = &world.platform.fabric;
+            let ctx = fabric.verbs(&[SERVER_NIC]).open(SERVER_NIC).unwrap();
+            let rdma = Rdma::on(
+                fabric.cm(&[SERVER_NIC]),
+                ctx,
+                timeout,
+                Duration::ZERO,
+                limits,
+            );
+            let rdma = Arc::new(rdma.expect("RDMA on the fake server device"));
+            let dir = format!("hipobj-s3-{name}-{}", std::process::id());
+            let root = std::env::temp_dir().join(dir);
+            std::fs::create_dir_all(root.join(BUCKET)).unwrap();
+            let s3 = Arc::new(RdmaS3::new(
+                FileSystem::new(&root).unwrap(),
+                root.canonicalize().unwrap(),
+                Ok(rdma.clone()),
+                "us-east-1".to_owned(),
+            ));
+            Fake {
+                world,
+                rdma,
+                s3,
+                root,
+            }
+        }
+    }
+
+    impl Drop for Fake {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+
+    /// A plain PUT, then a plain GET of it, each answered well within
+    /// [`AT_ONCE`].
+    async fn plain_put_and_get(s3: &RdmaS3, key: &str, data: &[u8]) {
+        tokio::time::timeout(AT_ONCE, s3.put_object(put(key, data, None)))
+            .await
+            .expect("a plain PUT was answered in time")
+            .expect("a plain PUT");
+        let got = tokio::time::timeout(AT_ONCE, s3.get_object(get(key, None)))
+            .await
+            .expect("a plain GET was answered in time")
+            .expect("a plain GET");
+        let mut body = got.output.body.expect("a body");
+        let mut back = vec![0u8; data.len()];
+        assert_eq!(fill(&mut body, &mut back).await, Ok(data.len()));
+        assert_eq!(back, data);
+    }
+
+    /// The next answer of `answers`, within [`AT_ONCE`]: an error.
+    async fn refused(
+        answers: &mut tokio::sync::mpsc::UnboundedReceiver<S3Result<()>>,
+        what: &str,
+    ) -> S3Error {
+        let answer = tokio::time::timeout(AT_ONCE, answers.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no answer in {AT_ONCE:?}"))
+            .expect("the requests' channel is open");
+        answer.expect_err(what)
+    }
+
+    /// Requests whose client's RDMA CM never answers hold their places
+    /// until their deadline: at most `--rdma-max-requests` of them run,
+    /// the others are answered 503 at once, and plain S3 goes on, on a
+    /// blocking pool only two threads larger than that cap.
+    #[test]
+    fn rdma_requests_past_the_cap_get_503_at_once_and_plain_s3_goes_on() {
+        const CAP: usize = 3;
+        const PAST: usize = 3;
+        let slow = Duration::from_secs(120);
+        let limits = Limits {
+            allow: Vec::new(),
+            max_bytes: 1 << 20,
+            memory_bytes: 4 << 20,
+            max_connections: 64,
+            max_connections_per_client: 64,
+            max_requests: CAP,
+            connect_timeout: slow,
+        };
+        let fake = Fake::new("cap", limits, slow);
+        let (s3, rdma) = (fake.s3.clone(), fake.rdma.clone());
+        // The client: a CM listener on its address that nobody answers.
+        let listener = fake
+            .world
+            .platform
+            .fabric
+            .cm(&[CLIENT_NIC])
+            .listen(SocketAddr::new(IpAddr::V4(CLIENT_IP), 0))
+            .expect("the client's listener");
+        let token = token(listener.port(), 4096);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(CAP + 2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let object: Vec<u8> = (0..4096u32).map(|i| i.to_le_bytes()[0]).collect();
+            plain_put_and_get(&s3, "object", &object).await;
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            for _ in 0..CAP + PAST {
+                let (s3, tx, token) = (s3.clone(), tx.clone(), token.clone());
+                tokio::spawn(async move {
+                    let answer = s3.get_object(get("object", Some(&token))).await;
+                    let _ = tx.send(answer.map(|_| ()));
+                });
+            }
+            for _ in 0..PAST {
+                let e = refused(&mut rx, "a request past the cap was answered at once").await;
+                assert_eq!(*e.code(), s3s::S3ErrorCode::SlowDown, "{e:?}");
+                let reply = e.headers().and_then(|h| h.get(REPLY)).cloned();
+                assert_eq!(reply, Some(HeaderValue::from(503u16)));
+            }
+            assert_eq!(rdma.requests_in_progress(), CAP);
+            plain_put_and_get(&s3, "meanwhile", b"plain bytes").await;
+            assert!(rx.try_recv().is_err(), "the silent client's requests wait");
+            // The client's CM goes away: its connect requests are rejected.
+            drop(listener);
+            for _ in 0..CAP {
+                let e = refused(&mut rx, "a request ended once its dial did").await;
+                assert_eq!(*e.code(), s3s::S3ErrorCode::InternalError, "{e:?}");
+            }
+        });
+        assert_eq!(rdma.requests_in_progress(), 0, "every place given back");
+    }
+
+    /// With the default limits for a memory budget, a token longer than
+    /// the budget holds is declined naming `--rdma-max-bytes`, the limit
+    /// that applies, and the server's budget is untouched.
+    #[test]
+    fn a_token_longer_than_the_budget_holds_is_declined_for_rdma_max_bytes() {
+        use crate::cli::tests::{args, required};
+        let mut list = required();
+        list.extend(["--rdma-memory-bytes", "1048576"]);
+        let o = crate::cli::parse(&args(&list)).unwrap().unwrap();
+        let fake = Fake::new("max", o.limits(), o.rdma_timeout);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let long = token(4791, 2 << 20);
+        let e = runtime
+            .block_on(fake.s3.put_object(put("long", b"", Some(&long))))
+            .expect_err("declined");
+        assert_eq!(*e.code(), s3s::S3ErrorCode::NotImplemented, "{e:?}");
+        let why = e.message().unwrap_or_default();
+        assert!(
+            why.contains("2097152 bytes is more than --rdma-max-bytes 1048576"),
+            "{why}"
+        );
+        assert_eq!(fake.rdma.memory_in_use(), 0);
+        assert_eq!(fake.rdma.requests_in_progress(), 0);
+        assert!(!fake.root.join(BUCKET).join("long").exists());
     }
 }
