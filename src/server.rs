@@ -121,7 +121,8 @@ pub struct ServerConn {
 }
 
 impl ServerConn {
-    fn next_wr(&mut self) -> u64 {
+    /// A fresh work request id on this connection.
+    pub fn next_wr(&mut self) -> u64 {
         self.next_wr += 1;
         self.next_wr
     }

@@ -235,6 +235,63 @@ fn the_old_server_of_a_reused_connection_gets_nothing_of_a_transfer_sent_elsewhe
     }
 }
 
+/// The old server of a kept connection sends a final message while a
+/// transfer sent elsewhere waits on that connection: it loses its
+/// connection, as for a wrong proof, and the waiting transfer goes on.
+#[test]
+fn a_final_message_from_the_kept_server_does_not_end_a_transfer_sent_elsewhere() {
+    let up = Up::new();
+    let old = up.other_server("old0", 3);
+    old.set_object(&pattern(LEN, 0x11));
+    let first = recorded(&up, &old, Op::Get, HALF);
+    let new = up.world.server.clone();
+    new.set_object(&pattern(LEN, 0x22));
+    let mut sent = None;
+    let mut s3 = hooked(&new, Op::Get, |t: &Token| {
+        assert_eq!(t.qp_num, first.qp_num, "the reused slot");
+        // Whatever value it carries: the right one for this token, even.
+        sent = Some(old.send_final(&key(t), final_imm(t.secret), SHORT));
+    });
+    up.inst
+        .transfer(Direction::Get, up.slice(HALF), &mut s3)
+        .expect("the transfer its own server served");
+    drop(s3);
+    assert!(sent.is_some(), "the old server sent its final message");
+    assert_eq!(&up.buf[..HALF], &pattern(LEN, 0x22)[..HALF]);
+}
+
+/// A second final message while the window is being invalidated: the
+/// transfer's data is in, and it succeeds.
+#[test]
+fn a_second_final_message_does_not_fail_a_transfer_whose_data_is_in() {
+    let up = Up::new();
+    let server = up.world.server.clone();
+    server.set_object(&pattern(LEN, 0x31));
+    recorded(&up, &server, Op::Get, HALF);
+    server.set_object(&pattern(LEN, 0x32));
+    let fabric = up.world.platform.fabric.clone();
+    let mut second = None;
+    let mut s3 = Scripted::new(|t: &Token| {
+        let mut session = server.side().begin(t, None, deadline()).unwrap();
+        session
+            .write(&server.local(), 0, 0, t.length)
+            .expect("the data");
+        // The client sees neither final message until both are sent.
+        fabric.hold_completions(CLIENT_NIC, true);
+        session.finish().expect("the final message");
+        second = Some(server.send_final(&key(t), final_imm(t.secret), SHORT));
+        fabric.hold_completions(CLIENT_NIC, false);
+        fabric.release_completions();
+        b"200".to_vec()
+    });
+    let outcome = up.inst.transfer(Direction::Get, up.slice(HALF), &mut s3);
+    drop(s3);
+    assert!(matches!(second, Some(Ok(()))), "{second:?}");
+    outcome.expect("the transfer whose data was in");
+    assert_eq!(&up.buf[..HALF], &pattern(LEN, 0x32)[..HALF]);
+    assert!(up.settle());
+}
+
 #[test]
 fn an_old_server_that_reaches_in_while_another_server_is_granted_lands_nothing() {
     // Re-aimed to the new server, the client QP expects the new server's
@@ -807,11 +864,18 @@ fn a_flood_of_bad_connect_requests_does_not_fail_a_waiting_transfer() {
             let refused = &refused;
             s.spawn(move || {
                 for i in 0..FLOOD / THREADS {
+                    // Garbage, and names no connection has.
                     let guess = Token {
+                        qp_num: waiting.qp_num + 1000 + u32::try_from(i % 7).unwrap(),
                         secret: u32::try_from(t * FLOOD + i).unwrap(),
                         ..waiting
                     };
-                    if connect_request(up, &encode_connect(&guess)).is_some() {
+                    let data = if i % 2 == 0 {
+                        encode_connect(&guess).to_vec()
+                    } else {
+                        vec![0x5a; 56]
+                    };
+                    if connect_request(up, &data).is_some() {
                         refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
@@ -826,13 +890,51 @@ fn a_flood_of_bad_connect_requests_does_not_fail_a_waiting_transfer() {
             "the transfer failed"
         );
     });
-    assert_eq!(refused.into_inner(), FLOOD, "every guess was refused");
+    assert_eq!(refused.into_inner(), FLOOD, "every request was refused");
     eprintln!(
         "{FLOOD} bad connect requests from {THREADS} threads in {:.2} s",
         start.elapsed().as_secs_f64()
     );
     assert!(up.settle());
     assert_eq!(&up.buf[..HALF], &pattern(LEN, 10)[..HALF]);
+}
+
+/// Guesses at a waiting transfer's token (its connection's name, a wrong
+/// secret): each is refused, and after `MAX_WRONG_PROOFS` of them the
+/// transfer is ended, so that a guesser gets that many tries at its 40
+/// unknown bits, not as many as it can send before the token's deadline.
+/// One guess fewer leaves the transfer alone.
+#[test]
+fn a_waiting_transfer_ends_after_too_many_wrong_guesses_at_its_token() {
+    use hipobj::core::conn::MAX_WRONG_PROOFS;
+    for guesses in [MAX_WRONG_PROOFS - 1, MAX_WRONG_PROOFS] {
+        let up = Up::new();
+        let server = up.world.server.clone();
+        let waiting = up.inst.mint_token(up.slice(HALF), TokenOp::Get).unwrap();
+        for i in 0..guesses {
+            let guess = Token {
+                secret: waiting.secret ^ (i + 1),
+                ..waiting
+            };
+            assert!(
+                connect_request(&up, &encode_connect(&guess)).is_some(),
+                "guess {i} was accepted"
+            );
+        }
+        server.set_object(&pattern(LEN, 15));
+        let reply = server.handle(&waiting.to_hex(), Op::Get);
+        if guesses < MAX_WRONG_PROOFS {
+            assert_eq!(reply, b"200", "{guesses} guesses");
+            assert_eq!(&up.buf[..HALF], &pattern(LEN, 15)[..HALF]);
+        } else {
+            assert_ne!(reply, b"200", "the transfer outlived {guesses} guesses");
+            assert!(up.buf.iter().all(|&b| b == 0));
+        }
+        assert!(up.settle());
+        // The client stays usable.
+        up.transfer(Op::Get, &server, HALF).unwrap();
+        assert_eq!(&up.buf[..HALF], &pattern(LEN, 15)[..HALF]);
+    }
 }
 
 /// A flood of connect requests sent at least as fast as the driver reads

@@ -64,6 +64,11 @@ pub const QP_CAPS: QpCaps = QpCaps {
     max_send_sge: 1,
     max_recv_sge: 1,
 };
+/// Connect requests with a wrong token that one waiting transfer takes
+/// before it is ended: an online guesser gets this many tries at a
+/// token's 40 unknown bits (32 of secret, 8 of window key), not as many as
+/// it can send before the token's deadline.
+pub const MAX_WRONG_PROOFS: u32 = 64;
 /// How long a replaced QP is kept (in RESET, reaching nothing) before it
 /// is destroyed, so that the device does not hand its number to a new QP
 /// while servers' CMs still remember connections to it.
@@ -487,6 +492,8 @@ pub struct Conn {
     pub epoch: u64,
     /// When the present job was armed.
     armed_at: Instant,
+    /// Connect requests with a wrong token while the present job waited.
+    wrong_proofs: u32,
     /// The time of the entry of [`Timers`] this connection counts on.
     timer: Option<Instant>,
     /// A retired connection whose QP may still reach this buffer keeps it
@@ -524,6 +531,7 @@ impl Conn {
             job: Job::Free,
             epoch: 0,
             armed_at: Instant::now(),
+            wrong_proofs: 0,
             timer: None,
             pinned: None,
             recvs: [None; RECVS],
@@ -883,6 +891,7 @@ impl Conn {
             return self.release(env);
         }
         self.armed_at = Instant::now();
+        self.wrong_proofs = 0;
         let window_ok = match (&self.window, &armed.grant) {
             (Some(w), Grant::Window { .. }) => armed.token.rkey & !0xff == w.rkey & !0xff,
             (None, Grant::Region { .. }) => true,
@@ -1071,7 +1080,13 @@ impl Conn {
         let proved = matches!(&self.job, Job::Armed(a, Phase::Waiting) if a.token.same_as(token));
         if !proved || self.is_retired() {
             // Not waiting, another token, or a second request with a token
-            // already proved: refused, and the job is not disturbed.
+            // already proved: refused, and the job is not disturbed. The
+            // refusal goes out before anything else is done, the same for
+            // every reason.
+            let wrong = matches!(&self.job, Job::Armed(_, Phase::Waiting)) && !self.is_retired();
+            let source = (wrong && self.wrong_proofs + 1 == MAX_WRONG_PROOFS)
+                .then(|| request_source(&*request));
+            refuse(request);
             if env.debug {
                 log!(
                     Level::Debug,
@@ -1080,7 +1095,27 @@ impl Conn {
                     self.why_not_proved(token)
                 );
             }
-            return refuse(request);
+            if wrong {
+                self.wrong_proofs += 1;
+                if self.wrong_proofs >= MAX_WRONG_PROOFS {
+                    log!(
+                        Level::Warn,
+                        "QP {}: {MAX_WRONG_PROOFS} connect requests with a wrong token for one \
+                         waiting transfer (the last from {}): the transfer is ended",
+                        self.qp.qp_num(),
+                        source.unwrap_or_else(|| "an unknown source".into())
+                    );
+                    return self.finish(
+                        Err(Error::Rdma(format!(
+                            "{MAX_WRONG_PROOFS} connect requests with a wrong token reached this \
+                             transfer's connection: it was ended so that its token cannot be \
+                             guessed; the transfer may be tried again"
+                        ))),
+                        env,
+                    );
+                }
+            }
+            return;
         }
         if let Job::Armed(a, _) = &self.job {
             a.mailbox.set_proved();
@@ -1391,13 +1426,25 @@ impl Conn {
         let Job::Armed(armed, phase) = &mut self.job else {
             return self.on_garbage("a final message with no transfer", env);
         };
-        if !matches!(phase, Phase::Granted) {
-            return self.finish(
-                Err(Error::Rdma(
-                    "a final message before the transfer was granted".into(),
-                )),
-                env,
-            );
+        match phase {
+            Phase::Granted => {}
+            // From the kept connection's server, which this job's token
+            // was not sent to (it has not proved it): that server loses
+            // its connection, the job waits for its own.
+            Phase::Waiting => {
+                return self.on_garbage("a final message while a transfer waits for its proof", env)
+            }
+            // A second final message: the data is in; the window goes
+            // with the connection.
+            Phase::Revoking { .. } => return self.on_garbage("a second final message", env),
+            Phase::Binding { .. } => {
+                return self.finish(
+                    Err(Error::Rdma(
+                        "a final message before the transfer was granted".into(),
+                    )),
+                    env,
+                )
+            }
         }
         if imm != protocol::final_imm(armed.token.secret) {
             return self.finish(
@@ -1554,6 +1601,18 @@ fn init_attr(port: u8, mode: Mode) -> QpAttr {
         port: Some(port),
         access: Some(mode.qp_access()),
         ..QpAttr::default()
+    }
+}
+
+/// Where a connect request came from, for the log: its source GID.
+fn request_source(request: &dyn CmRequest) -> String {
+    match request.init_qp_attr(QpState::Rtr).ok().and_then(|a| a.av) {
+        Some(av) => match av.dgid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {
+            true => std::net::Ipv4Addr::new(av.dgid[12], av.dgid[13], av.dgid[14], av.dgid[15])
+                .to_string(),
+            false => std::net::Ipv6Addr::from(av.dgid).to_string(),
+        },
+        None => "an unknown source".into(),
     }
 }
 

@@ -678,10 +678,10 @@ impl State {
                     let token = match decode_connect(request.private_data()) {
                         Ok(token) => token,
                         Err(why) => {
+                            refuse(request);
                             if self.shared.settings.debug {
                                 log!(Level::Debug, "refused a connect request: {why}");
                             }
-                            refuse(request);
                             continue;
                         }
                     };
@@ -694,7 +694,16 @@ impl State {
                             };
                             conn.handle(event, &mut self.shared.env())
                         }
-                        None => refuse(request),
+                        None => {
+                            refuse(request);
+                            if self.shared.settings.debug {
+                                log!(
+                                    Level::Debug,
+                                    "refused a connect request: no connection is named QP {}",
+                                    token.qp_num
+                                );
+                            }
+                        }
                     }
                 }
                 CmEvent::Established { .. } => {}

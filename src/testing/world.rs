@@ -536,6 +536,36 @@ impl TestServer {
         crate::server::prove(&mut conn, token, Instant::now() + within)
     }
 
+    /// Sends a final message (a zero-length SEND with `imm`) on the
+    /// connection kept to `client`, as a misbehaving server would at any
+    /// moment; returns once it completed.
+    pub fn send_final(&self, client: &ClientQp, imm: u32, within: Duration) -> Result<()> {
+        let conn = self
+            .side
+            .connection(client)
+            .ok_or_else(|| Error::Rdma("no connection to that client QP".into()))?;
+        let mut conn = conn.lock();
+        let id = conn.next_wr();
+        conn.qp.post_send(&[crate::platform::SendWr {
+            wr_id: id,
+            op: crate::platform::SendOp::SendImm { imm },
+            sge: None,
+            signaled: true,
+        }])?;
+        let until = Instant::now() + within;
+        loop {
+            if let Some(c) = conn.cq.poll(1)?.into_iter().next() {
+                return match c.status {
+                    crate::platform::WcStatus::Success => Ok(()),
+                    status => Err(Error::Rdma(format!("the final message: {status:?}"))),
+                };
+            }
+            if Instant::now() >= until || !conn.cq.wait(until)? {
+                return Err(Error::Rdma("the final message did not complete".into()));
+            }
+        }
+    }
+
     /// An S3 client session for one request of direction `op`.
     pub fn session(&self, op: Op) -> Session<'_> {
         Session {
