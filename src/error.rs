@@ -59,6 +59,19 @@ pub enum Error {
     /// No instance: `hipObjInit` was not called, failed, or was undone.
     #[error("library not initialized")]
     NotInitialized,
+    /// This process is a fork of the one whose instance it inherited: that
+    /// instance's driver thread, connections and registrations belong to
+    /// the parent and cannot be used here (`hipObjNotInitialized`).
+    #[error(
+        "this process ({child}) is a fork of the one that initialized the library ({parent}); \
+         its instance belongs to the parent: initialize the library again in this process"
+    )]
+    Forked {
+        /// The process that initialized the instance.
+        parent: u32,
+        /// This process.
+        child: u32,
+    },
     /// `hipObjInit` was called while an instance exists.
     #[error("library already initialized")]
     AlreadyInitialized,
@@ -84,6 +97,21 @@ pub enum Error {
     /// what was tried.
     #[error("GPU runtime unavailable: {0}")]
     HipMissing(String),
+    /// No GPU can be served (`why`, with the runtime's `hipError_t`) and
+    /// no NIC was named, so nothing says which NIC would serve host memory
+    /// (`hipObjRdmaError`, as the original reports it).
+    #[error(
+        "no GPU ({why}) and no NIC named: to move host memory, pass nicHint or set \
+         HIPOBJ_NIC_HINT to an RDMA device ({devices}; `hipobj doctor` shows what this host can do)"
+    )]
+    NoGpuNoNic {
+        /// Why no GPU can be served.
+        why: String,
+        /// The runtime's `hipError_t`.
+        code: i32,
+        /// The RDMA devices present, said for the message.
+        devices: String,
+    },
     /// No RDMA device matched.
     #[error("no usable RDMA NIC: {0}")]
     NicNotFound(String),
@@ -136,10 +164,13 @@ impl Error {
             Error::SizeTooLarge(_) => Code::SizeTooLarge,
             Error::BufNotRegistered => Code::BufNotRegistered,
             Error::BufAlreadyRegistered => Code::BufAlreadyRegistered,
-            Error::NotInitialized => Code::NotInitialized,
+            Error::NotInitialized | Error::Forked { .. } => Code::NotInitialized,
             Error::AlreadyInitialized => Code::AlreadyInitialized,
             Error::Busy(_) => Code::Busy,
-            Error::Rdma(_) | Error::Hip { .. } | Error::HipMissing(_) => Code::Rdma,
+            Error::Rdma(_)
+            | Error::Hip { .. }
+            | Error::HipMissing(_)
+            | Error::NoGpuNoNic { .. } => Code::Rdma,
             Error::NicNotFound(_) => Code::NicNotFound,
             Error::DmabufNotSupported => Code::DmabufNotSupported,
             Error::NotSupported(_) => Code::NotSupported,
@@ -151,7 +182,7 @@ impl Error {
     /// The `hipError_t` behind the failure, or 0 when HIP was not involved.
     pub fn hip_error(&self) -> i32 {
         match self {
-            Error::Hip { code, .. } => *code,
+            Error::Hip { code, .. } | Error::NoGpuNoNic { code, .. } => *code,
             Error::HipMissing(_) => HIP_ERROR_NO_DEVICE,
             Error::Staging { hip, .. } => *hip,
             _ => 0,
@@ -167,6 +198,7 @@ impl Error {
             Error::Rdma(_)
                 | Error::Hip { .. }
                 | Error::HipMissing(_)
+                | Error::NoGpuNoNic { .. }
                 | Error::NicNotFound(_)
                 | Error::Internal(_)
                 | Error::Staging { .. }

@@ -76,6 +76,7 @@ const PROGRAMS: &[&str] = &[
     "threads.c",
     "cxx_consumer.cpp",
     "fake_world.c",
+    "fork.c",
     "missing_libraries.c",
 ];
 
@@ -190,6 +191,13 @@ fn fake_world_prints_its_stats_at_shutdown() {
     };
     assert_eq!(count("handshakes") + count("reused"), 7, "{}", lines[0]);
     assert!((1..=2).contains(&count("handshakes")), "{}", lines[0]);
+}
+
+/// `fork` after `hipObjInit`: the child's calls fail at once, it may
+/// initialize afresh, and the parent goes on.
+#[test]
+fn fork() {
+    run_program("fork.c", &[]);
 }
 
 #[test]

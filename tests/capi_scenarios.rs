@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hipobj::capi::*;
-use hipobj::core::{Config, Options, CURRENT};
+use hipobj::core::{Code, Config, Options, CURRENT};
 use hipobj::server::Op;
 use hipobj::testing::world::{TestServer, World};
 use parking_lot::Mutex;
@@ -476,7 +476,18 @@ fn a_null_nic_hint_is_read_from_the_environment() {
         }
         outcome
     };
-    assert!(init(None).is_err(), "GPU-less, and no hint at all");
+    let refused = init(None).expect_err("GPU-less, and no hint at all");
+    // The original's code, and a message that says the way out.
+    assert_eq!((refused.code(), refused.hip_error()), (Code::Rdma, 100));
+    let said = refused.to_string();
+    for needed in [
+        "no GPU",
+        "nicHint",
+        "HIPOBJ_NIC_HINT",
+        hipobj::testing::world::CLIENT_NIC,
+    ] {
+        assert!(said.contains(needed), "{needed:?} in {said}");
+    }
     init(Some(hipobj::testing::world::CLIENT_NIC)).expect("the hint from the environment");
     assert_eq!(
         Options::from_lookup(|name| (name == "HIPOBJ_NIC_HINT").then(|| "rxe0".into())).nic_hint,

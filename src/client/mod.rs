@@ -305,6 +305,7 @@ impl Client {
     /// Registers `bytes` (host memory) as a buffer; [`Buffer::into_vec`]
     /// gives them back.
     pub fn register_host(&self, bytes: Vec<u8>) -> Result<Buffer> {
+        self.instance.check_process()?;
         let memory = bytes.into_boxed_slice();
         let range = BufferRange::new(memory.as_ptr() as usize, memory.len())?;
         self.instance.register(range, true)?;
@@ -321,6 +322,7 @@ impl Client {
     /// registered as `hipObjBufRegister` registers GPU memory (dma-buf, a
     /// plain registration, or staging: [`Buffer::kind`] says which).
     pub fn device_buffer(&self, len: usize) -> Result<Buffer> {
+        self.instance.check_process()?;
         let gpu = self
             .instance
             .gpu
@@ -373,6 +375,7 @@ impl Client {
         range: Range<usize>,
         s3: &mut dyn S3Side,
     ) -> Result<Route> {
+        self.instance.check_process()?;
         if !Arc::ptr_eq(&buffer.instance, &self.instance) {
             return Err(Error::BufNotRegistered.into());
         }
@@ -399,6 +402,11 @@ impl Drop for Client {
     /// Closes the instance: transfers still running on other threads end
     /// with `NotInitialized`; buffers still alive deregister when dropped.
     fn drop(&mut self) {
+        if self.instance.forked() {
+            // The parent's: never torn down here.
+            Instance::abandon_in_child(&self.instance);
+            return;
+        }
         self.instance.close();
     }
 }
@@ -666,6 +674,17 @@ impl Drop for Buffer {
     /// (a deregistration that failed, a staging copy that may still run)
     /// is leaked, never freed under a NIC or a GPU copy.
     fn drop(&mut self) {
+        if self.instance.forked() {
+            // Its registration is the parent's; host memory is this
+            // process's own copy, GPU memory the parent's.
+            Instance::abandon_in_child(&self.instance);
+            if let Memory::Device { memory, .. } =
+                std::mem::replace(&mut self.memory, Memory::Host(Box::default()))
+            {
+                std::mem::forget(memory);
+            }
+            return;
+        }
         if self.release() {
             return;
         }

@@ -313,6 +313,8 @@ pub fn build(
 pub struct Driver {
     commands: Arc<Commands>,
     thread: Option<JoinHandle<()>>,
+    /// The process whose thread it is.
+    pid: u32,
 }
 
 impl Driver {
@@ -363,6 +365,7 @@ impl Driver {
         Ok(Driver {
             commands,
             thread: Some(thread),
+            pid: std::process::id(),
         })
     }
 
@@ -374,6 +377,12 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            // A forked child: the thread is the parent's (joining it here
+            // would wait for nothing that exists).
+            std::mem::forget(self.thread.take());
+            return;
+        }
         let _ = self.commands.send(Command::Stop, true);
         if let Some(thread) = self.thread.take() {
             if thread.join().is_err() {

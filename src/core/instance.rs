@@ -109,6 +109,9 @@ pub struct Instance {
     pub(crate) stats: Arc<Stats>,
     pub(crate) tokens: Arc<TokenBook>,
     timers_pending: Arc<std::sync::atomic::AtomicUsize>,
+    /// The process that built it: a forked child must not use (nor tear
+    /// down) what belongs to its parent.
+    pid: u32,
     pub(crate) abandoned: AbandonedCopies,
     pub(crate) buffers: BufferMap,
     pub(crate) pool: Arc<Pool>,
@@ -146,7 +149,22 @@ impl Instance {
             }
         }
         let verbs = platform.verbs()?;
-        let gpu = resolve_gpu(&*platform, &config, options.gpu_runtime)?;
+        let gpu = resolve_gpu(&*platform, &config, options.gpu_runtime).map_err(|e| {
+            match (&e, config.nic_hint.is_empty()) {
+                (Error::Hip { .. } | Error::HipMissing(_), true) => Error::NoGpuNoNic {
+                    why: e.to_string(),
+                    code: e.hip_error(),
+                    devices: match verbs.device_names() {
+                        Ok(names) if names.is_empty() => {
+                            "no RDMA device is present on this host either".to_owned()
+                        }
+                        Ok(names) => format!("present: {}", names.join(", ")),
+                        Err(why) => format!("the RDMA devices could not be listed: {why}"),
+                    },
+                },
+                _ => e,
+            }
+        })?;
         let present = verbs.device_names()?;
         if !present
             .iter()
@@ -231,6 +249,7 @@ impl Instance {
             stats,
             tokens,
             timers_pending,
+            pid: std::process::id(),
             abandoned: AbandonedCopies::new(),
             buffers: BufferMap::new(),
             pool,
@@ -251,6 +270,33 @@ impl Instance {
         options: Options,
     ) -> Result<Arc<Instance>> {
         Ok(Arc::new(Instance::build(platform, config, options)?))
+    }
+
+    /// `Err(Forked)` in a process forked from the one that built this
+    /// instance: its driver thread does not run there, and its connections
+    /// and registrations are the parent's.
+    pub fn check_process(&self) -> Result<()> {
+        let child = std::process::id();
+        if child == self.pid {
+            Ok(())
+        } else {
+            Err(Error::Forked {
+                parent: self.pid,
+                child,
+            })
+        }
+    }
+
+    /// Whether this process is a fork of the one that built the instance.
+    pub fn forked(&self) -> bool {
+        self.check_process().is_err()
+    }
+
+    /// Gives up this reference without dropping it, in a forked child: the
+    /// instance is never torn down there (its teardown would act on the
+    /// parent's device objects through the inherited descriptors).
+    pub fn abandon_in_child(this: &Arc<Instance>) {
+        std::mem::forget(Arc::clone(this));
     }
 
     /// The port servers connect to.
@@ -421,14 +467,34 @@ impl Current {
     }
 
     /// The current instance, kept alive by the returned `Arc` for as long as
-    /// the caller holds it.
+    /// the caller holds it. In a process forked from the one that built it,
+    /// the instance is unpublished (and never torn down) and the call fails
+    /// with `Forked`: the child may initialize afresh.
     pub fn instance(&self) -> Result<Arc<Instance>> {
-        self.instance.read().clone().ok_or(Error::NotInitialized)
+        let found = self.instance.read().clone().ok_or(Error::NotInitialized)?;
+        if let Err(forked) = found.check_process() {
+            self.forget_forked();
+            Instance::abandon_in_child(&found);
+            return Err(forked);
+        }
+        Ok(found)
     }
 
-    /// Whether an instance is published.
+    /// Unpublishes an instance inherited from the parent process, without
+    /// tearing it down, and says so once.
+    fn forget_forked(&self) {
+        let mut slot = self.instance.write();
+        if let Some(old) = slot.take_if(|i| i.forked()) {
+            if let Err(why) = old.check_process() {
+                log::log!(log::Level::Warn, "{why}");
+            }
+            Instance::abandon_in_child(&old);
+        }
+    }
+
+    /// Whether an instance is published (for this process).
     pub fn is_initialized(&self) -> bool {
-        self.instance.read().is_some()
+        self.instance().is_ok()
     }
 
     /// Builds an instance on `platform` and publishes it; on any failure
@@ -440,6 +506,7 @@ impl Current {
         options: Options,
     ) -> Result<()> {
         let _serialized = self.init_lock.lock();
+        self.forget_forked();
         if self.is_initialized() {
             return Err(Error::AlreadyInitialized);
         }
@@ -452,6 +519,7 @@ impl Current {
     /// instance they hold; it is dropped when the last of them returns.
     pub fn shutdown(&self) {
         let _serialized = self.init_lock.lock();
+        self.forget_forked();
         let old = self.instance.write().take();
         if let Some(instance) = &old {
             instance.close();
