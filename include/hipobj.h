@@ -259,7 +259,9 @@ HIPOBJ_API hipObjError_t hipObjBufRegisterHost(void *hostPtr, size_t size);
  * Thread safety: any thread. Returns `hipObjNotInitialized` first;
  * `hipObjInvalidValue` for NULL; `hipObjBufNotRegistered` if `devPtr` is not
  * a registered base address; `hipObjBusy` while a `hipObjGet` or
- * `hipObjPut` in flight or an abandoned staging copy still holds the buffer.
+ * `hipObjPut` in flight or an abandoned staging copy still holds the
+ * buffer, or while a token of it could not be ended yet (the connection
+ * driver did not answer in time: try again).
  *
  * # Safety
  *
@@ -418,7 +420,10 @@ hipObjError_t hipObjTokenClientNic(const char *token,
  * header through `ops->recvReply`. On success the bytes are in the buffer.
  *
  * `handle` is the application's and is not used. Callbacks run on this
- * thread with no library lock held and may call any function.
+ * thread with no library lock held and may call any function. They must
+ * return: a C++ exception thrown through them, or a `longjmp` out of
+ * them, crosses the library's frames, which is undefined behaviour
+ * (catch it in the callback and return non-zero instead).
  *
  * Thread safety: any thread, concurrently, up to `HIPOBJ_MAX_TRANSFERS`
  * transfers at once. Returns `hipObjNotInitialized` first;

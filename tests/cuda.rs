@@ -68,6 +68,32 @@ fn the_driver_reports_its_devices_and_what_they_support() {
     );
 }
 
+/// After a GET of device memory the library synchronizes the device, and
+/// flushes GPUDirect RDMA writes where the device does not order them
+/// itself (below OWNER scope): the decision follows the driver's own
+/// attributes, and the call succeeds either way.
+#[test]
+fn gpudirect_rdma_writes_are_flushed_only_where_the_device_does_not_order_them() {
+    let cuda = LoadedCuda::open(SONAMES).expect("the CUDA driver");
+    assert!(
+        cuda.has_rdma_flush(),
+        "CUDA 11.3+ has cuFlushGPUDirectRDMAWrites"
+    );
+    for device in 0..cuda.device_count().expect("a GPU") {
+        let ordering = cuda.device_attribute(device, 118).expect("WRITES_ORDERING");
+        let options = cuda
+            .device_attribute(device, 117)
+            .expect("FLUSH_WRITES_OPTIONS");
+        let needed = cuda.needs_flush(device);
+        println!(
+            "cuda device {device}: gpu_direct_rdma_writes_ordering {ordering} \
+             flush_writes_options {options:#x} flush_after_get {needed}"
+        );
+        assert_eq!(needed, ordering < 100 && options & 1 != 0);
+        cuda.synchronize(device).expect("synchronize (and flush)");
+    }
+}
+
 fn options(dmabuf: bool) -> Options {
     Options {
         completion_timeout: Duration::from_secs(5),

@@ -59,7 +59,9 @@ pub unsafe extern "C" fn hipObjBufRegisterHost(hostPtr: *mut c_void, size: usize
 /// Thread safety: any thread. Returns `hipObjNotInitialized` first;
 /// `hipObjInvalidValue` for NULL; `hipObjBufNotRegistered` if `devPtr` is not
 /// a registered base address; `hipObjBusy` while a `hipObjGet` or
-/// `hipObjPut` in flight or an abandoned staging copy still holds the buffer.
+/// `hipObjPut` in flight or an abandoned staging copy still holds the
+/// buffer, or while a token of it could not be ended yet (the connection
+/// driver did not answer in time: try again).
 ///
 /// # Safety
 ///

@@ -76,7 +76,10 @@ unsafe fn transfer(
 /// header through `ops->recvReply`. On success the bytes are in the buffer.
 ///
 /// `handle` is the application's and is not used. Callbacks run on this
-/// thread with no library lock held and may call any function.
+/// thread with no library lock held and may call any function. They must
+/// return: a C++ exception thrown through them, or a `longjmp` out of
+/// them, crosses the library's frames, which is undefined behaviour
+/// (catch it in the callback and return non-zero instead).
 ///
 /// Thread safety: any thread, concurrently, up to `HIPOBJ_MAX_TRANSFERS`
 /// transfers at once. Returns `hipObjNotInitialized` first;

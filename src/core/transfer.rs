@@ -243,9 +243,15 @@ impl Instance {
     /// application-driven tokens first (their access is revoked, whatever
     /// their transfer was doing), as the original's deregistration does.
     pub fn deregister(&self, base: usize) -> Result<()> {
+        // Nothing to end for an address that is not registered.
+        self.buffers.find(base)?;
         let within = self.options.completion_timeout + DRIVER_GRACE;
         if !self.driver_does(|done| Command::EndTokens { base, done }, within) {
-            return Err(late("ending the buffer's tokens"));
+            // The buffer's tokens may still give access: it stays.
+            return Err(Error::Busy(
+                "the buffer's tokens could not be ended yet: the connection driver did not \
+                 answer in time",
+            ));
         }
         self.tokens.forget(base);
         self.abandoned.prune_all();

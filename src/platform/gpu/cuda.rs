@@ -239,6 +239,24 @@ pub type CuMemGetHandleForAddressRange = unsafe extern "C" fn(
     flags: c_ulonglong,
 ) -> CuResult;
 
+/// `CUresult cuFlushGPUDirectRDMAWrites(CUflushGPUDirectRDMAWritesTarget
+/// target, CUflushGPUDirectRDMAWritesScope scope)` (CUDA 11.3 and later),
+/// hence optional.
+pub type CuFlushGpuDirectRdmaWrites = unsafe extern "C" fn(target: c_int, scope: c_int) -> CuResult;
+
+/// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS`: a bitmask.
+const ATTR_RDMA_FLUSH_WRITES_OPTIONS: c_int = 117;
+/// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING`: the scope within
+/// which the device orders GPUDirect RDMA writes by itself.
+const ATTR_RDMA_WRITES_ORDERING: c_int = 118;
+/// `CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST`: the call is supported.
+const FLUSH_OPTION_HOST: c_int = 1;
+/// `CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER`, and the flush scope of the
+/// same value (`CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER`).
+const ORDERING_OWNER: c_int = 100;
+/// `CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX`.
+const FLUSH_TARGET_CURRENT_CTX: c_int = 0;
+
 /// The resolved table and the primary contexts retained through it,
 /// shared with the buffers and events it creates.
 pub(crate) struct CudaApi {
@@ -380,6 +398,10 @@ pub struct LoadedCuda {
     /// device query's answer.
     init: HipResult<()>,
     get_handle_for_address_range: Option<CuMemGetHandleForAddressRange>,
+    flush_rdma_writes: Option<CuFlushGpuDirectRdmaWrites>,
+    /// Per device: whether a NIC's writes must be flushed before its
+    /// context consumes them (the device does not order them itself).
+    needs_flush: Mutex<HashMap<i32, bool>>,
     page: usize,
 }
 
@@ -402,6 +424,11 @@ impl LoadedCuda {
             )
         }
         .ok();
+        // SAFETY: as above.
+        let flush_rdma_writes = unsafe {
+            dl::symbol::<CuFlushGpuDirectRdmaWrites>(&library, b"cuFlushGPUDirectRDMAWrites\0")
+        }
+        .ok();
         // SAFETY: cuInit takes flags, which must be 0.
         let init = check(unsafe { (fns.init)(0) });
         // SAFETY: sysconf has no preconditions.
@@ -414,6 +441,8 @@ impl LoadedCuda {
             }),
             init,
             get_handle_for_address_range,
+            flush_rdma_writes,
+            needs_flush: Mutex::new(HashMap::new()),
             page,
         })
     }
@@ -438,6 +467,26 @@ impl LoadedCuda {
         // SAFETY: a valid out-parameter; the driver validates the attribute.
         check(unsafe { (self.api.fns.device_get_attribute)(&mut value, attribute, handle) })?;
         Ok(value)
+    }
+
+    /// Whether GPUDirect RDMA writes to `device` must be flushed before its
+    /// own context consumes them: the device orders them below OWNER
+    /// scope, and supports the host flush. Asked once per device.
+    pub fn needs_flush(&self, device: i32) -> bool {
+        if let Some(&known) = self.needs_flush.lock().get(&device) {
+            return known;
+        }
+        let ordering = self.device_attribute(device, ATTR_RDMA_WRITES_ORDERING);
+        let options = self.device_attribute(device, ATTR_RDMA_FLUSH_WRITES_OPTIONS);
+        let needed = matches!((ordering, options), (Ok(o), Ok(f))
+            if o < ORDERING_OWNER && f & FLUSH_OPTION_HOST != 0);
+        self.needs_flush.lock().insert(device, needed);
+        needed
+    }
+
+    /// Whether `cuFlushGPUDirectRDMAWrites` was found.
+    pub fn has_rdma_flush(&self) -> bool {
+        self.flush_rdma_writes.is_some()
     }
 
     /// The raw `cuPointerGetAttributes` answer for `addr`: memory type,
@@ -544,11 +593,24 @@ impl Gpu for LoadedCuda {
 
     /// `cuCtxSynchronize` in `device`'s primary context: every stream of
     /// it, as `hipDeviceSynchronize` waits for every stream of the device.
+    /// Where the device does not order GPUDirect RDMA writes itself
+    /// (`GPU_DIRECT_RDMA_WRITES_ORDERING` below OWNER) and supports the
+    /// flush, `cuFlushGPUDirectRDMAWrites` to the owner follows, so that a
+    /// NIC's writes are visible to the work the application queues next
+    /// (elsewhere the call would be a no-op, and is not made).
     fn synchronize(&self, device: i32) -> HipResult<()> {
         self.init?;
+        let flush = self.flush_rdma_writes.filter(|_| self.needs_flush(device));
         self.api.in_context(device, || {
             // SAFETY: takes no argument; a context is current.
-            check(unsafe { (self.api.fns.ctx_synchronize)() })
+            check(unsafe { (self.api.fns.ctx_synchronize)() })?;
+            match flush {
+                // SAFETY: the target and scope are the driver's enum values
+                // for "the current context" and "its owner"; a context is
+                // current.
+                Some(flush) => check(unsafe { flush(FLUSH_TARGET_CURRENT_CTX, ORDERING_OWNER) }),
+                None => Ok(()),
+            }
         })
     }
 
