@@ -906,7 +906,7 @@ fn a_flood_of_bad_connect_requests_does_not_fail_a_waiting_transfer() {
 /// One guess fewer leaves the transfer alone.
 #[test]
 fn a_waiting_transfer_ends_after_too_many_wrong_guesses_at_its_token() {
-    use hipobj::core::conn::MAX_WRONG_PROOFS;
+    use hipobj::core::connections::MAX_WRONG_PROOFS;
     for guesses in [MAX_WRONG_PROOFS - 1, MAX_WRONG_PROOFS] {
         let up = Up::new();
         let server = up.world.server.clone();
@@ -1178,7 +1178,7 @@ fn a_device_too_small_for_the_pool_fails_init_and_too_few_windows_fall_back() {
     let mut spec = WorldSpec::default();
     spec.client.limits.max_mw = 2;
     let up = Up::with(World::with(spec), options());
-    assert_eq!(up.inst.mode, hipobj::core::conn::Mode::Regions);
+    assert_eq!(up.inst.mode, hipobj::core::connections::Mode::Regions);
     let server = up.world.server.clone();
     server.set_object(&pattern(LEN, 17));
     up.transfer(Op::Get, &server, HALF)

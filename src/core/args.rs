@@ -3,6 +3,7 @@
 //! instance then checks what needs the buffer map.
 
 use crate::error::{Error, Result};
+use crate::platform::Access;
 
 /// Largest registration: exactly 4 GiB is allowed.
 pub const MAX_BUFFER_BYTES: u64 = 1 << 32;
@@ -116,6 +117,34 @@ impl TryFrom<i32> for TokenOp {
             0 => Ok(TokenOp::Put),
             1 => Ok(TokenOp::Get),
             _ => Err(Error::InvalidValue("token op is not 0 or 1")),
+        }
+    }
+}
+
+/// Which way the bytes go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// Object to buffer: the server RDMA WRITEs.
+    Get,
+    /// Buffer to object: the server RDMA READs.
+    Put,
+}
+
+impl Direction {
+    /// The remote access a transfer grants its server.
+    pub fn access(self) -> Access {
+        match self {
+            Direction::Get => Access::REMOTE_WRITE,
+            Direction::Put => Access::REMOTE_READ,
+        }
+    }
+}
+
+impl From<TokenOp> for Direction {
+    fn from(op: TokenOp) -> Direction {
+        match op {
+            TokenOp::Get => Direction::Get,
+            TokenOp::Put => Direction::Put,
         }
     }
 }

@@ -15,11 +15,9 @@ use std::net::SocketAddr;
 
 use super::abandoned::AbandonedCopies;
 use super::buffers::BufferMap;
-use super::conn::Mode;
-use super::driver::{self, Commands, Driver, Settings};
+use super::connections::{Connections, Mode, Pool, Settings};
 use super::nic::{self, GpuPlace, NicChoice};
 use super::options::Options;
-use super::pool::Pool;
 use super::stats::{Snapshot, Stats};
 use super::tokens::TokenBook;
 use crate::error::{Error, Result, HIP_ERROR_NO_DEVICE};
@@ -104,7 +102,8 @@ pub struct Instance {
     pub listener_port: u16,
     /// How access is granted on this device.
     pub mode: Mode,
-    driver: Driver,
+    /// The connections and their driver (stopped first).
+    pub(crate) connections: Connections,
     /// What moved the bytes, and what failed ([`Instance::stats`]).
     pub(crate) stats: Arc<Stats>,
     pub(crate) tokens: Arc<TokenBook>,
@@ -114,7 +113,6 @@ pub struct Instance {
     pid: u32,
     pub(crate) abandoned: AbandonedCopies,
     pub(crate) buffers: BufferMap,
-    pub(crate) pool: Arc<Pool>,
     pub(crate) pd: Arc<dyn Pd>,
     pub(crate) ctx: Arc<dyn Context>,
     /// The GPU; `None` on a GPU-less host (with a NIC hint).
@@ -211,10 +209,8 @@ impl Instance {
         let pd = ctx.alloc_pd()?;
         let cm = platform.cm()?;
         let listener = cm.listen(SocketAddr::new(nic::ip_of(&gid), 0))?;
-        let commands = Arc::new(Commands::new()?);
         let count = usize::try_from(options.max_transfers)
             .map_err(|_| Error::InvalidValue("HIPOBJ_MAX_TRANSFERS"))?;
-        let pool = Arc::new(Pool::new(count, commands.clone()));
         let settings = Settings {
             port: nic.port,
             completion_timeout: options.completion_timeout,
@@ -227,17 +223,9 @@ impl Instance {
         let stats = settings.stats.clone();
         let tokens = settings.tokens.clone();
         let timers_pending = settings.timers_pending.clone();
-        let parts = driver::build(&*ctx, &pd, count, &pool, settings.clone())?;
-        let mode = parts.mode();
         let listener_port = listener.port();
-        let driver = Driver::start(
-            parts,
-            listener,
-            ctx.clone(),
-            pool.clone(),
-            commands,
-            settings,
-        )?;
+        let connections = Connections::start(ctx.clone(), &pd, listener, count, settings)?;
+        let mode = connections.mode();
         Ok(Instance {
             options,
             config,
@@ -245,14 +233,13 @@ impl Instance {
             gid,
             listener_port,
             mode,
-            driver,
+            connections,
             stats,
             tokens,
             timers_pending,
             pid: std::process::id(),
             abandoned: AbandonedCopies::new(),
             buffers: BufferMap::new(),
-            pool,
             pd,
             ctx,
             gpu,
@@ -306,12 +293,7 @@ impl Instance {
 
     /// The free list of connections.
     pub fn pool(&self) -> &Arc<Pool> {
-        &self.pool
-    }
-
-    /// The driver's command queue.
-    pub(crate) fn commands(&self) -> &Arc<Commands> {
-        self.driver.commands()
+        self.connections.pool()
     }
 
     /// The rkey of the registration of the buffer at `base`. It grants
@@ -369,18 +351,7 @@ impl Instance {
     /// hold the instance; a proof arriving later is refused. Transfers
     /// that calls in progress wait on run to their end.
     pub fn close(&self) {
-        self.pool.close();
-        let done = Arc::new(crate::core::mailbox::Mailbox::new());
-        let sent = self.commands().send(
-            crate::core::driver::Command::Close { done: done.clone() },
-            true,
-        );
-        // A stopped driver ended every token already.
-        if sent.is_ok()
-            && done
-                .wait(Some(std::time::Instant::now() + CLOSE_GRACE))
-                .is_none()
-        {
+        if !self.connections.close(CLOSE_GRACE) {
             log::log!(
                 log::Level::Error,
                 "shutdown: the connection driver did not confirm within {} s that the \
@@ -393,10 +364,10 @@ impl Instance {
 
 impl Drop for Instance {
     fn drop(&mut self) {
-        // Then the driver (the first field) stops: application-driven
-        // tokens end, established connections are disconnected so that
-        // their servers see the end at once.
-        self.pool.close();
+        // Then the connections' driver (the first field to go) stops:
+        // application-driven tokens end, established connections are
+        // disconnected so that their servers see the end at once.
+        self.connections.pool().close();
     }
 }
 

@@ -7,13 +7,11 @@
 pub mod abandoned;
 pub mod args;
 pub mod buffers;
-pub mod conn;
-pub mod driver;
+pub mod connections;
 pub mod instance;
 pub mod mailbox;
 pub mod nic;
 pub mod options;
-pub mod pool;
 pub mod protocol;
 pub mod reply;
 pub mod stats;
@@ -21,9 +19,6 @@ pub mod sync;
 pub mod token;
 pub mod tokens;
 pub mod transfer;
-
-#[cfg(all(test, loom))]
-mod loom_models;
 
 pub use crate::error::{self, Code, Error, Result};
 pub use crate::log;

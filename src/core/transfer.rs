@@ -17,13 +17,12 @@ use crate::log::{log, Level};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use super::args::Direction;
 use super::args::{BufferRange, Slice, SyncDirection, TokenOp};
 use super::buffers::{BufEntry, BufKind, DmabufSource};
-use super::conn::{Armed, Grant, Mode};
-use super::driver::Command;
+use super::connections::{remember_peer, Armed, Grant, Lease, Mode, SlotInfo};
 use super::instance::Instance;
 use super::mailbox::{late, Mailbox};
-use super::pool::{remember_peer, Lease, SlotInfo};
 use super::reply::{parse_reply, REPLY_BUFFER_LEN};
 use super::stats::DECLINED;
 use super::token::{Token, Transport, TOKEN_HEX_LEN};
@@ -34,34 +33,6 @@ use crate::platform::{Access, GpuCall, PointerKind};
 /// answer before it gives up on the driver (which never happens unless the
 /// driver is wedged).
 const DRIVER_GRACE: Duration = Duration::from_secs(5);
-
-/// Which way the bytes go.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Direction {
-    /// Object to buffer: the server RDMA WRITEs.
-    Get,
-    /// Buffer to object: the server RDMA READs.
-    Put,
-}
-
-impl Direction {
-    /// The remote access a transfer grants its server.
-    pub fn access(self) -> Access {
-        match self {
-            Direction::Get => Access::REMOTE_WRITE,
-            Direction::Put => Access::REMOTE_READ,
-        }
-    }
-}
-
-impl From<TokenOp> for Direction {
-    fn from(op: TokenOp) -> Direction {
-        match op {
-            TokenOp::Get => Direction::Get,
-            TokenOp::Put => Direction::Put,
-        }
-    }
-}
 
 /// How a transfer's bytes went between the NIC and the buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -246,7 +217,7 @@ impl Instance {
         // Nothing to end for an address that is not registered.
         self.buffers.find(base)?;
         let within = self.options.completion_timeout + DRIVER_GRACE;
-        if !self.driver_does(|done| Command::EndTokens { base, done }, within) {
+        if !self.connections.end_tokens(base, within) {
             // The buffer's tokens may still give access: it stays.
             return Err(Error::Busy(
                 "the buffer's tokens could not be ended yet: the connection driver did not \
@@ -382,7 +353,7 @@ impl Instance {
         if direction == Direction::Put {
             self.stage(&entry, SyncDirection::ToHost, slice.offset, slice.len)?;
         }
-        let mut lease = self.pool.acquire()?;
+        let mut lease = self.connections.acquire()?;
         let (token, grant) =
             self.prepare(lease.info(), &entry, slice.offset, slice.len, direction)?;
         // The driver reads this before the first event of the slot, which
@@ -408,7 +379,11 @@ impl Instance {
                 outcome
             }
             // Dropping the unsettled lease aborts the transfer.
-            None => Err(self.pool.death().unwrap_or_else(|| late("the transfer"))),
+            None => Err(self
+                .connections
+                .pool()
+                .death()
+                .unwrap_or_else(|| late("the transfer"))),
         };
         drop(lease);
         talk?;
@@ -511,7 +486,7 @@ impl Instance {
     /// `HIPOBJ_COMPLETION_TIMEOUT_MS`.
     pub fn mint_token(&self, slice: Slice, op: TokenOp) -> Result<Token> {
         let entry = self.lookup(&slice)?;
-        let mut lease = match self.pool.try_acquire()? {
+        let mut lease = match self.connections.try_acquire()? {
             Some(lease) => lease,
             None => self.lease_for_token()?,
         };
@@ -542,17 +517,8 @@ impl Instance {
     /// back a released, unproved token's connection, then waits a bounded
     /// time for a free one.
     fn lease_for_token(&self) -> Result<Lease> {
-        let done = Arc::new(Mailbox::new());
-        if self
-            .commands()
-            .send(Command::Reclaim { done: done.clone() }, true)
-            .is_ok()
-        {
-            if let Some(Err(busy)) = done.wait(Some(Instant::now() + DRIVER_GRACE)) {
-                return Err(busy);
-            }
-        }
-        self.pool
+        self.connections.reclaim(DRIVER_GRACE)?;
+        self.connections
             .acquire_until(Instant::now() + self.options.completion_timeout)?
             .ok_or(Error::Busy(
                 "no connection came free for a token within HIPOBJ_COMPLETION_TIMEOUT_MS",
@@ -604,23 +570,7 @@ impl Instance {
         {
             return;
         }
-        let (qp_num, secret) = (token.qp_num, token.secret);
-        // A stopped driver has ended every token already.
-        let _ = self
-            .commands()
-            .send(Command::Released { qp_num, secret }, false);
-    }
-
-    /// Sends the driver the command `make` builds around a mailbox it
-    /// fills when done, and waits up to `within` for that. `false` only if
-    /// the driver took the command and did not answer in time (a stopped
-    /// driver has ended every job already).
-    fn driver_does(&self, make: impl FnOnce(Arc<Mailbox>) -> Command, within: Duration) -> bool {
-        let done = Arc::new(Mailbox::new());
-        if self.commands().send(make(done.clone()), true).is_err() {
-            return true;
-        }
-        done.wait(Some(Instant::now() + within)).is_some()
+        self.connections.released(token.qp_num, token.secret);
     }
 }
 
@@ -638,22 +588,17 @@ fn arm(
     detached: bool,
 ) -> Result<Arc<Mailbox>> {
     let mailbox = Arc::new(Mailbox::new());
-    let info = lease.info().clone();
     lease.arm(
-        Command::Arm {
-            index: info.index,
-            epoch: info.epoch,
-            armed: Box::new(Armed {
-                token,
-                direction,
-                grant,
-                entry: entry.clone(),
-                mailbox: mailbox.clone(),
-                deadline,
-                detached,
-                released: false,
-            }),
-        },
+        Box::new(Armed {
+            token,
+            direction,
+            grant,
+            entry: entry.clone(),
+            mailbox: mailbox.clone(),
+            deadline,
+            detached,
+            released: false,
+        }),
         detached,
     )?;
     Ok(mailbox)

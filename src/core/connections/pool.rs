@@ -13,8 +13,9 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use super::sync::{Condvar, Mutex};
+use crate::core::sync::{Condvar, Mutex};
 
+use super::conn::Armed;
 use super::driver::{Command, Commands};
 use crate::error::{Error, Result};
 use crate::platform::{Gid, Pd};
@@ -65,7 +66,7 @@ pub struct Pool {
 
 // Not `const` initializers: loom's `thread_local!` (under `--cfg loom`,
 // core/sync.rs) does not take them.
-super::sync::thread_local! {
+crate::core::sync::thread_local! {
     /// Leases this thread holds, of any pool: a thread that holds one and
     /// finds none free gets `Busy` rather than waiting for itself.
     #[allow(clippy::missing_const_for_thread_local)]
@@ -294,7 +295,12 @@ impl Lease {
     /// must look now (a deadline to watch); otherwise it finds the command
     /// before the first event of the slot, which the transfer's server
     /// causes. On failure (the driver is gone) the lease is settled.
-    pub fn arm(&mut self, command: Command, wake: bool) -> Result<()> {
+    pub fn arm(&mut self, armed: Box<Armed>, wake: bool) -> Result<()> {
+        let command = Command::Arm {
+            index: self.info.index,
+            epoch: self.info.epoch,
+            armed,
+        };
         let sent = self.commands.send(command, wake);
         self.state = if sent.is_ok() {
             LeaseState::Armed

@@ -23,16 +23,16 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::stats::Stats;
-use super::sync::Mutex;
-use super::tokens::TokenBook;
+use crate::core::stats::Stats;
+use crate::core::sync::Mutex;
+use crate::core::tokens::TokenBook;
 
 use super::conn::{
     refuse, wr_parts, Armed, Conn, Cooling, Env, Event, Mode, RecvBuffers, Timers, QP_CAPS,
 };
-use super::mailbox::Mailbox;
 use super::pool::Pool;
-use super::protocol::decode_connect;
+use crate::core::mailbox::Mailbox;
+use crate::core::protocol::decode_connect;
 use crate::error::{Error, Result};
 use crate::platform::{wait_readable, AsyncKind, CmEvent, CmListener, Context, Cq, Mw, Pd, Waker};
 /// Completion entries per connection on the pool's CQ: more than a

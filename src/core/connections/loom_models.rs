@@ -15,8 +15,8 @@ use std::sync::Arc;
 use loom::thread;
 
 use super::driver::{Command, Commands};
-use super::mailbox::Mailbox;
 use super::pool::{Pool, SlotInfo};
+use crate::core::mailbox::Mailbox;
 use crate::error::Error;
 use crate::platform::Pd;
 use crate::testing::fabric::{DeviceSpec, Fabric};

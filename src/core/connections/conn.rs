@@ -26,14 +26,14 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::buffers::BufEntry;
-use super::mailbox::Mailbox;
 use super::pool::{Pool, SlotInfo};
-use super::protocol::{self, decode_proof, encode_reject, PROOF_LEN};
-use super::stats::Stats;
-use super::token::Token;
-use super::tokens::TokenBook;
-use super::transfer::Direction;
+use crate::core::args::Direction;
+use crate::core::buffers::BufEntry;
+use crate::core::mailbox::Mailbox;
+use crate::core::protocol::{self, decode_proof, encode_reject, PROOF_LEN};
+use crate::core::stats::Stats;
+use crate::core::token::Token;
+use crate::core::tokens::TokenBook;
 use crate::error::{Error, Result};
 use crate::platform::{
     AcceptParams, Access, CmConnection, CmRequest, Completion, Cq, Gid, Mr, Mw, Pd, Qp, QpAttr,
@@ -268,11 +268,6 @@ impl Timers {
     /// Entries held.
     pub fn len(&self) -> usize {
         self.0.len()
-    }
-
-    /// Whether no entry is held.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 }
 
