@@ -158,7 +158,7 @@ pub enum Grant {
     },
 }
 
-/// A transfer handed to the driver ([`Conn::on_arm`]).
+/// A transfer handed to the driver ([`super::Lease::arm`]).
 pub struct Armed {
     /// The token it minted.
     pub token: Token,
@@ -894,7 +894,7 @@ impl Conn {
         };
         self.job = Job::Armed(armed, Phase::Waiting);
         if !window_ok {
-            return self.finish(
+            self.finish(
                 Err(Error::Internal(
                     "the token's rkey is not this connection's window".into(),
                 )),

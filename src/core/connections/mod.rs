@@ -101,8 +101,9 @@ impl Connections {
         self.driver_does(|done| Command::EndTokens { base, done }, within)
     }
 
-    /// The application released the token with this QP and secret: marked,
-    /// never ended (see [`Command::Released`]). Never waits.
+    /// The application released the token with this QP and secret: it is
+    /// only marked (while no server has proved it, [`Connections::reclaim`]
+    /// may end it for a newer token). Never waits.
     pub fn released(&self, qp_num: u32, secret: u32) {
         // A stopped driver has ended every token already.
         let _ = self
