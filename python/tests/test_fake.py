@@ -682,8 +682,15 @@ def test_a_forked_child_never_calls_into_the_parent_s_instance(s3, session, fake
         assert len(calls) == 1, calls
         assert result["paths"] == ("fallback", "fallback")
         assert all("fork" in reason for reason in result["reasons"]), result["reasons"]
-    # Never the parent's registrations.
-    assert not [c for c in calls if c[0] == "hipObjBufDeregister" and c[1] in parent], calls
+    # Never the parent's registrations: an address the parent registered is
+    # deregistered in the child only after the child's own instance
+    # registered it (the child's copy of that memory).
+    registered_here = set()
+    for name, ptr, _ in calls:
+        if name in ("hipObjBufRegister", "hipObjBufRegisterHost"):
+            registered_here.add(ptr)
+        elif name == "hipObjBufDeregister":
+            assert ptr not in parent or ptr in registered_here, calls
     assert result["same"] and result["stored"] and not result["released"]
     # The parent's session is as it was.
     assert session.registered_count() == count and fake.hipobjFakeLiveObjects(b"mr") == mrs
