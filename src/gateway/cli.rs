@@ -88,8 +88,8 @@ pub struct Options {
 
 impl Options {
     /// What the server's RDMA may do.
-    pub fn limits(&self) -> crate::rdma::Limits {
-        crate::rdma::Limits {
+    pub fn limits(&self) -> crate::gateway::rdma::Limits {
+        crate::gateway::rdma::Limits {
             allow: self.rdma_allow.clone(),
             max_bytes: self.rdma_max_bytes,
             memory_bytes: self.rdma_memory_bytes,
@@ -212,12 +212,12 @@ const MAX_REQUESTS: usize = 4096;
 /// budget holds, if less. A maximum the budget cannot hold would never
 /// apply (the budget would decline first): refused, with what to change.
 fn max_bytes(given: Option<u64>, memory_bytes: u64) -> Result<u64, String> {
-    let fits = crate::rdma::longest_transfer(memory_bytes);
+    let fits = crate::gateway::rdma::longest_transfer(memory_bytes);
     if fits == 0 {
         return Err(format!(
             "--rdma-memory-bytes {memory_bytes}: no transfer fits (a transfer's buffer is at \
              least {} bytes)",
-            crate::rdma::MIN_BUF
+            crate::gateway::rdma::MIN_BUF
         ));
     }
     match given {
@@ -270,7 +270,7 @@ fn bucket_name(name: String) -> Result<String, String> {
 }
 
 #[cfg(test)]
-pub mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The arguments as the program gets them.

@@ -39,21 +39,21 @@
 //! Every request must be signed (SigV4) for the configured region.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Component, Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::core::token::{parse_header, Token, Transport};
 use bytes::Bytes;
 use futures::StreamExt;
-use hipobj::core::token::{parse_header, Token, Transport};
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use s3s::dto::*;
 use s3s::{s3_error, S3Error, S3Request, S3Response, S3Result, S3};
-use s3s_fs::FileSystem;
 
-use crate::range;
-use crate::rdma::{Admission, Failure, Label, Rdma, TakeError};
+use crate::gateway::backend::Backend;
+use crate::gateway::range;
+use crate::gateway::rdma::{Admission, Failure, Label, Rdma, TakeError};
 
 /// The TCP peer of an HTTP request, put into its extensions by the
 /// connection's service (`main.rs`).
@@ -83,11 +83,9 @@ macro_rules! clear_checksums {
     };
 }
 
-/// s3s-fs, with the RDMA paths.
+/// A backend, with the RDMA paths in front.
 pub struct RdmaS3 {
-    fs: FileSystem,
-    /// The backend's root, canonical, as s3s-fs resolves paths under it.
-    root: PathBuf,
+    backend: Arc<dyn Backend>,
     /// The server's RDMA, or why it is off.
     rdma: Result<Arc<Rdma>, String>,
     region: String,
@@ -138,33 +136,18 @@ impl Job {
 }
 
 impl RdmaS3 {
-    /// The operations over `fs` (whose root is `root`, canonical); `rdma`
-    /// is why RDMA is off when it is.
+    /// The operations over `backend`; `rdma` is why RDMA is off when it
+    /// is.
     pub fn new(
-        fs: FileSystem,
-        root: PathBuf,
+        backend: Arc<dyn Backend>,
         rdma: Result<Arc<Rdma>, String>,
         region: String,
     ) -> RdmaS3 {
         RdmaS3 {
-            fs,
-            root,
+            backend,
             rdma,
             region,
         }
-    }
-
-    /// The file s3s-fs keeps `bucket/key` in, for a key of plain path
-    /// components only (s3s-fs resolves `..` and the like virtually under
-    /// its root: such keys take the backend's own stream instead).
-    fn object_file(&self, bucket: &str, key: &str) -> Option<PathBuf> {
-        let plain = |p: &str| {
-            !p.is_empty()
-                && Path::new(p)
-                    .components()
-                    .all(|c| matches!(c, Component::Normal(_)))
-        };
-        (plain(bucket) && plain(key)).then(|| self.root.join(bucket).join(key))
     }
 
     /// Refuses a request signed for another region, as S3 does.
@@ -202,7 +185,7 @@ impl RdmaS3 {
                 trailing_headers: None,
             };
             let len = self
-                .fs
+                .backend
                 .head_object(head)
                 .await?
                 .output
@@ -216,7 +199,7 @@ impl RdmaS3 {
                 )
             })?);
         }
-        self.fs.get_object(req).await
+        self.backend.get_object(req).await
     }
 
     /// What the request's `x-amz-rdma-token` asks for; a token to serve
@@ -238,7 +221,7 @@ impl RdmaS3 {
             (Ok(rdma), Ok(token)) if !rdma.may_dial(&token, source) => format!(
                 "the token names {}, which this server may not connect to for a request \
                  from {} (see --rdma-allow)",
-                hipobj::core::nic::ip_of(&token.gid),
+                crate::core::nic::ip_of(&token.gid),
                 source.map_or("an unknown address".to_owned(), |s| s.to_string())
             ),
             (Ok(rdma), Ok(token)) => match rdma.admit() {
@@ -273,7 +256,7 @@ impl RdmaS3 {
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let arrived = Instant::now();
         let (token, rdma, source) = (job.token, job.rdma.clone(), job.source);
-        let file = self.object_file(&req.input.bucket, &req.input.key);
+        let file = self.backend.object_file(&req.input.bucket, &req.input.key);
         let mut resp = self.backend_get(req).await.map_err(echo_status)?;
         let length = resp
             .output
@@ -436,7 +419,7 @@ impl RdmaS3 {
 /// to the backend; the buffer goes back to the server's memory budget when
 /// the backend lets go of them.
 struct Lent {
-    buf: Option<crate::rdma::RegBuf>,
+    buf: Option<crate::gateway::rdma::RegBuf>,
     rdma: Arc<Rdma>,
     len: usize,
 }
@@ -614,7 +597,7 @@ macro_rules! rdma_s3 {
                 self.check_region(&req)?;
                 let what = object(&req.input.bucket, &req.input.key);
                 let job = match self.ask(&req, &format!("PUT {what}")) {
-                    Ask::Plain => return self.fs.put_object(req).await,
+                    Ask::Plain => return self.backend.put_object(req).await,
                     Ask::Decline(why) => return Err(declined(&why)),
                     Ask::Busy(why) => return Err(slow_down(&why)),
                     Ask::Rdma(job) => job,
@@ -625,7 +608,7 @@ macro_rules! rdma_s3 {
                 req.input.content_length = i64::try_from(len).ok();
                 req.input.body = Some(StreamingBlob::from(s3s::Body::from(data)));
                 clear_checksums!(req.input);
-                let mut resp = self.fs.put_object(req).await.map_err(echo_status)?;
+                let mut resp = self.backend.put_object(req).await.map_err(echo_status)?;
                 resp.headers.insert(REPLY, HeaderValue::from(200u16));
                 resp.headers.insert(BYTES, HeaderValue::from(len));
                 Ok(resp)
@@ -642,7 +625,7 @@ macro_rules! rdma_s3 {
                     req.input.part_number
                 );
                 let job = match self.ask(&req, &format!("PUT {what}")) {
-                    Ask::Plain => return self.fs.upload_part(req).await,
+                    Ask::Plain => return self.backend.upload_part(req).await,
                     Ask::Decline(why) => return Err(declined(&why)),
                     Ask::Busy(why) => return Err(slow_down(&why)),
                     Ask::Rdma(job) => job,
@@ -653,7 +636,7 @@ macro_rules! rdma_s3 {
                 req.input.content_length = i64::try_from(len).ok();
                 req.input.body = Some(StreamingBlob::from(s3s::Body::from(data)));
                 clear_checksums!(req.input);
-                let mut resp = self.fs.upload_part(req).await.map_err(echo_status)?;
+                let mut resp = self.backend.upload_part(req).await.map_err(echo_status)?;
                 resp.headers.insert(REPLY, HeaderValue::from(200u16));
                 resp.headers.insert(BYTES, HeaderValue::from(len));
                 Ok(resp)
@@ -662,7 +645,7 @@ macro_rules! rdma_s3 {
             $(
                 async fn $op(&self, req: S3Request<$input>) -> S3Result<S3Response<$output>> {
                     self.check_region(&req)?;
-                    self.fs.$op(req).await
+                    self.backend.$op(req).await
                 }
             )*
         }
@@ -692,10 +675,10 @@ rdma_s3! {
 mod tests {
     use std::time::Duration;
 
-    use hipobj::testing::world::{World, CLIENT_IP, CLIENT_NIC, SERVER_NIC};
+    use crate::testing::world::{World, CLIENT_IP, CLIENT_NIC, SERVER_NIC};
 
     use super::*;
-    use crate::rdma::Limits;
+    use crate::gateway::rdma::Limits;
 
     #[test]
     fn an_answer_s_bytes_start_where_its_content_range_says() {
@@ -731,26 +714,6 @@ mod tests {
         );
         assert!(read_file(&dir.join("gone"), 0, 1, &mut out).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn only_plain_keys_are_read_from_their_file() {
-        let fs_root = std::env::temp_dir().join(format!("hipobj-s3-keys-{}", std::process::id()));
-        std::fs::create_dir_all(&fs_root).unwrap();
-        let s3 = RdmaS3 {
-            fs: FileSystem::new(&fs_root).unwrap(),
-            root: PathBuf::from("/srv/root"),
-            rdma: Err("--no-rdma".to_owned()),
-            region: "us-east-1".to_owned(),
-        };
-        assert_eq!(
-            s3.object_file("b", "dir/key.bin"),
-            Some(PathBuf::from("/srv/root/b/dir/key.bin"))
-        );
-        for key in ["../escape", "a/../b", "./k", "/abs", ""] {
-            assert_eq!(s3.object_file("b", key), None, "{key}");
-        }
-        std::fs::remove_dir_all(&fs_root).unwrap();
     }
 
     /// A bound no answer that comes "at once" gets near, far below the
@@ -829,7 +792,7 @@ mod tests {
         world: World,
         rdma: Arc<Rdma>,
         s3: Arc<RdmaS3>,
-        root: PathBuf,
+        root: std::path::PathBuf,
     }
 
     impl Fake {
@@ -849,8 +812,7 @@ mod tests {
             let root = std::env::temp_dir().join(dir);
             std::fs::create_dir_all(root.join(BUCKET)).unwrap();
             let s3 = Arc::new(RdmaS3::new(
-                FileSystem::new(&root).unwrap(),
-                root.canonicalize().unwrap(),
+                Arc::new(crate::gateway::local::Local::open(&root).unwrap()),
                 Ok(rdma.clone()),
                 "us-east-1".to_owned(),
             ));
@@ -968,10 +930,10 @@ mod tests {
     /// that applies, and the server's budget is untouched.
     #[test]
     fn a_token_longer_than_the_budget_holds_is_declined_for_rdma_max_bytes() {
-        use crate::cli::tests::{args, required};
+        use crate::gateway::cli::tests::{args, required};
         let mut list = required();
         list.extend(["--rdma-memory-bytes", "1048576"]);
-        let o = crate::cli::parse(&args(&list)).unwrap().unwrap();
+        let o = crate::gateway::cli::parse(&args(&list)).unwrap().unwrap();
         let fake = Fake::new("max", o.limits(), o.rdma_timeout);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()

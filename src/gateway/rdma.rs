@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hipobj::core::token::Token;
-use hipobj::platform::{Access, Cm, Context, Mr, PortState};
-use hipobj::server::{DialPolicy, LocalBuf, Op, Requester, ServerConfig, ServerSide};
+use crate::core::token::Token;
+use crate::platform::{Access, Cm, Context, Mr, PortState};
+use crate::server::{DialPolicy, LocalBuf, Op, Requester, ServerConfig, ServerSide};
 use parking_lot::{Condvar, Mutex};
 
 /// Registered bytes the pool keeps for reuse; buffers beyond are freed.
@@ -231,7 +231,7 @@ impl Rdma {
         delay_final: Duration,
         limits: Limits,
     ) -> Result<Rdma, String> {
-        let platform = hipobj::platform::system();
+        let platform = crate::platform::system();
         let verbs = platform.verbs().map_err(|e| e.to_string())?;
         let cm = platform.cm().map_err(|e| e.to_string())?;
         let names = verbs.device_names().map_err(|e| e.to_string())?;
@@ -333,7 +333,7 @@ impl Rdma {
         self.side
             .config
             .dial
-            .permits(hipobj::core::nic::ip_of(&token.gid), source)
+            .permits(crate::core::nic::ip_of(&token.gid), source)
     }
 
     /// The device's name.
@@ -477,7 +477,7 @@ impl Rdma {
             requester,
             start + self.timeout,
         );
-        let peer = hipobj::core::nic::ip_of(&token.gid);
+        let peer = crate::core::nic::ip_of(&token.gid);
         let took = start.elapsed().as_secs_f64() * 1e3;
         let waited = start.duration_since(label.arrived).as_secs_f64() * 1e3;
         let what = format!(
@@ -487,8 +487,8 @@ impl Rdma {
         match outcome {
             Ok(proven) => {
                 let how = match proven {
-                    hipobj::server::Proven::Connected => "connected with the token",
-                    hipobj::server::Proven::OnItsConnection => "proved on its connection",
+                    crate::server::Proven::Connected => "connected with the token",
+                    crate::server::Proven::OnItsConnection => "proved on its connection",
                 };
                 eprintln!("hipobj-s3-server: {what}: ok in {took:.1} ms ({how})");
                 (Ok(()), Some(buf))
@@ -510,8 +510,8 @@ impl Rdma {
                 let failure = match failure.error {
                     // The dial policy: the token names an address this
                     // server may not connect to.
-                    hipobj::core::Error::NotSupported(why) => Failure::Declined(why.to_owned()),
-                    hipobj::core::Error::Busy(why) => Failure::Busy(why.to_owned()),
+                    crate::core::Error::NotSupported(why) => Failure::Declined(why.to_owned()),
+                    crate::core::Error::Busy(why) => Failure::Busy(why.to_owned()),
                     e => Failure::Failed(e.to_string()),
                 };
                 (Err(failure), kept)
