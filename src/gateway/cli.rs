@@ -241,8 +241,8 @@ pub enum Command {
     /// Serve with these settings, after printing the warnings (each a
     /// sentence, on standard error).
     Run {
-        /// The settings.
-        options: Options,
+        /// The settings (boxed: the other variants are empty).
+        options: Box<Options>,
         /// What is allowed but unsafe: a secret on the command line or in
         /// a file others may read, S3 in clear text on a network.
         warnings: Vec<String>,
@@ -273,14 +273,17 @@ pub fn command(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<
     }
     let mut warnings = Vec::new();
     let options = finish(given, env, &mut warnings)?;
-    Ok(Command::Run { options, warnings })
+    Ok(Command::Run {
+        options: Box::new(options),
+        warnings,
+    })
 }
 
 /// [`command`] without an environment: the settings, or `None` for
 /// `--help` or `--version`.
 pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
     match command(args, &|_| None)? {
-        Command::Run { options, .. } => Ok(Some(options)),
+        Command::Run { options, .. } => Ok(Some(*options)),
         Command::Help | Command::Version => Ok(None),
     }
 }
@@ -1082,7 +1085,7 @@ pub(crate) mod tests {
             match command(&list, &|name| {
                 env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
             }) {
-                Ok(Command::Run { options, warnings }) => (options, warnings),
+                Ok(Command::Run { options, warnings }) => (*options, warnings),
                 other => panic!("{other:?}"),
             }
         };

@@ -557,3 +557,75 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_operation_is_told_from_the_method_the_path_and_the_query() {
+        let none = HeaderMap::new();
+        let mut copy = HeaderMap::new();
+        copy.insert(
+            "x-amz-copy-source",
+            http::HeaderValue::from_static("/b/src"),
+        );
+        for (method, uri, headers, op) in [
+            (Method::GET, "/", &none, "ListBuckets"),
+            (Method::GET, "/b", &none, "ListObjects"),
+            (Method::GET, "/b/?prefix=a&max-keys=2", &none, "ListObjects"),
+            (Method::GET, "/b?list-type=2", &none, "ListObjectsV2"),
+            (Method::GET, "/b?uploads", &none, "ListMultipartUploads"),
+            (Method::GET, "/b?location", &none, "Other"),
+            (Method::PUT, "/b", &none, "CreateBucket"),
+            (Method::HEAD, "/b", &none, "HeadBucket"),
+            (Method::GET, "/b/k/e/y", &none, "GetObject"),
+            (
+                Method::GET,
+                "/b/k?X-Amz-Signature=abc&response-content-type=x",
+                &none,
+                "GetObject",
+            ),
+            (Method::GET, "/b/k?tagging", &none, "Other"),
+            (Method::HEAD, "/b/k", &none, "HeadObject"),
+            (Method::PUT, "/b/k", &none, "PutObject"),
+            (Method::PUT, "/b/k", &copy, "CopyObject"),
+            (
+                Method::PUT,
+                "/b/k?partNumber=1&uploadId=u",
+                &none,
+                "UploadPart",
+            ),
+            (
+                Method::PUT,
+                "/b/k?partNumber=1&uploadId=u",
+                &copy,
+                "UploadPartCopy",
+            ),
+            (
+                Method::POST,
+                "/b/k?uploads=",
+                &none,
+                "CreateMultipartUpload",
+            ),
+            (
+                Method::POST,
+                "/b/k?uploadId=u",
+                &none,
+                "CompleteMultipartUpload",
+            ),
+            (Method::GET, "/b/k?uploadId=u", &none, "ListParts"),
+            (
+                Method::DELETE,
+                "/b/k?uploadId=u",
+                &none,
+                "AbortMultipartUpload",
+            ),
+            (Method::DELETE, "/b/k", &none, "DeleteObject"),
+            (Method::POST, "/b?delete", &none, "Other"),
+        ] {
+            let uri: Uri = uri.parse().expect("a URI");
+            assert_eq!(operation(&method, &uri, headers), op, "{method} {uri}");
+        }
+    }
+}

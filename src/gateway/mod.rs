@@ -166,14 +166,15 @@ impl Asked {
         } else {
             error.code.as_str()
         };
-        let mut reason = explain(&error.code).unwrap_or_default().to_owned();
-        if !error.message.is_empty() {
-            if !reason.is_empty() {
-                reason.push_str(": ");
-            }
-            reason.push_str(&error.message);
-        }
-        eprintln!("hipobj-s3-server: {self}: {status} {code}, {class}: {reason}");
+        let reason: Vec<&str> = [explain(&error.code).unwrap_or(""), &error.message]
+            .into_iter()
+            .filter(|part| !part.is_empty())
+            .collect();
+        let reason = match reason.join(": ") {
+            none if none.is_empty() => String::new(),
+            some => format!(": {some}"),
+        };
+        eprintln!("hipobj-s3-server: {self}: {status} {code}, {class}{reason}");
     }
 }
 
@@ -469,6 +470,61 @@ where
     let peer = service.peer;
     let conn = http.serve_connection(TokioIo::new(io), service);
     if let Err(e) = watcher.watch(conn.into_owned()).await {
-        eprintln!("hipobj-s3-server: connection from {peer}: {e}");
+        // A connection that had sent no request when the drain began is
+        // closed with this: nothing was refused.
+        let drained = e
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::Interrupted);
+        if !drained {
+            eprintln!("hipobj-s3-server: connection from {peer}: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_body_gives_its_code_and_message_unescaped() {
+        let body = b"<?xml version=\"1.0\"?><Error><Code>NoSuchKey</Code>\
+            <Message>no &quot;a&lt;b&quot; &amp; more</Message></Error>";
+        assert_eq!(
+            s3_error(body),
+            S3ErrorBody {
+                code: "NoSuchKey".into(),
+                message: "no \"a<b\" & more".into(),
+            }
+        );
+        assert_eq!(s3_error(b""), S3ErrorBody::default());
+        let odd = s3_error(b"<Code>Bad Code\n</Code><Message>line\nbreak</Message>");
+        assert_eq!((odd.code.as_str(), odd.message.as_str()), ("", "linebreak"));
+    }
+
+    #[test]
+    fn the_access_key_is_read_from_the_signature_and_never_more() {
+        let request = |auth: Option<&str>, uri: &str| {
+            let mut builder = http::Request::builder().uri(uri);
+            if let Some(auth) = auth {
+                builder = builder.header(http::header::AUTHORIZATION, auth);
+            }
+            builder.body(()).expect("a request")
+        };
+        let signed = request(
+            Some(
+                "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20240101/us-east-1/s3/aws4_request, \
+                 SignedHeaders=host, Signature=0123abcd",
+            ),
+            "/b/k",
+        );
+        assert_eq!(access_key(&signed).as_deref(), Some("AKIDEXAMPLE"));
+        let presigned = request(
+            None,
+            "/b/k?X-Amz-Credential=AKIDEXAMPLE%2F20240101%2Fus-east-1&X-Amz-Signature=0123",
+        );
+        assert_eq!(access_key(&presigned).as_deref(), Some("AKIDEXAMPLE"));
+        let forged = request(Some("AWS4-HMAC-SHA256 Credential=a\tb c/x"), "/b/k");
+        assert_eq!(access_key(&forged).as_deref(), Some("(malformed)"));
+        assert_eq!(access_key(&request(None, "/b/k")), None);
     }
 }

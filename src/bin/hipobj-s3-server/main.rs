@@ -28,7 +28,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match gateway::run(options) {
+    match gateway::run(*options) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("hipobj-s3-server: {e}");
