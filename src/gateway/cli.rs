@@ -1001,6 +1001,18 @@ pub(crate) mod tests {
         assert!(matches!(parse(&args(&["--help"])), Ok(None)));
     }
 
+    /// The required options but the secret key.
+    fn access_key_alone() -> Vec<String> {
+        args(&[
+            "--root",
+            "/r",
+            "--listen",
+            "127.0.0.1:0",
+            "--access-key",
+            "a",
+        ])
+    }
+
     /// A file of this test's own, removed when dropped.
     struct Scratch(PathBuf);
 
@@ -1188,28 +1200,14 @@ pub(crate) mod tests {
             let file = Scratch::new("secret", contents);
             assert!(read_secret(&file.0).is_err(), "{contents:?}");
         }
-        let mut both = args(&[
-            "--root",
-            "/r",
-            "--listen",
-            "127.0.0.1:0",
-            "--access-key",
-            "a",
-        ]);
+        let mut both = access_key_alone();
         both.extend(args(&["--secret-key", "s", "--secret-key-file", "/f"]));
         assert!(parse(&both).unwrap_err().contains("give one"));
     }
 
     #[test]
     fn keys_and_tls_files_must_come_in_pairs() {
-        let only_key = args(&[
-            "--root",
-            "/r",
-            "--listen",
-            "127.0.0.1:0",
-            "--access-key",
-            "a",
-        ]);
+        let only_key = access_key_alone();
         assert!(parse(&only_key)
             .unwrap_err()
             .contains("--access-key has no secret key"));
