@@ -5,12 +5,12 @@
 //! does not:
 //!
 //! - an object replaced by a multipart upload is served without the old
-//!   object's checksums (the new-user trial's B1);
+//!   object's checksums, which boto3 would refuse on every GET;
 //! - a PUT or UploadPart whose body does not match its checksum or
 //!   Content-MD5 is answered 400 BadDigest and stores nothing: the previous
 //!   object or part stays byte for byte, and no temporary file is left;
 //! - an operation on a bucket that does not exist answers NoSuchBucket and
-//!   makes nothing (the trial's A7).
+//!   makes nothing: buckets are made by CreateBucket only.
 //!
 //! Every test compares the whole root (every file and directory, hidden
 //! ones included, with their bytes) before and after what must change
@@ -355,7 +355,7 @@ fn assert_code(result: &Result<impl std::fmt::Debug, S3Error>, code: S3ErrorCode
     }
 }
 
-/// The new-user trial's B1: an object PUT with a checksum, then replaced
+/// An object PUT with a checksum (as boto3 does by default), then replaced
 /// by a multipart upload, is served with the new object's checksum or
 /// none, never the old one (boto3 refuses every GET otherwise); and the
 /// file s3s-fs keeps it in no longer holds it.
@@ -429,6 +429,82 @@ async fn a_multipart_overwrite_drops_the_old_object_s_checksums() {
         assert!(info.contains("-2\""), "a two-part ETag: {info}");
         assert!(!info.contains("checksum_"), "no checksum kept: {info}");
     }
+}
+
+/// A root that s3s-fs alone wrote (the server before this fix): an
+/// object PUT with a checksum, then replaced by a multipart upload, whose
+/// info file still holds the old checksums. Served now, it has none.
+#[tokio::test]
+async fn an_object_replaced_by_multipart_before_the_fix_is_served_without_stale_checksums() {
+    let store = Store::new("legacy");
+    let old = pattern(4096, 12);
+    let new = [pattern(PART, 13), pattern(10, 14)];
+    let unfixed = s3s_fs::FileSystem::new(&store.root).unwrap();
+    let mut put = PutObjectInput {
+        bucket: BUCKET.to_owned(),
+        key: "legacy".to_owned(),
+        body: Some(blob(&old)),
+        ..PutObjectInput::default()
+    };
+    set_checksum!(put, "CRC32", checksum("CRC32", &old));
+    unfixed.put_object(request(put)).await.unwrap();
+    let create = CreateMultipartUploadInput {
+        bucket: BUCKET.to_owned(),
+        key: "legacy".to_owned(),
+        ..CreateMultipartUploadInput::default()
+    };
+    let id = unfixed
+        .create_multipart_upload(request(create))
+        .await
+        .unwrap()
+        .output
+        .upload_id
+        .unwrap();
+    let mut parts = Vec::new();
+    for (n, data) in (1..).zip(&new) {
+        let part = UploadPartInput {
+            bucket: BUCKET.to_owned(),
+            key: "legacy".to_owned(),
+            upload_id: id.clone(),
+            part_number: n,
+            body: Some(blob(data)),
+            ..UploadPartInput::default()
+        };
+        let e_tag = unfixed
+            .upload_part(request(part))
+            .await
+            .unwrap()
+            .output
+            .e_tag;
+        parts.push(CompletedPart {
+            part_number: Some(n),
+            e_tag,
+            ..CompletedPart::default()
+        });
+    }
+    let complete = CompleteMultipartUploadInput {
+        bucket: BUCKET.to_owned(),
+        key: "legacy".to_owned(),
+        upload_id: id,
+        multipart_upload: Some(CompletedMultipartUpload { parts: Some(parts) }),
+        ..CompleteMultipartUploadInput::default()
+    };
+    unfixed
+        .complete_multipart_upload(request(complete))
+        .await
+        .unwrap();
+    let info = store
+        .root
+        .join(".bucket-YnVja2V0.object-bGVnYWN5.internal.json");
+    let info = std::fs::read_to_string(&info).unwrap();
+    assert!(
+        info.contains("checksum_crc32"),
+        "s3s-fs alone kept it: {info}"
+    );
+    let (bytes, get) = store.get("legacy").await;
+    assert!(bytes == new.concat());
+    assert_eq!(get.checksum_crc32, None, "GET");
+    assert_eq!(store.head("legacy").await.checksum_crc32, None, "HEAD");
 }
 
 /// CopyObject over an object that was PUT with a checksum: the copy is
@@ -607,7 +683,7 @@ async fn an_upload_part_with_a_wrong_checksum_is_bad_digest_and_not_stored() {
     );
 }
 
-/// The trial's A7: every operation on a bucket that does not exist answers
+/// Every operation on a bucket that does not exist answers
 /// NoSuchBucket and makes nothing; buckets are made by CreateBucket only.
 #[tokio::test]
 async fn an_operation_on_a_missing_bucket_is_no_such_bucket_and_makes_nothing() {
@@ -803,8 +879,8 @@ fn server() -> s3::S3Server {
 }
 
 /// A PUT to `url` (an object or a part) of `data` in aws-chunked encoding
-/// with `trailer` (`x-amz-checksum-ALG`, value) after the last chunk;
-/// returns the status, the response headers and the body.
+/// with the trailer `x-amz-checksum-ALGORITHM: value` after the last
+/// chunk; returns the status and what curl printed (headers, then body).
 fn put_with_trailer(url: &str, data: &[u8], algorithm: &str, value: &str) -> (u16, String) {
     let name = format!("x-amz-checksum-{}", algorithm.to_lowercase());
     let mut body = Vec::new();

@@ -7,7 +7,7 @@
 //!   renames its temporary file into place *before* it compares the body
 //!   with `x-amz-checksum-*` and `Content-MD5`, so a PUT answered 400
 //!   BadDigest has replaced the object all the same; its UploadPart checks
-//!   nothing. Here the body is checked as it streams ([`Verified`]): a
+//!   nothing. Here the body is checked as it streams (`Verified`): a
 //!   mismatch ends the stream with an error, so s3s-fs never renames its
 //!   temporary file (its `FileWriter` removes the file when dropped), and
 //!   the answer is 400 BadDigest naming the algorithm and both values.
@@ -16,11 +16,13 @@
 //!   S3's does.
 //! - **An object replaced by a multipart upload loses the old checksums.**
 //!   s3s-fs keeps an object's ETag and checksums in an info file of its own
-//!   ([`Local::info_file`]); its CompleteMultipartUpload writes the new ETag
+//!   (`Local::info_file`); its CompleteMultipartUpload writes the new ETag
 //!   there next to the old object's checksums, which GET then serves, and
 //!   boto3 refuses every such object. They are removed once the upload
-//!   completes. (CopyObject writes its source's info whole: no stale
-//!   checksum.)
+//!   completes, and GET and HEAD serve none with a multipart ETag (an
+//!   object stored before this fix). (CopyObject writes its source's info
+//!   whole: no stale checksum.) CompleteMultipartUpload with a part never
+//!   stored is refused before s3s-fs forgets the upload.
 //! - **Buckets are made by CreateBucket only** (or the server's
 //!   `--bucket`). s3s-fs makes a bucket's directory for a PUT into it, and
 //!   answers NoSuchKey for a GET in a missing bucket. Here every operation
@@ -99,6 +101,24 @@ impl Local {
         ))
     }
 
+    /// GetObject, without the checksums of an object a multipart upload
+    /// replaced (see [`no_stale_checksums`]).
+    async fn get(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
+        let mut resp = self.fs.get_object(req).await?;
+        no_stale_checksums!(resp.output);
+        Ok(resp)
+    }
+
+    /// HeadObject, as [`Local::get`].
+    async fn head(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
+        let mut resp = self.fs.head_object(req).await?;
+        no_stale_checksums!(resp.output);
+        Ok(resp)
+    }
+
     /// PutObject, its body checked as it streams.
     async fn put(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
         let (resp, _) = self.checked(req, |req| self.fs.put_object(req)).await?;
@@ -126,8 +146,9 @@ impl Local {
     /// CompleteMultipartUpload, once every part it lists is known to be
     /// stored (s3s-fs forgets the upload before it reads the parts, so a
     /// part missing, say one refused for its checksum, would lose the
-    /// whole upload); then the replaced object's checksums are dropped
-    /// from s3s-fs's info file.
+    /// parts stored); then the replaced object's checksums are dropped
+    /// from s3s-fs's info file. An upload with no part stored at all (or
+    /// none known) is s3s-fs's to answer, as before.
     async fn complete(
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
@@ -150,23 +171,25 @@ impl Local {
             trailing_headers: None,
         };
         let stored = self.fs.list_parts(listed).await?.output.parts;
+        let stored = stored.unwrap_or_default();
         let asked = req
             .input
             .multipart_upload
             .as_ref()
             .and_then(|m| m.parts.as_ref());
-        for part in asked.into_iter().flatten() {
-            let n = part.part_number;
-            let there = stored.iter().flatten().any(|p| p.part_number == n);
-            if !there {
-                return Err(s3_error!(
-                    InvalidPart,
-                    "part {} of upload {} was never stored (or was refused); \
-                     upload it again, then complete",
-                    n.map_or_else(|| "(no number)".to_owned(), |n| n.to_string()),
-                    req.input.upload_id
-                ));
-            }
+        let missing = asked
+            .into_iter()
+            .flatten()
+            .map(|part| part.part_number)
+            .find(|n| !stored.iter().any(|p| p.part_number == *n));
+        if let (Some(n), false) = (missing, stored.is_empty()) {
+            return Err(s3_error!(
+                InvalidPart,
+                "part {} of upload {} was never stored (or was refused); \
+                 upload it again, then complete",
+                n.map_or_else(|| "(no number)".to_owned(), |n| n.to_string()),
+                req.input.upload_id
+            ));
         }
         let resp = self.fs.complete_multipart_upload(req).await?;
         self.forget_checksums(&bucket, &key).await?;
@@ -272,6 +295,28 @@ impl Local {
     }
 }
 
+/// Drops a GetObject's or HeadObject's checksums when its ETag is a
+/// multipart one (`HASH-N`): s3s-fs gives a multipart upload no checksum,
+/// so they are those of an object the upload replaced, which a server
+/// before [`Local::forget_checksums`] left in its info file.
+macro_rules! no_stale_checksums {
+    ($output:expr) => {
+        let output = &mut $output;
+        if output
+            .e_tag
+            .as_ref()
+            .is_some_and(|e| e.value().contains('-'))
+        {
+            output.checksum_crc32 = None;
+            output.checksum_crc32c = None;
+            output.checksum_crc64nvme = None;
+            output.checksum_sha1 = None;
+            output.checksum_sha256 = None;
+        }
+    };
+}
+use no_stale_checksums;
+
 /// Whether `p` is a path of plain components only.
 fn plain(p: &str) -> bool {
     !p.is_empty()
@@ -322,7 +367,6 @@ impl Backend for Local {
 }
 
 delegate_s3!(Local, fs, [
-    get_object: GetObjectInput => GetObjectOutput;
     create_bucket: CreateBucketInput => CreateBucketOutput;
     copy_object: CopyObjectInput => CopyObjectOutput;
     delete_bucket: DeleteBucketInput => DeleteBucketOutput;
@@ -330,7 +374,6 @@ delegate_s3!(Local, fs, [
     delete_objects: DeleteObjectsInput => DeleteObjectsOutput;
     get_bucket_location: GetBucketLocationInput => GetBucketLocationOutput;
     head_bucket: HeadBucketInput => HeadBucketOutput;
-    head_object: HeadObjectInput => HeadObjectOutput;
     list_buckets: ListBucketsInput => ListBucketsOutput;
     list_objects: ListObjectsInput => ListObjectsOutput;
     list_objects_v2: ListObjectsV2Input => ListObjectsV2Output;
@@ -340,6 +383,8 @@ delegate_s3!(Local, fs, [
     list_multipart_uploads: ListMultipartUploadsInput => ListMultipartUploadsOutput;
     abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput;
 ], own [
+    get_object: GetObjectInput => GetObjectOutput = get;
+    head_object: HeadObjectInput => HeadObjectOutput = head;
     put_object: PutObjectInput => PutObjectOutput = put;
     upload_part: UploadPartInput => UploadPartOutput = part;
     complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput = complete;
