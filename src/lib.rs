@@ -26,6 +26,8 @@ pub mod core;
 #[cfg(feature = "cli")]
 pub mod doctor;
 pub mod error;
+#[cfg(feature = "s3-server")]
+pub mod gateway;
 pub mod log;
 pub mod platform;
 #[cfg(feature = "s3")]

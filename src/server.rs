@@ -271,7 +271,9 @@ pub struct TransferFailure {
 }
 
 impl TransferFailure {
-    fn quiet(error: Error) -> TransferFailure {
+    /// A failure that left the server's buffer free (no WRITE or READ on
+    /// it outstanding).
+    pub fn quiet(error: Error) -> TransferFailure {
         TransferFailure {
             error,
             local_quiet: true,

@@ -6,7 +6,7 @@
 //! refuses the range, and a parsed range prints back to itself.
 #![no_main]
 
-#[path = "../../src/bin/hipobj-s3-server/range.rs"]
+#[path = "../../src/gateway/range.rs"]
 #[allow(dead_code)]
 mod range;
 
