@@ -6,6 +6,8 @@
 //! Soft-RoCE lane, `tests/e2e.rs`).
 
 mod common;
+#[path = "common/gateway.rs"]
+mod gateway;
 #[path = "common/http.rs"]
 mod http;
 #[path = "common/s3.rs"]
@@ -963,4 +965,108 @@ fn a_multipart_upload_declares_a_full_object_crc64nvme_and_completes_with_the_wh
         )),
         "{xml}"
     );
+}
+
+// ---------------------------------------------------------------- checksums end to end
+
+/// A client of the in-process `gateway` with the test keys.
+fn s3_of(gateway: &gateway::Gateway) -> S3 {
+    S3::new(S3Config {
+        endpoint: gateway.endpoint.clone(),
+        region: "us-east-1".to_owned(),
+        credentials: Credentials {
+            access_key_id: ACCESS_KEY.to_owned(),
+            secret_access_key: SECRET_KEY.to_owned(),
+            session_token: None,
+        },
+        credentials_source: "given".to_owned(),
+    })
+    .unwrap()
+}
+
+#[test]
+fn against_the_gateway_rdma_puts_and_gets_are_verified_end_to_end() {
+    let world = World::new();
+    let gateway = gateway::Gateway::start(&world);
+    let s3 = s3_of(&gateway);
+    let client = client(&world, GpuSelect::None);
+    let data = pattern(3 << 20, 13);
+    let mut buf = client.register_host(data.clone()).unwrap();
+    let moved = objects::put(&client, obj(&s3, "e2e"), &buf, 0..data.len(), NO_FALLBACK).unwrap();
+    assert!(matches!(moved.path, Via::Rdma(_)), "{moved:?}");
+    assert_eq!(moved.verified, Verified::Yes);
+    assert!(gateway.stored("e2e").unwrap() == data);
+
+    buf.as_mut_slice().unwrap().fill(0);
+    let all = 0..data.len() as u64;
+    let moved = objects::get(&client, obj(&s3, "e2e"), all, &mut buf, 0, NO_FALLBACK).unwrap();
+    assert!(matches!(moved.path, Via::Rdma(_)), "{moved:?}");
+    assert_eq!(
+        moved.verified,
+        Verified::Yes,
+        "the gateway's CRC of what it wrote"
+    );
+    assert!(buf.as_slice().unwrap() == data);
+    let moved = objects::get(
+        &client,
+        obj(&s3, "e2e"),
+        777..100_777,
+        &mut buf,
+        5,
+        NO_FALLBACK,
+    )
+    .unwrap();
+    assert_eq!(moved.verified, Verified::Yes, "a range's too");
+    assert!(buf.as_slice().unwrap()[5..100_005] == data[777..100_777]);
+
+    // A multipart upload by RDMA, its whole object's CRC from its parts'.
+    let big = pattern((11 << 20) + 99, 14);
+    let plan = Plan {
+        chunk: 5 << 20,
+        streams: 2,
+        fallback: false,
+        ..Plan::default()
+    };
+    let source = |offset: u64, out: &mut [u8]| {
+        let at = usize::try_from(offset).unwrap();
+        out.copy_from_slice(&big[at..at + out.len()]);
+        Ok(())
+    };
+    let summary = objects::upload(
+        Rdma::On(&client),
+        obj(&s3, "parts"),
+        big.len() as u64,
+        &plan,
+        &source,
+        &|_| {},
+    )
+    .unwrap();
+    assert_eq!((summary.parts, summary.direct, summary.verified), (3, 3, 3));
+    assert!(gateway.stored("parts").unwrap() == big);
+}
+
+#[test]
+fn against_the_gateway_an_rdma_put_whose_crc_is_not_its_bytes_is_refused_bad_digest_and_stores_nothing(
+) {
+    let world = World::new();
+    let gateway = gateway::Gateway::start(&world);
+    let s3 = s3_of(&gateway);
+    let client = client(&world, GpuSelect::None);
+    let data = pattern(1 << 20, 15);
+    let buf = client.register_host(data.clone()).unwrap();
+    // The CRC of other bytes than those the gateway READs.
+    let mut request = objects::RdmaRequest::new(obj(&s3, "bad"), objects::Op::Put)
+        .with_checksum(Checksum::crc64nvme(&data[1..]));
+    match client.put(&buf, 0..data.len(), &mut request) {
+        Err(hipobj::client::ClientError::Declined { status: 400 }) => {}
+        other => panic!("{other:?}"),
+    }
+    let answer = request.response().unwrap();
+    assert_eq!(
+        (answer.status(), answer.header("x-amz-rdma-reply")),
+        (400, Some("400"))
+    );
+    let text = request.response().unwrap().text(64 << 10).unwrap();
+    assert!(text.contains("<Code>BadDigest</Code>"), "{text}");
+    assert_eq!(gateway.stored("bad"), None, "nothing stored");
 }
