@@ -43,8 +43,13 @@ fn server() -> S3Server {
 }
 
 fn s3(server: &S3Server, secret: &str) -> S3 {
+    s3_with(&server.endpoint, secret)
+}
+
+/// A client of `endpoint` with the test access key and `secret`.
+fn s3_with(endpoint: &str, secret: &str) -> S3 {
     S3::new(S3Config {
-        endpoint: server.endpoint.clone(),
+        endpoint: endpoint.to_owned(),
         region: "us-east-1".to_owned(),
         credentials: Credentials {
             access_key_id: ACCESS_KEY.to_owned(),
@@ -423,17 +428,7 @@ fn without_the_library_every_chunk_goes_over_plain_http_if_allowed() {
 
 /// A client of the scripted `endpoint` with the test keys.
 fn s3_at(endpoint: &http::Endpoint) -> S3 {
-    S3::new(S3Config {
-        endpoint: endpoint.url.clone(),
-        region: "us-east-1".to_owned(),
-        credentials: Credentials {
-            access_key_id: ACCESS_KEY.to_owned(),
-            secret_access_key: SECRET_KEY.to_owned(),
-            session_token: None,
-        },
-        credentials_source: "given".to_owned(),
-    })
-    .unwrap()
+    s3_with(&endpoint.url, SECRET_KEY)
 }
 
 #[test]
@@ -591,6 +586,17 @@ fn an_rdma_get_answered_with_another_etag_is_a_changed_object() {
 }
 
 // ---------------------------------------------------------------- checksums
+
+/// Uploads `data` as `object` through `client` as `plan` says.
+fn upload_all(client: &Client, object: Object<'_>, data: &[u8], plan: &Plan) -> objects::Summary {
+    let source = |offset: u64, out: &mut [u8]| {
+        let at = usize::try_from(offset).unwrap();
+        out.copy_from_slice(&data[at..at + out.len()]);
+        Ok(())
+    };
+    let len = data.len() as u64;
+    objects::upload(Rdma::On(client), object, len, plan, &source, &|_| {}).unwrap()
+}
 
 /// A scripted endpoint whose GETs the fake world's server serves by RDMA
 /// (as its behaviour says), answering with the reply, the bytes moved and
@@ -913,20 +919,7 @@ fn a_multipart_upload_declares_a_full_object_crc64nvme_and_completes_with_the_wh
         streams: 2,
         ..Plan::default()
     };
-    let source = |offset: u64, out: &mut [u8]| {
-        let at = usize::try_from(offset).unwrap();
-        out.copy_from_slice(&data[at..at + out.len()]);
-        Ok(())
-    };
-    let summary = objects::upload(
-        Rdma::On(&client),
-        obj(&s3, "parts"),
-        data.len() as u64,
-        &plan,
-        &source,
-        &|_| {},
-    )
-    .unwrap();
+    let summary = upload_all(&client, obj(&s3, "parts"), &data, &plan);
     assert_eq!((summary.parts, summary.verified), (3, 3));
     assert!(summary.all_verified());
     assert!(stored(&server, "parts") == data);
@@ -969,26 +962,11 @@ fn a_multipart_upload_declares_a_full_object_crc64nvme_and_completes_with_the_wh
 
 // ---------------------------------------------------------------- checksums end to end
 
-/// A client of the in-process `gateway` with the test keys.
-fn s3_of(gateway: &gateway::Gateway) -> S3 {
-    S3::new(S3Config {
-        endpoint: gateway.endpoint.clone(),
-        region: "us-east-1".to_owned(),
-        credentials: Credentials {
-            access_key_id: ACCESS_KEY.to_owned(),
-            secret_access_key: SECRET_KEY.to_owned(),
-            session_token: None,
-        },
-        credentials_source: "given".to_owned(),
-    })
-    .unwrap()
-}
-
 #[test]
 fn against_the_gateway_rdma_puts_and_gets_are_verified_end_to_end() {
     let world = World::new();
     let gateway = gateway::Gateway::start(&world);
-    let s3 = s3_of(&gateway);
+    let s3 = s3_with(&gateway.endpoint, SECRET_KEY);
     let client = client(&world, GpuSelect::None);
     let data = pattern(3 << 20, 13);
     let mut buf = client.register_host(data.clone()).unwrap();
@@ -1027,20 +1005,7 @@ fn against_the_gateway_rdma_puts_and_gets_are_verified_end_to_end() {
         fallback: false,
         ..Plan::default()
     };
-    let source = |offset: u64, out: &mut [u8]| {
-        let at = usize::try_from(offset).unwrap();
-        out.copy_from_slice(&big[at..at + out.len()]);
-        Ok(())
-    };
-    let summary = objects::upload(
-        Rdma::On(&client),
-        obj(&s3, "parts"),
-        big.len() as u64,
-        &plan,
-        &source,
-        &|_| {},
-    )
-    .unwrap();
+    let summary = upload_all(&client, obj(&s3, "parts"), &big, &plan);
     assert_eq!((summary.parts, summary.direct, summary.verified), (3, 3, 3));
     assert!(gateway.stored("parts").unwrap() == big);
 }
@@ -1050,7 +1015,7 @@ fn against_the_gateway_an_rdma_put_whose_crc_is_not_its_bytes_is_refused_bad_dig
 ) {
     let world = World::new();
     let gateway = gateway::Gateway::start(&world);
-    let s3 = s3_of(&gateway);
+    let s3 = s3_with(&gateway.endpoint, SECRET_KEY);
     let client = client(&world, GpuSelect::None);
     let data = pattern(1 << 20, 15);
     let buf = client.register_host(data.clone()).unwrap();

@@ -84,24 +84,15 @@ def combine(crc1: int, crc2: int, len2: int) -> int:
     one-zero-bit operator)."""
     if len2 <= 0:
         return crc1
-    # The operator of one zero bit, then of two, then of four.
-    odd = (_POLY64,) + tuple(1 << (n - 1) for n in range(1, 64))
-    even = _gf2_square(odd)
-    odd = _gf2_square(even)
-    while True:
-        # One zero byte (8 bits) at the first pass, then doubling.
-        even = _gf2_square(odd)
+    # The operator of one zero bit, squared into that of two, then four.
+    op = (_POLY64,) + tuple(1 << (n - 1) for n in range(1, 64))
+    op = _gf2_square(_gf2_square(op))
+    while len2:
+        # Of 8 zero bits (one byte) at the first pass, then doubling.
+        op = _gf2_square(op)
         if len2 & 1:
-            crc1 = _gf2_times(even, crc1)
+            crc1 = _gf2_times(op, crc1)
         len2 >>= 1
-        if not len2:
-            break
-        odd = _gf2_square(even)
-        if len2 & 1:
-            crc1 = _gf2_times(odd, crc1)
-        len2 >>= 1
-        if not len2:
-            break
     return (crc1 ^ crc2) & _MASK64
 
 
