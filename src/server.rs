@@ -989,6 +989,12 @@ impl Session<'_> {
         self.proven
     }
 
+    /// Moves the session's deadline (its data and its final message must
+    /// complete by then): a transfer in chunks gives each chunk its own.
+    pub fn set_deadline(&mut self, deadline: Instant) {
+        self.deadline = deadline;
+    }
+
     /// WRITEs `len` bytes from `local` at `local_offset` to the client's
     /// range at `remote_offset` (GET).
     pub fn write(

@@ -310,7 +310,8 @@ fn checksum(algorithm: &str, data: &[u8]) -> String {
 
 /// `data`'s MD5, base64, as Content-MD5 carries it.
 fn content_md5(data: &[u8]) -> String {
-    base64_simd::STANDARD.encode_to_string(s3s::crypto::Md5::checksum(data))
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(s3s::crypto::Md5::checksum(data))
 }
 
 /// Sets `algorithm`'s checksum field of a PUT's or UploadPart's input.

@@ -22,7 +22,8 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT --access-key AK --secret-k
   --bucket NAME         creates this bucket (a directory of the root) if missing; repeatable
   --device NAME         RDMA device (default: the first one with an active port)
   --no-rdma             decline every x-amz-rdma-token (501), as a server without RDMA
-  --rdma-timeout-ms N   deadline of each RDMA transfer (default 10000)
+  --rdma-timeout-ms N   how long an RDMA transfer may go without progress: its dial and proof,
+                        each chunk, its final message (default 10000)
   --rdma-connect-timeout-ms N
                         how long connecting to a client may take, within that deadline
                         (default 2000); a client whose RDMA CM does not answer fails the

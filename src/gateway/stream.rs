@@ -63,7 +63,7 @@ pub fn write_chunks(
     free: &mpsc::UnboundedSender<RegBuf>,
 ) -> Result<(), Failure> {
     let start = Instant::now();
-    let deadline = start + rdma.timeout();
+    let mut deadline = start + rdma.timeout();
     let outcome = (|| {
         let mut session = rdma.begin(token, label, deadline)?;
         let proven = session.proven();
@@ -76,6 +76,10 @@ pub fn write_chunks(
                     match session.write(&buf.local(), 0, offset, n) {
                         Ok(()) => {
                             written += n;
+                            // Each chunk has the whole timeout: a long
+                            // object fails only where it stops moving.
+                            deadline = Instant::now() + rdma.timeout();
+                            session.set_deadline(deadline);
                             if let Err(back) = free.send(buf) {
                                 rdma.give_back(back.0);
                             }
@@ -236,7 +240,7 @@ pub fn read_chunks(
 ) -> Result<Checksum, ReadFailure> {
     let len = token.length;
     let start = Instant::now();
-    let deadline = start + rdma.timeout();
+    let mut deadline = start + rdma.timeout();
     let (back_tx, back_rx) = sync_mpsc::channel::<RegBuf>();
     let mut held = 0usize;
     let mut hasher = declared.hasher();
@@ -272,6 +276,8 @@ pub fn read_chunks(
                 return Err(failure.into());
             }
             hasher.update(&buf.bytes()[..n]);
+            deadline = Instant::now() + rdma.timeout();
+            session.set_deadline(deadline);
             let bytes = Bytes::from_owner(Lent {
                 buf: Some(buf),
                 home: back_tx.clone(),
