@@ -556,7 +556,7 @@ fn has_active_port(ctx: &dyn Context) -> bool {
         .any(|attr| attr.state == PortState::Active)
 }
 
-/// The longest transfer whose buffer ([`buffer_size`]) a memory budget of
+/// The longest transfer whose buffer (`buffer_size`) a memory budget of
 /// `budget` bytes holds: whole MiB from 1 MiB, a power of two below; 0 when
 /// not even [`MIN_BUF`] fits.
 pub fn longest_transfer(budget: u64) -> u64 {

@@ -436,6 +436,8 @@ impl RdmaS3 {
             expected: req.input.declared(),
         };
         req.input.drop_md5();
+        // Trailing checksums, like Content-MD5, describe the empty HTTP body.
+        req.trailing_headers = None;
         let (chunk, depth) = (rdma.chunk_bytes(), rdma.chunks());
         let (tx, body) = stream::ChunkStream::new(len, depth);
         *req.input.body() = Some(StreamingBlob::new(body));
