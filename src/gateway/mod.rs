@@ -39,6 +39,7 @@ pub mod metrics;
 pub mod range;
 pub mod rdma;
 pub mod s3;
+pub mod stream;
 pub mod tls;
 
 use std::io::Write;
