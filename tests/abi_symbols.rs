@@ -145,6 +145,14 @@ fn exports_exactly_the_15_functions() {
         assert!(exported.insert(name.to_owned()), "{name} listed twice");
     }
     let expected = expected_exports();
+    // A library built with the built-in S3 client (feature `s3`, never the
+    // release library, which CI checks with HIPOBJ_LIB_UNDER_TEST) links
+    // crc-fast, whose C API s3s turns on: its `crc_fast_*` functions are
+    // exported beside ours. Only from such a build are they let through.
+    let under_test_is_release = std::env::var_os("HIPOBJ_LIB_UNDER_TEST").is_some();
+    if cfg!(feature = "s3") && !under_test_is_release {
+        exported.retain(|name| !name.starts_with("crc_fast_"));
+    }
     let extra: Vec<_> = exported.difference(&expected).collect();
     let missing: Vec<_> = expected.difference(&exported).collect();
     assert!(
