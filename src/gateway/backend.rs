@@ -25,6 +25,25 @@ pub trait Backend: S3 {
     }
 }
 
+/// A request for another operation (`input`) in the context of `req`:
+/// its method, URI, headers, credentials and region, without its
+/// extensions or trailers. For a wrapper that asks its backend something
+/// on the way (a HEAD before a suffix range, the parts before a
+/// completion).
+pub fn sibling<T, U>(req: &s3s::S3Request<T>, input: U) -> s3s::S3Request<U> {
+    s3s::S3Request {
+        input,
+        method: req.method.clone(),
+        uri: req.uri.clone(),
+        headers: req.headers.clone(),
+        extensions: http::Extensions::new(),
+        credentials: req.credentials.clone(),
+        region: req.region.clone(),
+        service: req.service.clone(),
+        trailing_headers: None,
+    }
+}
+
 /// Implements [`S3`] for `$ty` by handing each listed operation to the
 /// `S3` value its field `$inner` holds, and each operation of the optional
 /// `own` list to `$ty`'s own method named after `=` (same request and

@@ -156,22 +156,15 @@ impl Local {
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
-        let listed = S3Request {
-            input: ListPartsInput {
+        let listed = crate::gateway::backend::sibling(
+            &req,
+            ListPartsInput {
                 bucket: bucket.clone(),
                 key: key.clone(),
                 upload_id: req.input.upload_id.clone(),
                 ..ListPartsInput::default()
             },
-            method: req.method.clone(),
-            uri: req.uri.clone(),
-            headers: req.headers.clone(),
-            extensions: http::Extensions::new(),
-            credentials: req.credentials.clone(),
-            region: req.region.clone(),
-            service: req.service.clone(),
-            trailing_headers: None,
-        };
+        );
         let stored = self.fs.list_parts(listed).await?.output.parts;
         let stored = stored.unwrap_or_default();
         let asked = req

@@ -196,21 +196,14 @@ impl RdmaS3 {
         mut req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
         if let Some(range @ Range::Suffix { .. }) = req.input.range {
-            let head = S3Request {
-                input: HeadObjectInput {
+            let head = crate::gateway::backend::sibling(
+                &req,
+                HeadObjectInput {
                     bucket: req.input.bucket.clone(),
                     key: req.input.key.clone(),
                     ..HeadObjectInput::default()
                 },
-                method: req.method.clone(),
-                uri: req.uri.clone(),
-                headers: req.headers.clone(),
-                extensions: http::Extensions::new(),
-                credentials: req.credentials.clone(),
-                region: req.region.clone(),
-                service: req.service.clone(),
-                trailing_headers: None,
-            };
+            );
             let len = self
                 .backend
                 .head_object(head)
