@@ -5,6 +5,10 @@ cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
 
+# One clean build per run: incremental state would only take disk (GiBs).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+echo "== disk: $(df -h --output=avail "${CARGO_TARGET_DIR:-target}" 2>/dev/null | tail -1 | tr -d ' ') free where the build goes"
+
 echo "== format, lints, docs"
 cargo fmt --check
 cargo fmt --check --manifest-path fuzz/Cargo.toml
