@@ -4,16 +4,28 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::gateway::upstream::Settings;
+
 /// What `--help` prints.
 pub const USAGE: &str = "\
-usage: hipobj-s3-server --root DIR --listen ADDR:PORT --access-key AK --secret-key SK
+usage: hipobj-s3-server (--root DIR | --upstream URL) --listen ADDR:PORT
+                        --access-key AK --secret-key SK
                         [--region REGION] [--bucket NAME]... [--device NAME] [--no-rdma]
                         [--rdma-timeout-ms N] [--rdma-connect-timeout-ms N]
                         [--delay-final-ms N] [--rdma-allow CIDR]...
                         [--rdma-max-bytes N] [--rdma-memory-bytes N] [--rdma-max-requests N]
                         [--rdma-max-connections N] [--rdma-max-connections-per-client N]
+                        [--upstream-region REGION] [--upstream-profile NAME]
+                        [--upstream-path-style | --upstream-virtual-hosted-style]
+                        [--upstream-timeout-ms N] [--upstream-multipart-bytes N]
+                        [--upstream-part-bytes N]
 
   --root DIR            where buckets and objects are stored (created if missing)
+  --upstream URL        serve the buckets and objects of this S3 store instead (http:// or
+                        https://, host, optional port: AWS, MinIO, Garage, Ceph RGW...); its
+                        credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or
+                        the shared config and credentials files (~/.aws), as the AWS tools
+                        find them. Exclusive with --root
   --listen ADDR:PORT    HTTP address; port 0 picks a free port
   --access-key AK       the one access key SigV4 requests must be signed with
   --secret-key SK       its secret key
@@ -45,13 +57,36 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT --access-key AK --secret-k
   --rdma-max-connections-per-client N
                         RDMA connections held for one access key to one client address,
                         dials in progress included (default 1024)
+  --upstream-region REGION
+                        the region requests to the upstream are signed for (default: --region)
+  --upstream-profile NAME
+                        the profile of the shared config and credentials files to take the
+                        upstream's credentials from (default: AWS_PROFILE, else default)
+  --upstream-path-style addresses the upstream as URL/BUCKET/KEY (the default: self-hosted
+                        stores such as MinIO, Garage and Ceph RGW expect it)
+  --upstream-virtual-hosted-style
+                        addresses the upstream as BUCKET.HOST/KEY (AWS's preferred style)
+  --upstream-timeout-ms N
+                        how long the gateway waits for the upstream at one stretch: to
+                        connect, to take the next piece of a body, to answer, to send the next
+                        piece of an object (default 30000; ten times that for CopyObject,
+                        UploadPartCopy and CompleteMultipartUpload); then 503
+  --upstream-multipart-bytes N
+                        the largest PutObject sent on as one request (default 67108864, at
+                        most 5368709120); a larger one (or one of unknown length) goes as a
+                        multipart upload, aborted if anything fails
+  --upstream-part-bytes N
+                        the part size of those uploads (default 16777216, 5242880 to
+                        5368709120); larger where the object needs more than 10000 parts
 ";
 
 /// The server's settings.
 #[derive(Debug)]
 pub struct Options {
-    /// `--root`.
-    pub root: PathBuf,
+    /// `--root`; `None` with `--upstream`.
+    pub root: Option<PathBuf>,
+    /// `--upstream` and its options; `None` with `--root`.
+    pub upstream: Option<crate::gateway::upstream::Settings>,
     /// `--listen`.
     pub listen: SocketAddr,
     /// `--access-key`.
@@ -122,6 +157,7 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
     let mut rdma_max_requests = 128;
     let mut rdma_max_connections = 4096;
     let mut rdma_max_connections_per_client = 1024;
+    let mut upstream = UpstreamArgs::default();
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -167,6 +203,16 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
             "--rdma-max-connections-per-client" => {
                 rdma_max_connections_per_client = count(name, &value()?)?
             }
+            "--upstream" => upstream.endpoint = Some(endpoint(&value()?)?),
+            "--upstream-region" => upstream.region = Some(value()?),
+            "--upstream-profile" => upstream.profile = Some(value()?),
+            "--upstream-path-style" if inline.is_none() => upstream.style(name, true)?,
+            "--upstream-virtual-hosted-style" if inline.is_none() => upstream.style(name, false)?,
+            "--upstream-timeout-ms" => upstream.timeout = Some(millis(name, &value()?, 1)?),
+            "--upstream-multipart-bytes" => {
+                upstream.multipart_bytes = Some(count(name, &value()?)?)
+            }
+            "--upstream-part-bytes" => upstream.part_bytes = Some(count(name, &value()?)?),
             _ => return Err(format!("unknown argument {arg}")),
         }
     }
@@ -182,8 +228,28 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
             "--rdma-max-requests {rdma_max_requests}: at most {MAX_REQUESTS}"
         ));
     }
+    let upstream = upstream.settings(&region)?;
+    let root = match (root, &upstream) {
+        (Some(_), Some(_)) => {
+            return Err(
+                "--root and --upstream are exclusive: the server serves either a \
+                        directory of this machine (--root) or another S3 store (--upstream)"
+                    .into(),
+            )
+        }
+        (None, None) => return Err("--root or --upstream is required".into()),
+        (root, _) => root,
+    };
+    if upstream.is_some() && !buckets.is_empty() {
+        return Err(
+            "--bucket creates directories of --root; with --upstream, create buckets in the \
+             upstream store (or through this server: CreateBucket)"
+                .into(),
+        );
+    }
     Ok(Some(Options {
-        root: root.ok_or_else(|| missing("--root"))?,
+        root,
+        upstream,
         listen: listen.ok_or_else(|| missing("--listen"))?,
         access_key,
         secret_key,
@@ -201,6 +267,99 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
         rdma_max_connections,
         rdma_max_connections_per_client,
     }))
+}
+
+/// The `--upstream` options as given.
+#[derive(Default)]
+struct UpstreamArgs {
+    endpoint: Option<String>,
+    region: Option<String>,
+    profile: Option<String>,
+    /// `--upstream-path-style` (true) or `--upstream-virtual-hosted-style`
+    /// (false), and which.
+    path_style: Option<(bool, String)>,
+    timeout: Option<Duration>,
+    multipart_bytes: Option<u64>,
+    part_bytes: Option<u64>,
+}
+
+impl UpstreamArgs {
+    fn style(&mut self, name: &str, path: bool) -> Result<(), String> {
+        match &self.path_style {
+            Some((other, given)) if *other != path => {
+                Err(format!("{given} and {name} are exclusive"))
+            }
+            _ => {
+                self.path_style = Some((path, name.to_owned()));
+                Ok(())
+            }
+        }
+    }
+
+    /// The settings, if `--upstream` was given; its options without it are
+    /// refused, as are sizes outside S3's limits.
+    fn settings(self, region: &str) -> Result<Option<Settings>, String> {
+        use crate::gateway::upstream::{
+            DEFAULT_MULTIPART_BYTES, DEFAULT_PART_BYTES, DEFAULT_TIMEOUT, MAX_PART_BYTES,
+            MIN_PART_BYTES,
+        };
+        let Some(endpoint) = self.endpoint else {
+            let given = [
+                ("--upstream-region", self.region.is_some()),
+                ("--upstream-profile", self.profile.is_some()),
+                ("--upstream-path-style", self.path_style.is_some()),
+                ("--upstream-timeout-ms", self.timeout.is_some()),
+                ("--upstream-multipart-bytes", self.multipart_bytes.is_some()),
+                ("--upstream-part-bytes", self.part_bytes.is_some()),
+            ];
+            return match given.iter().find(|(_, given)| *given) {
+                Some((name, _)) => Err(format!("{name} applies to --upstream only")),
+                None => Ok(None),
+            };
+        };
+        let multipart_bytes = self.multipart_bytes.unwrap_or(DEFAULT_MULTIPART_BYTES);
+        if multipart_bytes > MAX_PART_BYTES {
+            return Err(format!(
+                "--upstream-multipart-bytes {multipart_bytes}: at most {MAX_PART_BYTES} \
+                 (S3's largest PutObject)"
+            ));
+        }
+        let part_bytes = self.part_bytes.unwrap_or(DEFAULT_PART_BYTES);
+        if !(MIN_PART_BYTES..=MAX_PART_BYTES).contains(&part_bytes) {
+            return Err(format!(
+                "--upstream-part-bytes {part_bytes}: S3's parts are {MIN_PART_BYTES} to \
+                 {MAX_PART_BYTES} bytes"
+            ));
+        }
+        Ok(Some(Settings {
+            endpoint,
+            region: self.region.unwrap_or_else(|| region.to_owned()),
+            profile: self.profile,
+            path_style: self.path_style.is_none_or(|(path, _)| path),
+            timeout: self.timeout.unwrap_or(DEFAULT_TIMEOUT),
+            multipart_bytes,
+            part_bytes,
+        }))
+    }
+}
+
+/// An `--upstream` URL: `http://` or `https://`, a host, an optional port,
+/// nothing after (a trailing `/` is dropped).
+fn endpoint(text: &str) -> Result<String, String> {
+    let bad = |why: &str| {
+        format!("--upstream {text}: {why} (expected http://HOST[:PORT] or https://HOST[:PORT])")
+    };
+    let uri: http::Uri = text.parse().map_err(|e| bad(&format!("{e}")))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err(bad("not http or https"));
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(bad("no host"));
+    }
+    if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
+        return Err(bad("a path or query"));
+    }
+    Ok(text.trim_end_matches('/').to_owned())
 }
 
 /// The most RDMA requests served at once: each may hold a blocking thread,
@@ -295,7 +454,8 @@ pub(crate) mod tests {
     #[test]
     fn defaults_apply_when_only_the_required_options_are_given() {
         let o = parse(&args(&required())).unwrap().expect("not --help");
-        assert_eq!(o.root, PathBuf::from("/r"));
+        assert_eq!(o.root, Some(PathBuf::from("/r")));
+        assert!(o.upstream.is_none());
         assert_eq!(o.listen.port(), 0);
         assert_eq!(o.region, "us-east-1");
         assert!(o.buckets.is_empty() && o.device.is_none() && !o.no_rdma);
@@ -426,6 +586,106 @@ pub(crate) mod tests {
         );
         let tiny = with(&["--rdma-memory-bytes", "4095"]).unwrap_err();
         assert!(tiny.contains("no transfer fits"), "{tiny}");
+    }
+
+    /// The required options with `--upstream URL` instead of `--root`.
+    fn with_upstream(extra: &[&str]) -> Result<Options, String> {
+        let mut list = vec![
+            "--upstream",
+            "http://127.0.0.1:9000",
+            "--listen",
+            "127.0.0.1:0",
+            "--access-key",
+            "ak",
+            "--secret-key",
+            "sk",
+        ];
+        list.extend(extra);
+        parse(&args(&list)).map(|o| o.expect("not --help"))
+    }
+
+    #[test]
+    fn upstream_options_are_read_with_their_defaults() {
+        let o = with_upstream(&["--region", "eu-west-1"]).unwrap();
+        assert_eq!(o.root, None);
+        let u = o.upstream.expect("the upstream's settings");
+        assert_eq!(u.endpoint, "http://127.0.0.1:9000");
+        assert_eq!(u.region, "eu-west-1", "the server's region by default");
+        assert_eq!(u.profile, None);
+        assert!(u.path_style);
+        assert_eq!(u.timeout, Duration::from_secs(30));
+        assert_eq!((u.multipart_bytes, u.part_bytes), (64 << 20, 16 << 20));
+        let o = with_upstream(&[
+            "--upstream-region=garage",
+            "--upstream-profile",
+            "store",
+            "--upstream-virtual-hosted-style",
+            "--upstream-timeout-ms",
+            "1500",
+            "--upstream-multipart-bytes=1",
+            "--upstream-part-bytes",
+            "5242880",
+        ])
+        .unwrap();
+        let u = o.upstream.unwrap();
+        assert_eq!(u.region, "garage");
+        assert_eq!(u.profile.as_deref(), Some("store"));
+        assert!(!u.path_style);
+        assert_eq!(u.timeout, Duration::from_millis(1500));
+        assert_eq!((u.multipart_bytes, u.part_bytes), (1, 5 << 20));
+        let mut list = required();
+        list.splice(0..2, ["--upstream", "https://s3.example.com:8443/"]);
+        let o = parse(&args(&list)).unwrap().unwrap();
+        assert_eq!(o.upstream.unwrap().endpoint, "https://s3.example.com:8443");
+    }
+
+    #[test]
+    fn root_and_upstream_exclude_each_other_and_one_is_required() {
+        let mut both = required();
+        both.extend(["--upstream", "http://127.0.0.1:9000"]);
+        let e = parse(&args(&both)).unwrap_err();
+        assert!(e.contains("--root and --upstream are exclusive"), "{e}");
+        let neither = parse(&args(&required()[2..])).unwrap_err();
+        assert!(
+            neither.contains("--root or --upstream is required"),
+            "{neither}"
+        );
+        let e = with_upstream(&["--bucket", "one"]).unwrap_err();
+        assert!(e.contains("--bucket"), "{e}");
+        let mut stray = required();
+        stray.extend(["--upstream-timeout-ms", "10"]);
+        let e = parse(&args(&stray)).unwrap_err();
+        assert!(
+            e.contains("--upstream-timeout-ms applies to --upstream only"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_upstream_urls_and_sizes_are_refused() {
+        for url in [
+            "127.0.0.1:9000",
+            "ftp://host",
+            "http://",
+            "http://host/bucket",
+            "http://host/?x=1",
+        ] {
+            let mut list = required();
+            list.splice(0..2, ["--upstream", url]);
+            assert!(parse(&args(&list)).is_err(), "{url} was accepted");
+        }
+        for bad in [
+            ["--upstream-part-bytes", "5242879"],
+            ["--upstream-part-bytes", "5368709121"],
+            ["--upstream-multipart-bytes", "5368709121"],
+            ["--upstream-multipart-bytes", "0"],
+            ["--upstream-timeout-ms", "0"],
+        ] {
+            assert!(with_upstream(&bad).is_err(), "{bad:?} was accepted");
+        }
+        let e = with_upstream(&["--upstream-path-style", "--upstream-virtual-hosted-style"])
+            .unwrap_err();
+        assert!(e.contains("exclusive"), "{e}");
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //!
 //! - [`cli`]: the settings, from the command line.
 //! - [`backend`]: where objects live ([`backend::Backend`]): a directory
-//!   of this machine ([`local`]).
+//!   of this machine ([`local`], `--root`) or another S3 store
+//!   ([`upstream`], `--upstream`).
 //! - [`s3`]: the S3 operations, the RDMA paths in front of the backend's.
 //! - [`rdma`]: the server's device, its memory budget and its buffers.
 //!
@@ -32,6 +33,7 @@ pub mod local;
 pub mod range;
 pub mod rdma;
 pub mod s3;
+pub mod upstream;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -84,7 +86,9 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for WithPeer 
 
 /// Prepares the backend, RDMA and the runtime, then serves until a signal.
 pub fn run(options: Options) -> Result<(), String> {
-    make_buckets(&options.root, &options.buckets)?;
+    if let Some(root) = &options.root {
+        make_buckets(root, &options.buckets)?;
+    }
     let rdma = if options.no_rdma {
         Err(NO_RDMA.to_owned())
     } else {
@@ -145,7 +149,12 @@ async fn serve(
     rdma: Result<Arc<Rdma>, String>,
     status: String,
 ) -> Result<(), String> {
-    let backend = Arc::new(local::Local::open(&options.root)?);
+    let backend: Arc<dyn backend::Backend> = match (&options.upstream, &options.root) {
+        (Some(settings), _) => Arc::new(upstream::Upstream::connect(settings).await?),
+        (None, Some(root)) => Arc::new(local::Local::open(root)?),
+        (None, None) => return Err("--root or --upstream is required".into()),
+    };
+    eprintln!("hipobj-s3-server: serving {}", backend.describe());
     let service = {
         let s3 = s3::RdmaS3::new(backend, rdma.clone(), options.region.clone());
         let mut builder = S3ServiceBuilder::new(s3);
