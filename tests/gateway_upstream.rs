@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_s3::config::{
     BehaviorVersion, Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation,
+    StalledStreamProtectionConfig,
 };
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
@@ -124,7 +125,7 @@ impl Drop for Gateway {
 }
 
 /// An SDK client of `endpoint` with the test keys: no retries, checksums
-/// only where asked, and a time-out well above the gateway's.
+/// only where asked, and no time-out of its own below a minute.
 fn client(endpoint: &str) -> aws_sdk_s3::Client {
     let config = aws_sdk_s3::Config::builder()
         .behavior_version(BehaviorVersion::latest())
@@ -133,6 +134,9 @@ fn client(endpoint: &str) -> aws_sdk_s3::Client {
         .credentials_provider(Credentials::new(ACCESS_KEY, SECRET_KEY, None, None, "test"))
         .force_path_style(true)
         .retry_config(aws_sdk_s3::config::retry::RetryConfig::disabled())
+        // The client waits for the gateway as long as it takes: only the
+        // gateway's own time-outs may end a request.
+        .stalled_stream_protection(StalledStreamProtectionConfig::disabled())
         .timeout_config(
             aws_sdk_s3::config::timeout::TimeoutConfig::builder()
                 .operation_timeout(Duration::from_secs(60))
@@ -754,10 +758,8 @@ fn an_upstream_that_stalls_times_out_within_the_configured_time() {
             (503, "ServiceUnavailable"),
             "{message}"
         );
-        assert!(
-            message.contains(&fake.endpoint) && message.contains("1500 ms"),
-            "{message}"
-        );
+        assert!(message.contains("1500 ms"), "{message}");
+        assert_eq!(message.matches(&fake.endpoint).count(), 1, "{message}");
         assert!(
             waited >= Duration::from_millis(1500) && waited < Duration::from_secs(10),
             "{waited:?}"
@@ -775,6 +777,37 @@ fn an_upstream_that_stalls_times_out_within_the_configured_time() {
         let waited = start.elapsed();
         assert_eq!(failure(e).0, 503);
         assert!(waited < Duration::from_secs(10), "{waited:?}");
+    });
+}
+
+/// An object whose body stops coming: the client's answer is cut short
+/// once the time-out has passed, not left waiting.
+#[test]
+fn an_object_whose_body_stalls_is_cut_short_within_the_time_out() {
+    let fake =
+        Fake::stalling_after("HTTP/1.1 200 OK\r\nContent-Length: 10\r\nETag: \"e1\"\r\n\r\nabc");
+    let gw = Gateway::start(
+        &fake.endpoint,
+        UPSTREAM_SECRET,
+        &["--upstream-timeout-ms", "1500"],
+    );
+    runtime().block_on(async {
+        let start = Instant::now();
+        let got = client(&gw.endpoint)
+            .get_object()
+            .bucket(BUCKET)
+            .key("k")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(got.content_length(), Some(10));
+        let body = tokio::time::timeout(Duration::from_secs(20), got.body.collect()).await;
+        assert!(!matches!(body, Ok(Ok(_))), "a body cut short");
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_millis(1500) && waited < Duration::from_secs(10),
+            "{waited:?}"
+        );
     });
 }
 
@@ -892,7 +925,8 @@ fn xml_answer(status: u16, xml: &str) -> String {
 }
 
 /// A fake upstream on the loopback: it records each request's head and
-/// answers every request with one canned answer, or never answers.
+/// answers every request with one canned answer (then closes the
+/// connection, or holds it open), or never answers.
 struct Fake {
     endpoint: String,
     heads: Arc<Mutex<Vec<String>>>,
@@ -900,15 +934,20 @@ struct Fake {
 
 impl Fake {
     fn answering(answer: &str) -> Fake {
-        Fake::start(Some(answer.to_owned()))
+        Fake::start(Some(answer.to_owned()), false)
+    }
+
+    /// Sends `answer` (the start of one) and then nothing more.
+    fn stalling_after(answer: &str) -> Fake {
+        Fake::start(Some(answer.to_owned()), true)
     }
 
     /// Takes connections and requests, and never answers.
     fn silent() -> Fake {
-        Fake::start(None)
+        Fake::start(None, true)
     }
 
-    fn start(answer: Option<String>) -> Fake {
+    fn start(answer: Option<String>, hold: bool) -> Fake {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let endpoint = format!("http://{}", listener.local_addr().unwrap());
         let heads = Arc::new(Mutex::new(Vec::new()));
@@ -921,11 +960,11 @@ impl Fake {
                     continue;
                 };
                 seen.lock().unwrap().push(head);
-                match &answer {
-                    Some(answer) => {
-                        let _ = conn.write_all(answer.as_bytes());
-                    }
-                    None => held.push(conn),
+                if let Some(answer) = &answer {
+                    let _ = conn.write_all(answer.as_bytes());
+                }
+                if hold {
+                    held.push(conn);
                 }
             }
         });
@@ -964,14 +1003,20 @@ fn read_request(conn: &mut TcpStream) -> Option<String> {
 
 // Upstream::put_object from a stream, called directly.
 
-/// The backend over `up`, with its keys; multipart above 6 MiB, parts of 5.
+/// The backend over `up`, with its keys; multipart above 6 MiB, parts of
+/// 5; a time-out of 10 s.
 async fn backend(up: &S3Server) -> Upstream {
+    backend_waiting(up, Duration::from_secs(10)).await
+}
+
+/// The backend over `up` with the time-out `timeout`.
+async fn backend_waiting(up: &S3Server, timeout: Duration) -> Upstream {
     let settings = Settings {
         endpoint: up.endpoint.clone(),
         region: "us-east-1".into(),
         profile: None,
         path_style: true,
-        timeout: Duration::from_secs(10),
+        timeout,
         multipart_bytes: 6 << 20,
         part_bytes: 5 << 20,
     };
@@ -1152,6 +1197,33 @@ fn a_dropped_multipart_put_is_aborted() {
                 uploads_in(up.root())
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
+
+/// A body whose source pauses longer than the time-out (and than the SDK's
+/// own stall grace of 5 s) is not the upstream's stall: waiting on the
+/// source does not count.
+#[test]
+fn a_slow_body_source_is_not_taken_for_a_stalled_upstream() {
+    let up = upstream();
+    let data = pattern(7 << 20, 13);
+    runtime().block_on(async {
+        let gw = backend_waiting(&up, Duration::from_secs(2)).await;
+        for (key, len) in [("single", 1 << 20), ("parts", 7 << 20)] {
+            let (first, rest) = data[..len].split_at(len / 2);
+            let (first, rest) = (Bytes::copy_from_slice(first), Bytes::copy_from_slice(rest));
+            let paused = futures::stream::once(async move { Ok::<_, std::io::Error>(first) })
+                .chain(futures::stream::once(async move {
+                    tokio::time::sleep(Duration::from_secs(6)).await;
+                    Ok(rest)
+                }));
+            let mut req = put_request(key, len, Vec::new(), None);
+            req.input.body = Some(StreamingBlob::wrap(paused));
+            gw.put_object(req)
+                .await
+                .unwrap_or_else(|e| panic!("{key}: {e:?}"));
+            assert!(std::fs::read(object_file(&up, key)).unwrap() == data[..len]);
         }
     });
 }

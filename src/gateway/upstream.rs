@@ -227,7 +227,7 @@ impl Upstream {
                     let waiting = body.map_or(Some(start), Tracker::waiting_since);
                     match waiting {
                         Some(since) if since + limit <= Instant::now() => {
-                            break Err(self.timed_out(what, limit));
+                            return Err(self.timed_out(what, limit));
                         }
                         Some(since) => deadline = since + limit,
                         None => deadline = Instant::now() + limit,
@@ -272,7 +272,9 @@ impl Upstream {
                 SdkError::ServiceError(service) => {
                     Failure::Answered(service.raw().status().as_u16())
                 }
-                SdkError::DispatchFailure(failure) if failure.is_timeout() => Failure::Connect,
+                SdkError::DispatchFailure(failure) if failure.is_timeout() => {
+                    Failure::TimedOut(DisplayErrorContext(sdk).to_string())
+                }
                 SdkError::DispatchFailure(failure) if failure.is_io() => {
                     Failure::Unreachable(DisplayErrorContext(sdk).to_string())
                 }
@@ -307,14 +309,6 @@ impl Upstream {
                 e.set_message(message);
                 return e;
             }
-            Some(Failure::Connect) => (
-                S3ErrorCode::ServiceUnavailable,
-                format!(
-                    "upstream {endpoint}: {what}: connecting took more than {} ms \
-                     (--upstream-timeout-ms); is it reachable from here?",
-                    self.timeout.as_millis()
-                ),
-            ),
             Some(Failure::Unreachable(why)) => (
                 S3ErrorCode::ServiceUnavailable,
                 format!(
@@ -324,7 +318,11 @@ impl Upstream {
             ),
             Some(Failure::TimedOut(why)) => (
                 S3ErrorCode::ServiceUnavailable,
-                format!("upstream {endpoint}: {what} timed out: {why}"),
+                format!(
+                    "upstream {endpoint}: {what} timed out ({why}; connecting may take {} ms, \
+                     --upstream-timeout-ms); is it reachable from here?",
+                    self.timeout.as_millis()
+                ),
             ),
             Some(Failure::Other(why)) => (
                 S3ErrorCode::InternalError,
@@ -627,11 +625,9 @@ impl Upstream {
 enum Failure {
     /// The upstream answered with this status.
     Answered(u16),
-    /// Connecting timed out.
-    Connect,
     /// Connecting or talking to it failed, and why.
     Unreachable(String),
-    /// The SDK's own time-out, and why.
+    /// Connecting (or the SDK's own time-out) timed out, and why.
     TimedOut(String),
     /// Anything else (an answer it could not read...), and why.
     Other(String),
