@@ -30,6 +30,7 @@ use aws_sdk_s3::config::{
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{ChecksumMode, CompletedMultipartUpload, CompletedPart};
+use base64::Engine as _;
 use bytes::Bytes;
 use futures::StreamExt;
 use hipobj::gateway::upstream::{Settings, Upstream};
@@ -179,7 +180,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 fn crc64nvme(data: &[u8]) -> String {
     let crc = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64Nvme, data);
-    base64_simd::STANDARD.encode_to_string(crc.to_be_bytes())
+    base64::engine::general_purpose::STANDARD.encode(crc.to_be_bytes())
 }
 
 /// The upstream's root entries that belong to multipart uploads.
@@ -522,7 +523,7 @@ fn a_put_above_the_threshold_goes_as_a_multipart_upload() {
             .put_object()
             .bucket(BUCKET)
             .key("sha")
-            .checksum_sha256(base64_simd::STANDARD.encode_to_string([0u8; 32]))
+            .checksum_sha256(base64::engine::general_purpose::STANDARD.encode([0u8; 32]))
             .body(ByteStream::from(pattern(7 << 20, 7)))
             .send()
             .await

@@ -47,6 +47,7 @@ use aws_sdk_s3::config::{
 };
 use aws_sdk_s3::error::{DisplayErrorContext, SdkError};
 use aws_sdk_s3::operation as op;
+use base64::Engine as _;
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 use s3s::checksum::ChecksumHasher;
@@ -227,6 +228,7 @@ impl Upstream {
                     let waiting = body.map_or(Some(start), Tracker::waiting_since);
                     match waiting {
                         Some(since) if since + limit <= Instant::now() => {
+                            observe(what, start, "network");
                             return Err(self.timed_out(what, limit));
                         }
                         Some(since) => deadline = since + limit,
@@ -235,6 +237,14 @@ impl Upstream {
                 }
             }
         };
+        let outcome = match &out {
+            Ok(_) => "ok",
+            Err(e) => match e.source().and_then(|s| s.downcast_ref::<SdkError<E>>()) {
+                Some(SdkError::ServiceError(_)) => e.code().as_str(),
+                _ => "network",
+            },
+        };
+        observe(what, start, outcome);
         out.map_err(|e| match body.and_then(Tracker::take_failure) {
             Some(failure) => failure,
             None => self.error::<E>(what, e),
@@ -516,7 +526,7 @@ impl Upstream {
         }
         parts.finish()?;
         let (crc, total) = whole.unwrap_or((0, 0));
-        let crc = base64_simd::STANDARD.encode_to_string(crc.to_be_bytes());
+        let crc = base64::engine::general_purpose::STANDARD.encode(crc.to_be_bytes());
         if let Some(claimed) = &input.checksum_crc64nvme {
             if *claimed != crc {
                 return Err(bad_digest("CRC64NVME", claimed, &crc));
@@ -587,7 +597,7 @@ impl Upstream {
             None,
             Arc::clone(&tracker),
         );
-        let checksum = base64_simd::STANDARD.encode_to_string(crc.to_be_bytes());
+        let checksum = base64::engine::general_purpose::STANDARD.encode(crc.to_be_bytes());
         let part = UploadPartInput {
             body: Some(StreamingBlob::new(body)),
             bucket: input.bucket.clone(),
@@ -619,6 +629,13 @@ impl Upstream {
             ..CompletedPart::default()
         })
     }
+}
+
+/// Records a call in the server's metrics: its operation (`what` without
+/// a part's number), how long it took, its outcome.
+fn observe(what: &str, start: Instant, outcome: &str) {
+    let op = what.split(' ').next().unwrap_or(what);
+    super::metrics::upstream_observed(op, start.elapsed().as_secs_f64(), outcome);
 }
 
 /// How an upstream call failed, as the SDK tells.
@@ -892,7 +909,7 @@ impl Check {
             }
         }
         if let Some((md5, claimed)) = self.md5 {
-            let computed = base64_simd::STANDARD.encode_to_string(md5.finalize());
+            let computed = base64::engine::general_purpose::STANDARD.encode(md5.finalize());
             if claimed != computed {
                 return Err(bad_digest("Content-MD5", &claimed, &computed));
             }
@@ -1609,7 +1626,7 @@ mod tests {
         s3s.update(&data);
         assert_eq!(
             s3s.finalize().checksum_crc64nvme.unwrap(),
-            base64_simd::STANDARD.encode_to_string(combined.to_be_bytes())
+            base64::engine::general_purpose::STANDARD.encode(combined.to_be_bytes())
         );
     }
 
