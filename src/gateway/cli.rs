@@ -100,7 +100,7 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE]
                         finish (default --rdma-timeout-ms + --delay-final-ms + 1000)
   --version             print the version and what the build holds
   --upstream-region REGION
-                        the region requests to the upstream are signed for (default: --region)
+                        the region requests to the upstream are signed for (--region by default)
   --upstream-profile NAME
                         the profile of the shared config and credentials files to take the
                         upstream's credentials from (default: AWS_PROFILE, else default)
