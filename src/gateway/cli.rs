@@ -124,8 +124,8 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE]
 
 /// What a bad command line prints after its error, instead of [`USAGE`].
 pub const SHORT_USAGE: &str =
-    "usage: hipobj-s3-server --root DIR|--upstream URL --listen ADDR:PORT \
-     [--config FILE] [OPTION]...; --help for all options";
+    "usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE] [OPTION]... \
+     (or --upstream URL instead of --root); --help for all options";
 
 /// The environment variable holding the access key of the server's own
 /// clients. Not `AWS_ACCESS_KEY_ID`: a backend in front of another store
