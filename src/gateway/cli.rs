@@ -20,6 +20,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::gateway::upstream::Settings;
+
 /// What `--help` prints.
 pub const USAGE: &str = "\
 usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE]
@@ -31,9 +33,19 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE]
                         [--rdma-max-bytes N] [--rdma-memory-bytes N] [--rdma-max-requests N]
                         [--rdma-max-connections N] [--rdma-max-connections-per-client N]
                         [--rdma-chunk-bytes N] [--rdma-chunks N] [--shutdown-grace-ms N]
+       hipobj-s3-server --upstream URL --listen ADDR:PORT [the options above but --bucket]
+                        [--upstream-region REGION] [--upstream-profile NAME]
+                        [--upstream-path-style | --upstream-virtual-hosted-style]
+                        [--upstream-timeout-ms N] [--upstream-multipart-bytes N]
+                        [--upstream-part-bytes N]
        hipobj-s3-server --help | --version
 
   --root DIR            where buckets and objects are stored (created if missing)
+  --upstream URL        serve the buckets and objects of this S3 store instead (http:// or
+                        https://, host, optional port: AWS, MinIO, Garage, Ceph RGW...); its
+                        credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or
+                        the shared config and credentials files (~/.aws), as the AWS tools
+                        find them. Exclusive with --root
   --listen ADDR:PORT    S3 address; port 0 picks a free port
   --config FILE         a TOML file of these options, each named without its dashes
                         (listen = \"0.0.0.0:9000\", bucket = [\"a\", \"b\"], no-rdma = true);
@@ -87,11 +99,33 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE]
   --shutdown-grace-ms N on SIGTERM or SIGINT, how long the requests in progress may take to
                         finish (default --rdma-timeout-ms + --delay-final-ms + 1000)
   --version             print the version and what the build holds
+  --upstream-region REGION
+                        the region requests to the upstream are signed for (--region by default)
+  --upstream-profile NAME
+                        the profile of the shared config and credentials files to take the
+                        upstream's credentials from (default: AWS_PROFILE, else default)
+  --upstream-path-style addresses the upstream as URL/BUCKET/KEY (the default: self-hosted
+                        stores such as MinIO, Garage and Ceph RGW expect it)
+  --upstream-virtual-hosted-style
+                        addresses the upstream as BUCKET.HOST/KEY (AWS's preferred style)
+  --upstream-timeout-ms N
+                        how long the gateway waits for the upstream at one stretch: to
+                        connect, to take the next piece of a body, to answer, to send the next
+                        piece of an object (default 30000; ten times that for CopyObject,
+                        UploadPartCopy and CompleteMultipartUpload); then 503
+  --upstream-multipart-bytes N
+                        the largest PutObject sent on as one request (default 67108864, at
+                        most 5368709120); a larger one (or one of unknown length) goes as a
+                        multipart upload, aborted if anything fails
+  --upstream-part-bytes N
+                        the part size of those uploads (default 16777216, 5242880 to
+                        5368709120); larger where the object needs more than 10000 parts
 ";
 
 /// What a bad command line prints after its error, instead of [`USAGE`].
-pub const SHORT_USAGE: &str = "usage: hipobj-s3-server --root DIR --listen ADDR:PORT \
-     [--config FILE] [OPTION]...; --help for all options";
+pub const SHORT_USAGE: &str =
+    "usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE] [OPTION]... \
+     (or --upstream URL instead of --root); --help for all options";
 
 /// The environment variable holding the access key of the server's own
 /// clients. Not `AWS_ACCESS_KEY_ID`: a backend in front of another store
@@ -155,6 +189,14 @@ const OPTIONS: &[(&str, Kind)] = &[
     ("--rdma-chunk-bytes", Kind::Value),
     ("--rdma-chunks", Kind::Value),
     ("--shutdown-grace-ms", Kind::Value),
+    ("--upstream", Kind::Value),
+    ("--upstream-region", Kind::Value),
+    ("--upstream-profile", Kind::Value),
+    ("--upstream-path-style", Kind::Flag),
+    ("--upstream-virtual-hosted-style", Kind::Flag),
+    ("--upstream-timeout-ms", Kind::Value),
+    ("--upstream-multipart-bytes", Kind::Value),
+    ("--upstream-part-bytes", Kind::Value),
 ];
 
 /// An access key requests may be signed with, and its secret key.
@@ -187,8 +229,10 @@ pub struct Tls {
 /// The server's settings.
 #[derive(Debug)]
 pub struct Options {
-    /// `--root`.
-    pub root: PathBuf,
+    /// `--root`; `None` with `--upstream`.
+    pub root: Option<PathBuf>,
+    /// `--upstream` and its options; `None` with `--root`.
+    pub upstream: Option<Settings>,
     /// `--listen`.
     pub listen: SocketAddr,
     /// The access keys and their secret keys: `--access-key`'s (from
@@ -375,6 +419,7 @@ struct Given {
     rdma_chunk_bytes: Option<usize>,
     rdma_chunks: usize,
     shutdown_grace: Option<Duration>,
+    upstream: UpstreamArgs,
 }
 
 impl Given {
@@ -407,6 +452,7 @@ impl Given {
             rdma_chunk_bytes: None,
             rdma_chunks: 4,
             shutdown_grace: None,
+            upstream: UpstreamArgs::default(),
         }
     }
 
@@ -485,6 +531,22 @@ fn apply(g: &mut Given, args: &[String]) -> Result<Flow, String> {
             "--rdma-chunk-bytes" => g.rdma_chunk_bytes = Some(count(name, &value()?)?),
             "--rdma-chunks" => g.rdma_chunks = count(name, &value()?)?,
             "--shutdown-grace-ms" => g.shutdown_grace = Some(millis(name, &value()?, 0)?),
+            "--upstream" => g.upstream.endpoint = Some(endpoint(&value()?)?),
+            "--upstream-region" => g.upstream.region = Some(value()?),
+            "--upstream-profile" => g.upstream.profile = Some(value()?),
+            "--upstream-path-style" => {
+                let path = flag(name, inline.as_deref())?;
+                g.upstream.style(name, path)?;
+            }
+            "--upstream-virtual-hosted-style" => {
+                let path = !flag(name, inline.as_deref())?;
+                g.upstream.style(name, path)?;
+            }
+            "--upstream-timeout-ms" => g.upstream.timeout = Some(millis(name, &value()?, 1)?),
+            "--upstream-multipart-bytes" => {
+                g.upstream.multipart_bytes = Some(count(name, &value()?)?)
+            }
+            "--upstream-part-bytes" => g.upstream.part_bytes = Some(count(name, &value()?)?),
             _ => return Err(format!("unknown argument {arg}")),
         }
     }
@@ -680,8 +742,28 @@ fn finish(
     let shutdown_grace = g
         .shutdown_grace
         .unwrap_or(g.rdma_timeout + g.delay_final + Duration::from_secs(1));
+    let upstream = g.upstream.settings(&g.region)?;
+    let root = match (g.root, &upstream) {
+        (Some(_), Some(_)) => {
+            return Err(
+                "--root and --upstream are exclusive: the server serves either a \
+                        directory of this machine (--root) or another S3 store (--upstream)"
+                    .into(),
+            )
+        }
+        (None, None) => return Err("--root or --upstream is required".into()),
+        (root, _) => root,
+    };
+    if upstream.is_some() && !g.buckets.items.is_empty() {
+        return Err(
+            "--bucket creates directories of --root; with --upstream, create buckets in the \
+             upstream store (or through this server: CreateBucket)"
+                .into(),
+        );
+    }
     Ok(Options {
-        root: g.root.ok_or_else(|| missing("--root"))?,
+        root,
+        upstream,
         listen,
         credentials,
         tls,
@@ -794,6 +876,99 @@ fn flag(name: &str, inline: Option<&str>) -> Result<bool, String> {
     }
 }
 
+/// The `--upstream` options as given.
+#[derive(Default)]
+struct UpstreamArgs {
+    endpoint: Option<String>,
+    region: Option<String>,
+    profile: Option<String>,
+    /// `--upstream-path-style` (true) or `--upstream-virtual-hosted-style`
+    /// (false), and which.
+    path_style: Option<(bool, String)>,
+    timeout: Option<Duration>,
+    multipart_bytes: Option<u64>,
+    part_bytes: Option<u64>,
+}
+
+impl UpstreamArgs {
+    fn style(&mut self, name: &str, path: bool) -> Result<(), String> {
+        match &self.path_style {
+            Some((other, given)) if *other != path => {
+                Err(format!("{given} and {name} are exclusive"))
+            }
+            _ => {
+                self.path_style = Some((path, name.to_owned()));
+                Ok(())
+            }
+        }
+    }
+
+    /// The settings, if `--upstream` was given; its options without it are
+    /// refused, as are sizes outside S3's limits.
+    fn settings(self, region: &str) -> Result<Option<Settings>, String> {
+        use crate::gateway::upstream::{
+            DEFAULT_MULTIPART_BYTES, DEFAULT_PART_BYTES, DEFAULT_TIMEOUT, MAX_PART_BYTES,
+            MIN_PART_BYTES,
+        };
+        let Some(endpoint) = self.endpoint else {
+            let given = [
+                ("--upstream-region", self.region.is_some()),
+                ("--upstream-profile", self.profile.is_some()),
+                ("--upstream-path-style", self.path_style.is_some()),
+                ("--upstream-timeout-ms", self.timeout.is_some()),
+                ("--upstream-multipart-bytes", self.multipart_bytes.is_some()),
+                ("--upstream-part-bytes", self.part_bytes.is_some()),
+            ];
+            return match given.iter().find(|(_, given)| *given) {
+                Some((name, _)) => Err(format!("{name} applies to --upstream only")),
+                None => Ok(None),
+            };
+        };
+        let multipart_bytes = self.multipart_bytes.unwrap_or(DEFAULT_MULTIPART_BYTES);
+        if multipart_bytes > MAX_PART_BYTES {
+            return Err(format!(
+                "--upstream-multipart-bytes {multipart_bytes}: at most {MAX_PART_BYTES} \
+                 (S3's largest PutObject)"
+            ));
+        }
+        let part_bytes = self.part_bytes.unwrap_or(DEFAULT_PART_BYTES);
+        if !(MIN_PART_BYTES..=MAX_PART_BYTES).contains(&part_bytes) {
+            return Err(format!(
+                "--upstream-part-bytes {part_bytes}: S3's parts are {MIN_PART_BYTES} to \
+                 {MAX_PART_BYTES} bytes"
+            ));
+        }
+        Ok(Some(Settings {
+            endpoint,
+            region: self.region.unwrap_or_else(|| region.to_owned()),
+            profile: self.profile,
+            path_style: self.path_style.is_none_or(|(path, _)| path),
+            timeout: self.timeout.unwrap_or(DEFAULT_TIMEOUT),
+            multipart_bytes,
+            part_bytes,
+        }))
+    }
+}
+
+/// An `--upstream` URL: `http://` or `https://`, a host, an optional port,
+/// nothing after (a trailing `/` is dropped).
+fn endpoint(text: &str) -> Result<String, String> {
+    let bad = |why: &str| {
+        format!("--upstream {text}: {why} (expected http://HOST[:PORT] or https://HOST[:PORT])")
+    };
+    let uri: http::Uri = text.parse().map_err(|e| bad(&format!("{e}")))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err(bad("not http or https"));
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(bad("no host"));
+    }
+    if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
+        return Err(bad("a path or query"));
+    }
+    Ok(text.trim_end_matches('/').to_owned())
+}
+
 /// The most RDMA requests served at once: each may hold a blocking thread,
 /// and tokio's pool takes at most a few thousand.
 const MAX_REQUESTS: usize = 4096;
@@ -893,7 +1068,8 @@ pub(crate) mod tests {
     #[test]
     fn defaults_apply_when_only_the_required_options_are_given() {
         let o = parse(&args(&required())).unwrap().expect("not --help");
-        assert_eq!(o.root, PathBuf::from("/r"));
+        assert_eq!(o.root, Some(PathBuf::from("/r")));
+        assert!(o.upstream.is_none());
         assert_eq!(o.listen.port(), 0);
         assert_eq!(o.region, "us-east-1");
         assert!(o.buckets.is_empty() && o.device.is_none() && !o.no_rdma);
@@ -1031,6 +1207,106 @@ pub(crate) mod tests {
         assert!(refused.contains("raise --rdma-memory-bytes"), "{refused}");
         assert!(with(&["--rdma-memory-bytes", "4095"]).is_err());
         assert!(with(&["--rdma-chunks", "0"]).is_err());
+    }
+
+    /// The required options with `--upstream URL` instead of `--root`.
+    fn with_upstream(extra: &[&str]) -> Result<Options, String> {
+        let mut list = vec![
+            "--upstream",
+            "http://127.0.0.1:9000",
+            "--listen",
+            "127.0.0.1:0",
+            "--access-key",
+            "ak",
+            "--secret-key",
+            "sk",
+        ];
+        list.extend(extra);
+        parse(&args(&list)).map(|o| o.expect("not --help"))
+    }
+
+    #[test]
+    fn upstream_options_are_read_with_their_defaults() {
+        let o = with_upstream(&["--region", "eu-west-1"]).unwrap();
+        assert_eq!(o.root, None);
+        let u = o.upstream.expect("the upstream's settings");
+        assert_eq!(u.endpoint, "http://127.0.0.1:9000");
+        assert_eq!(u.region, "eu-west-1", "the server's region by default");
+        assert_eq!(u.profile, None);
+        assert!(u.path_style);
+        assert_eq!(u.timeout, Duration::from_secs(30));
+        assert_eq!((u.multipart_bytes, u.part_bytes), (64 << 20, 16 << 20));
+        let o = with_upstream(&[
+            "--upstream-region=garage",
+            "--upstream-profile",
+            "store",
+            "--upstream-virtual-hosted-style",
+            "--upstream-timeout-ms",
+            "1500",
+            "--upstream-multipart-bytes=1",
+            "--upstream-part-bytes",
+            "5242880",
+        ])
+        .unwrap();
+        let u = o.upstream.unwrap();
+        assert_eq!(u.region, "garage");
+        assert_eq!(u.profile.as_deref(), Some("store"));
+        assert!(!u.path_style);
+        assert_eq!(u.timeout, Duration::from_millis(1500));
+        assert_eq!((u.multipart_bytes, u.part_bytes), (1, 5 << 20));
+        let mut list = required();
+        list.splice(0..2, ["--upstream", "https://s3.example.com:8443/"]);
+        let o = parse(&args(&list)).unwrap().unwrap();
+        assert_eq!(o.upstream.unwrap().endpoint, "https://s3.example.com:8443");
+    }
+
+    #[test]
+    fn root_and_upstream_exclude_each_other_and_one_is_required() {
+        let mut both = required();
+        both.extend(["--upstream", "http://127.0.0.1:9000"]);
+        let e = parse(&args(&both)).unwrap_err();
+        assert!(e.contains("--root and --upstream are exclusive"), "{e}");
+        let neither = parse(&args(&required()[2..])).unwrap_err();
+        assert!(
+            neither.contains("--root or --upstream is required"),
+            "{neither}"
+        );
+        let e = with_upstream(&["--bucket", "one"]).unwrap_err();
+        assert!(e.contains("--bucket"), "{e}");
+        let mut stray = required();
+        stray.extend(["--upstream-timeout-ms", "10"]);
+        let e = parse(&args(&stray)).unwrap_err();
+        assert!(
+            e.contains("--upstream-timeout-ms applies to --upstream only"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_upstream_urls_and_sizes_are_refused() {
+        for url in [
+            "127.0.0.1:9000",
+            "ftp://host",
+            "http://",
+            "http://host/bucket",
+            "http://host/?x=1",
+        ] {
+            let mut list = required();
+            list.splice(0..2, ["--upstream", url]);
+            assert!(parse(&args(&list)).is_err(), "{url} was accepted");
+        }
+        for bad in [
+            ["--upstream-part-bytes", "5242879"],
+            ["--upstream-part-bytes", "5368709121"],
+            ["--upstream-multipart-bytes", "5368709121"],
+            ["--upstream-multipart-bytes", "0"],
+            ["--upstream-timeout-ms", "0"],
+        ] {
+            assert!(with_upstream(&bad).is_err(), "{bad:?} was accepted");
+        }
+        let e = with_upstream(&["--upstream-path-style", "--upstream-virtual-hosted-style"])
+            .unwrap_err();
+        assert!(e.contains("exclusive"), "{e}");
     }
 
     #[test]

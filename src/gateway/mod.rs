@@ -7,7 +7,8 @@
 //! - [`cli`]: the settings, from the command line, a config file and the
 //!   environment.
 //! - [`backend`]: where objects live ([`backend::Backend`]): a directory
-//!   of this machine ([`local`]).
+//!   of this machine ([`local`], `--root`) or another S3 store
+//!   ([`upstream`], `--upstream`).
 //! - [`s3`]: the S3 operations, the RDMA paths in front of the backend's.
 //! - [`rdma`]: the server's device, its memory budget and its buffers.
 //! - [`tls`]: https for the S3 leg.
@@ -41,6 +42,7 @@ pub mod rdma;
 pub mod s3;
 pub mod stream;
 pub mod tls;
+pub mod upstream;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -279,7 +281,9 @@ fn unescape(text: &str) -> String {
 
 /// Prepares the backend, RDMA and the runtime, then serves until a signal.
 pub fn run(options: Options) -> Result<(), String> {
-    make_buckets(&options.root, &options.buckets)?;
+    if let Some(root) = &options.root {
+        make_buckets(root, &options.buckets)?;
+    }
     // Before RDMA and the runtime: a bad certificate is a bad setting.
     let tls = options.tls.as_ref().map(tls::acceptor).transpose()?;
     let rdma = if options.no_rdma {
@@ -352,7 +356,12 @@ async fn serve(
     tls: Option<TlsAcceptor>,
     status: String,
 ) -> Result<(), String> {
-    let backend = Arc::new(local::Local::open(&options.root)?);
+    let backend: Arc<dyn backend::Backend> = match (&options.upstream, &options.root) {
+        (Some(settings), _) => Arc::new(upstream::Upstream::connect(settings).await?),
+        (None, Some(root)) => Arc::new(local::Local::open(root)?),
+        (None, None) => return Err("--root or --upstream is required".into()),
+    };
+    eprintln!("hipobj-s3-server: serving {}", backend.describe());
     if rdma.is_ok() {
         metrics::rdma_limits(options.rdma_memory_bytes, options.rdma_max_requests);
     }

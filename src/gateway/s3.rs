@@ -845,8 +845,15 @@ rdma_s3! {
     create_multipart_upload: CreateMultipartUploadInput => CreateMultipartUploadOutput;
     upload_part_copy: UploadPartCopyInput => UploadPartCopyOutput;
     list_parts: ListPartsInput => ListPartsOutput;
+    list_multipart_uploads: ListMultipartUploadsInput => ListMultipartUploadsOutput;
     complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput;
     abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput;
+    list_object_versions: ListObjectVersionsInput => ListObjectVersionsOutput;
+    get_object_attributes: GetObjectAttributesInput => GetObjectAttributesOutput;
+    get_object_tagging: GetObjectTaggingInput => GetObjectTaggingOutput;
+    put_object_tagging: PutObjectTaggingInput => PutObjectTaggingOutput;
+    delete_object_tagging: DeleteObjectTaggingInput => DeleteObjectTaggingOutput;
+    get_bucket_versioning: GetBucketVersioningInput => GetBucketVersioningOutput;
 }
 
 #[cfg(test)]

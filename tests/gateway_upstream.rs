@@ -1,0 +1,1230 @@
+//! `hipobj-s3-server --upstream`: a gateway in front of another S3 store.
+//!
+//! Two servers run: the upstream, a `hipobj-s3-server --root DIR` with keys
+//! of its own, and the gateway, `hipobj-s3-server --upstream URL` with the
+//! upstream's keys in its environment and the test keys for its clients.
+//! Requests go to the gateway through the AWS SDK's client (retries off, so
+//! that every answer is the gateway's first); what reached the upstream is
+//! read from its directory. A fake upstream (a TCP listener answering what
+//! a test says, or nothing) shows the headers that reach an upstream and
+//! the answers that a directory cannot give. The RDMA paths through the
+//! upstream are the VM lane's.
+//!
+//! The second half calls `Upstream::put_object` directly with bodies that
+//! fail: nothing of them may become visible upstream.
+
+#[path = "common/s3.rs"]
+mod s3;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aws_sdk_s3::config::{
+    BehaviorVersion, Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation,
+    StalledStreamProtectionConfig,
+};
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{ChecksumMode, CompletedMultipartUpload, CompletedPart};
+use base64::Engine as _;
+use bytes::Bytes;
+use futures::StreamExt;
+use hipobj::gateway::upstream::{Settings, Upstream};
+use s3::{parse_banner, S3Server, ACCESS_KEY, BUCKET, SECRET_KEY};
+use s3s::dto::{PutObjectInput, StreamingBlob};
+use s3s::S3;
+
+/// The upstream's own keys, which only the gateway has.
+const UPSTREAM_KEY: &str = "upstream-key";
+const UPSTREAM_SECRET: &str = "upstream-secret";
+
+fn binary() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_hipobj-s3-server"))
+}
+
+/// The upstream: a directory server with keys of its own.
+fn upstream() -> S3Server {
+    S3Server::start(
+        binary(),
+        "127.0.0.1",
+        &[
+            "--no-rdma",
+            "--access-key",
+            UPSTREAM_KEY,
+            "--secret-key",
+            UPSTREAM_SECRET,
+        ],
+    )
+}
+
+/// A running `hipobj-s3-server --upstream`.
+struct Gateway {
+    endpoint: String,
+    child: Child,
+}
+
+impl Gateway {
+    /// Starts a gateway in front of `upstream`, signing for it with the
+    /// upstream's key and `secret`, serving the test keys, with `extra`
+    /// arguments. The environment holds nothing else the SDK would read.
+    fn start(upstream: &str, secret: &str, extra: &[&str]) -> Gateway {
+        let home = std::env::temp_dir().join(format!("hipobj-gw-home-{}", std::process::id()));
+        let mut child = Command::new(binary())
+            .args([
+                "--upstream",
+                upstream,
+                "--listen",
+                "127.0.0.1:0",
+                "--no-rdma",
+            ])
+            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+            .args(extra)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", &home)
+            .env("AWS_ACCESS_KEY_ID", UPSTREAM_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", secret)
+            // Nothing but the loopback: no instance metadata service.
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting the gateway");
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            let _ = tx.send(reader.read_line(&mut line).map(|_| line));
+            let mut rest = String::new();
+            let _ = reader.read_to_string(&mut rest);
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(Ok(line)) if !line.is_empty() => line,
+            other => {
+                let _ = child.kill();
+                let status = child.wait();
+                panic!("the gateway printed no first line: {other:?}, {status:?}");
+            }
+        };
+        let (endpoint, _) = parse_banner(line.trim_end())
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+        Gateway { endpoint, child }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An SDK client of `endpoint` with the test keys: no retries, checksums
+/// only where asked, and no time-out of its own below a minute.
+fn client(endpoint: &str) -> aws_sdk_s3::Client {
+    let config = aws_sdk_s3::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(ACCESS_KEY, SECRET_KEY, None, None, "test"))
+        .force_path_style(true)
+        .retry_config(aws_sdk_s3::config::retry::RetryConfig::disabled())
+        // The client waits for the gateway as long as it takes: only the
+        // gateway's own time-outs may end a request.
+        .stalled_stream_protection(StalledStreamProtectionConfig::disabled())
+        .timeout_config(
+            aws_sdk_s3::config::timeout::TimeoutConfig::builder()
+                .operation_timeout(Duration::from_secs(60))
+                .build(),
+        )
+        .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+        .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
+        .build();
+    aws_sdk_s3::Client::from_conf(config)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// An error's status, code and message.
+fn failure<E: ProvideErrorMetadata + std::fmt::Debug>(e: SdkError<E>) -> (u16, String, String) {
+    let status = e
+        .raw_response()
+        .map(|r| r.status().as_u16())
+        .unwrap_or_else(|| panic!("no answer: {e:?}"));
+    let code = e.code().unwrap_or_default().to_owned();
+    let message = e.message().unwrap_or_default().to_owned();
+    (status, code, message)
+}
+
+/// Bytes of every value, in an order that shows misplaced ranges.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            let [b0, b1, b2, ..] = i.to_le_bytes();
+            b0.wrapping_mul(31) ^ b1.wrapping_mul(7) ^ b2 ^ seed
+        })
+        .collect()
+}
+
+fn crc64nvme(data: &[u8]) -> String {
+    let crc = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64Nvme, data);
+    base64::engine::general_purpose::STANDARD.encode(crc.to_be_bytes())
+}
+
+/// The upstream's root entries that belong to multipart uploads.
+fn uploads_in(root: &Path) -> Vec<String> {
+    std::fs::read_dir(root)
+        .expect("the upstream's root")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.contains(".upload"))
+        .collect()
+}
+
+fn object_file(server: &S3Server, key: &str) -> PathBuf {
+    server.root().join(BUCKET).join(key)
+}
+
+async fn get(client: &aws_sdk_s3::Client, key: &str) -> Vec<u8> {
+    let out = client
+        .get_object()
+        .bucket(BUCKET)
+        .key(key)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {key}: {e:?}"));
+    out.body.collect().await.expect("the body").to_vec()
+}
+
+async fn put(client: &aws_sdk_s3::Client, key: &str, data: &[u8]) -> String {
+    client
+        .put_object()
+        .bucket(BUCKET)
+        .key(key)
+        .body(ByteStream::from(data.to_vec()))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("PUT {key}: {e:?}"))
+        .e_tag
+        .expect("an ETag")
+}
+
+#[test]
+fn objects_pass_through_byte_exact() {
+    let up = upstream();
+    let gw = Gateway::start(&up.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let c = client(&gw.endpoint);
+        let data = pattern(300_000, 1);
+        let etag = put(&c, "dir/object.bin", &data).await;
+        assert_eq!(
+            std::fs::read(object_file(&up, "dir/object.bin")).unwrap(),
+            data,
+            "the upstream holds the bytes"
+        );
+        assert_eq!(get(&c, "dir/object.bin").await, data);
+
+        let ranged = c
+            .get_object()
+            .bucket(BUCKET)
+            .key("dir/object.bin")
+            .range("bytes=1000-1999")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            ranged.content_range.as_deref(),
+            Some("bytes 1000-1999/300000")
+        );
+        assert_eq!(
+            ranged.body.collect().await.unwrap().to_vec(),
+            &data[1000..2000]
+        );
+
+        let head = c
+            .head_object()
+            .bucket(BUCKET)
+            .key("dir/object.bin")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(head.content_length, Some(300_000));
+        assert_eq!(head.e_tag.as_deref(), Some(etag.as_str()));
+
+        put(&c, "dir/second", b"2").await;
+        let v2 = c
+            .list_objects_v2()
+            .bucket(BUCKET)
+            .prefix("dir/")
+            .send()
+            .await
+            .unwrap();
+        let keys: Vec<_> = v2.contents().iter().filter_map(|o| o.key()).collect();
+        assert_eq!(keys, ["dir/object.bin", "dir/second"]);
+        let v1 = c
+            .list_objects()
+            .bucket(BUCKET)
+            .delimiter("/")
+            .send()
+            .await
+            .unwrap();
+        let prefixes: Vec<_> = v1
+            .common_prefixes()
+            .iter()
+            .filter_map(|p| p.prefix())
+            .collect();
+        assert_eq!(prefixes, ["dir/"]);
+
+        c.delete_object()
+            .bucket(BUCKET)
+            .key("dir/second")
+            .send()
+            .await
+            .unwrap();
+        assert!(!object_file(&up, "dir/second").exists());
+        let gone = c
+            .get_object()
+            .bucket(BUCKET)
+            .key("dir/second")
+            .send()
+            .await
+            .unwrap_err();
+        let (status, code, message) = failure(gone);
+        assert_eq!((status, code.as_str()), (404, "NoSuchKey"), "{message}");
+        assert!(
+            message.contains(&up.endpoint),
+            "names the upstream: {message}"
+        );
+    });
+}
+
+#[test]
+fn multipart_uploads_pass_through_and_abort() {
+    let up = upstream();
+    let gw = Gateway::start(&up.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let c = client(&gw.endpoint);
+        let parts = [pattern(5 << 20, 2), pattern(70_001, 3)];
+        let created = c
+            .create_multipart_upload()
+            .bucket(BUCKET)
+            .key("multi")
+            .send()
+            .await
+            .unwrap();
+        let id = created.upload_id().expect("an upload id").to_owned();
+        let mut done = Vec::new();
+        for (i, part) in parts.iter().enumerate() {
+            let n = i32::try_from(i + 1).unwrap();
+            let out = c
+                .upload_part()
+                .bucket(BUCKET)
+                .key("multi")
+                .upload_id(&id)
+                .part_number(n)
+                .body(ByteStream::from(part.clone()))
+                .send()
+                .await
+                .unwrap();
+            done.push(
+                CompletedPart::builder()
+                    .part_number(n)
+                    .e_tag(out.e_tag().unwrap())
+                    .build(),
+            );
+        }
+        let listed = c
+            .list_parts()
+            .bucket(BUCKET)
+            .key("multi")
+            .upload_id(&id)
+            .send()
+            .await
+            .unwrap();
+        let mut numbers: Vec<_> = listed
+            .parts()
+            .iter()
+            .filter_map(|p| p.part_number())
+            .collect();
+        numbers.sort_unstable(); // this upstream lists them in no order
+        assert_eq!(numbers, [1, 2]);
+        c.complete_multipart_upload()
+            .bucket(BUCKET)
+            .key("multi")
+            .upload_id(&id)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(done))
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            get(&c, "multi").await == parts.concat(),
+            "the parts in order"
+        );
+
+        let created = c
+            .create_multipart_upload()
+            .bucket(BUCKET)
+            .key("aborted")
+            .send()
+            .await
+            .unwrap();
+        let id = created.upload_id().unwrap().to_owned();
+        c.upload_part()
+            .bucket(BUCKET)
+            .key("aborted")
+            .upload_id(&id)
+            .part_number(1)
+            .body(ByteStream::from(pattern(1000, 4)))
+            .send()
+            .await
+            .unwrap();
+        c.abort_multipart_upload()
+            .bucket(BUCKET)
+            .key("aborted")
+            .upload_id(&id)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(uploads_in(up.root()), Vec::<String>::new());
+        assert!(!object_file(&up, "aborted").exists());
+    });
+}
+
+/// This upstream (s3s's filesystem backend) does not list uploads: its
+/// 501 comes back as it is, not as the gateway's own failure.
+#[test]
+fn list_multipart_uploads_reaches_the_upstream() {
+    let up = upstream();
+    let gw = Gateway::start(&up.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let e = client(&gw.endpoint)
+            .list_multipart_uploads()
+            .bucket(BUCKET)
+            .send()
+            .await
+            .unwrap_err();
+        let (status, code, message) = failure(e);
+        assert_eq!(
+            (status, code.as_str()),
+            (501, "NotImplemented"),
+            "{message}"
+        );
+        assert!(
+            message.contains(&up.endpoint),
+            "the upstream's answer: {message}"
+        );
+    });
+    let fake = Fake::answering(&xml_answer(
+        200,
+        "<ListMultipartUploadsResult><Bucket>bucket</Bucket><KeyMarker></KeyMarker>\
+         <UploadIdMarker></UploadIdMarker><MaxUploads>1000</MaxUploads>\
+         <IsTruncated>false</IsTruncated><Upload><Key>big</Key><UploadId>u-1</UploadId>\
+         </Upload></ListMultipartUploadsResult>",
+    ));
+    let gw = Gateway::start(&fake.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let listed = client(&gw.endpoint)
+            .list_multipart_uploads()
+            .bucket(BUCKET)
+            .send()
+            .await
+            .unwrap();
+        let uploads: Vec<_> = listed
+            .uploads()
+            .iter()
+            .map(|u| (u.key().unwrap(), u.upload_id().unwrap()))
+            .collect();
+        assert_eq!(uploads, [("big", "u-1")]);
+    });
+    let head = &fake.heads()[0];
+    assert!(
+        head.starts_with("GET /bucket") && head.contains("?uploads"),
+        "{head}"
+    );
+}
+
+/// Above `--upstream-multipart-bytes` a PUT goes as a multipart upload of
+/// `--upstream-part-bytes` parts with CRC64NVME checksums, completed with
+/// the whole object's; conditions apply at completion.
+#[test]
+fn a_put_above_the_threshold_goes_as_a_multipart_upload() {
+    let up = upstream();
+    let gw = Gateway::start(
+        &up.endpoint,
+        UPSTREAM_SECRET,
+        &[
+            "--upstream-multipart-bytes",
+            "6291456",
+            "--upstream-part-bytes",
+            "5242880",
+        ],
+    );
+    runtime().block_on(async {
+        let c = client(&gw.endpoint);
+        let data = pattern(12 << 20, 5);
+        let out = c
+            .put_object()
+            .bucket(BUCKET)
+            .key("big")
+            .body(ByteStream::from(data.clone()))
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            out.e_tag().unwrap().ends_with("-3\""),
+            "three parts: {:?}",
+            out.e_tag()
+        );
+        assert_eq!(out.checksum_crc64_nvme(), Some(crc64nvme(&data).as_str()));
+        assert!(std::fs::read(object_file(&up, "big")).unwrap() == data);
+        assert!(get(&c, "big").await == data);
+        assert_eq!(uploads_in(up.root()), Vec::<String>::new());
+
+        // A condition that fails at completion: the upload is aborted.
+        let e = c
+            .put_object()
+            .bucket(BUCKET)
+            .key("big")
+            .if_none_match("*")
+            .body(ByteStream::from(pattern(7 << 20, 6)))
+            .send()
+            .await
+            .unwrap_err();
+        let (status, code, message) = failure(e);
+        assert_eq!(
+            (status, code.as_str()),
+            (412, "PreconditionFailed"),
+            "{message}"
+        );
+        assert!(
+            std::fs::read(object_file(&up, "big")).unwrap() == data,
+            "unchanged"
+        );
+        assert_eq!(uploads_in(up.root()), Vec::<String>::new());
+
+        // A whole-object checksum that is not the body's: BadDigest, and
+        // nothing completes.
+        let e = c
+            .put_object()
+            .bucket(BUCKET)
+            .key("sha")
+            .checksum_sha256(base64::engine::general_purpose::STANDARD.encode([0u8; 32]))
+            .body(ByteStream::from(pattern(7 << 20, 7)))
+            .send()
+            .await
+            .unwrap_err();
+        let (status, code, message) = failure(e);
+        assert_eq!((status, code.as_str()), (400, "BadDigest"), "{message}");
+        assert!(!object_file(&up, "sha").exists());
+        assert_eq!(uploads_in(up.root()), Vec::<String>::new());
+    });
+}
+
+#[test]
+fn conditional_puts_and_ranges_fail_as_the_upstream_says() {
+    let up = upstream();
+    let gw = Gateway::start(&up.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let c = client(&gw.endpoint);
+        put(&c, "kept", b"first").await;
+        let e = c
+            .put_object()
+            .bucket(BUCKET)
+            .key("kept")
+            .if_none_match("*")
+            .body(ByteStream::from_static(b"second"))
+            .send()
+            .await
+            .unwrap_err();
+        let (status, code, message) = failure(e);
+        assert_eq!(
+            (status, code.as_str()),
+            (412, "PreconditionFailed"),
+            "{message}"
+        );
+        assert_eq!(std::fs::read(object_file(&up, "kept")).unwrap(), b"first");
+
+        let e = c
+            .get_object()
+            .bucket(BUCKET)
+            .key("kept")
+            .range("bytes=100-200")
+            .send()
+            .await
+            .unwrap_err();
+        let (status, code, message) = failure(e);
+        assert_eq!((status, code.as_str()), (416, "InvalidRange"), "{message}");
+
+        let e = c
+            .list_objects_v2()
+            .bucket("no-such-bucket")
+            .send()
+            .await
+            .unwrap_err();
+        let (status, code, message) = failure(e);
+        assert_eq!((status, code.as_str()), (404, "NoSuchBucket"), "{message}");
+        assert!(message.contains(&up.endpoint), "{message}");
+
+        let e = c
+            .head_object()
+            .bucket(BUCKET)
+            .key("missing")
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(failure(e).0, 404);
+    });
+}
+
+/// Header checksums go to the upstream, which checks and keeps them; a GET
+/// with checksum mode gets them back.
+#[test]
+fn checksums_pass_through_both_ways() {
+    let up = upstream();
+    let gw = Gateway::start(&up.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let c = client(&gw.endpoint);
+        let data = pattern(4096, 8);
+        let crc = crc64nvme(&data);
+        let out = c
+            .put_object()
+            .bucket(BUCKET)
+            .key("summed")
+            .checksum_crc64_nvme(&crc)
+            .body(ByteStream::from(data.clone()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(out.checksum_crc64_nvme(), Some(crc.as_str()));
+        let got = c
+            .get_object()
+            .bucket(BUCKET)
+            .key("summed")
+            .checksum_mode(ChecksumMode::Enabled)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(got.checksum_crc64_nvme(), Some(crc.as_str()));
+        assert_eq!(got.body.collect().await.unwrap().to_vec(), data);
+
+        let e = c
+            .put_object()
+            .bucket(BUCKET)
+            .key("bad")
+            .checksum_crc64_nvme(crc64nvme(b"other bytes"))
+            .body(ByteStream::from(data.clone()))
+            .send()
+            .await
+            .unwrap_err();
+        let (status, code, message) = failure(e);
+        assert_eq!((status, code.as_str()), (400, "BadDigest"), "{message}");
+    });
+}
+
+/// A checksum sent as a trailer (aws-chunked) that is not the body's: the
+/// gateway finds it before the upstream has the whole body, so nothing is
+/// stored. (curl signs the headers; the payload is unsigned.)
+#[test]
+fn a_wrong_trailing_checksum_stores_nothing() {
+    let up = upstream();
+    let gw = Gateway::start(&up.endpoint, UPSTREAM_SECRET, &[]);
+    let data = pattern(3000, 9);
+    let send = |key: &str, checksum: &str| {
+        let mut body = format!("{:x}\r\n", data.len()).into_bytes();
+        body.extend_from_slice(&data);
+        body.extend_from_slice(
+            format!("\r\n0\r\nx-amz-checksum-crc64nvme:{checksum}\r\n\r\n").as_bytes(),
+        );
+        let file =
+            std::env::temp_dir().join(format!("hipobj-gw-trailer-{}-{key}", std::process::id()));
+        std::fs::write(&file, &body).unwrap();
+        let out = Command::new("curl")
+            .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT"])
+            .arg("--aws-sigv4")
+            .arg("aws:amz:us-east-1:s3")
+            .arg("--user")
+            .arg(format!("{ACCESS_KEY}:{SECRET_KEY}"))
+            .args([
+                "-H",
+                "x-amz-content-sha256: STREAMING-UNSIGNED-PAYLOAD-TRAILER",
+            ])
+            .args(["-H", "content-encoding: aws-chunked"])
+            .args([
+                "-H",
+                &format!("x-amz-decoded-content-length: {}", data.len()),
+            ])
+            .args(["-H", "x-amz-trailer: x-amz-checksum-crc64nvme"])
+            .args(["-H", "x-amz-sdk-checksum-algorithm: CRC64NVME"])
+            .arg("--data-binary")
+            .arg(format!("@{}", file.display()))
+            .arg(format!("{}/{BUCKET}/{key}", gw.endpoint))
+            .output()
+            .expect("curl is needed for this test");
+        let _ = std::fs::remove_file(&file);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(send("right", &crc64nvme(&data)), "200");
+    assert!(std::fs::read(object_file(&up, "right")).unwrap() == data);
+    assert_eq!(send("wrong", &crc64nvme(b"not these bytes")), "400");
+    assert!(!object_file(&up, "wrong").exists());
+}
+
+#[test]
+fn wrong_upstream_credentials_come_back_as_403_naming_the_upstream() {
+    let up = upstream();
+    let gw = Gateway::start(&up.endpoint, "not-the-upstream-secret", &[]);
+    runtime().block_on(async {
+        let e = client(&gw.endpoint)
+            .get_object()
+            .bucket(BUCKET)
+            .key("any")
+            .send()
+            .await
+            .unwrap_err();
+        let (status, code, message) = failure(e);
+        assert_eq!(status, 403, "{code}: {message}");
+        assert_eq!(code, "SignatureDoesNotMatch", "{message}");
+        assert!(message.contains(&up.endpoint), "{message}");
+    });
+}
+
+#[test]
+fn an_upstream_that_is_down_answers_503_naming_it() {
+    // A port that was free a moment ago, and nothing listens on it.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let gw = Gateway::start(&endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let e = client(&gw.endpoint)
+            .get_object()
+            .bucket(BUCKET)
+            .key("any")
+            .send()
+            .await
+            .unwrap_err();
+        let (status, code, message) = failure(e);
+        assert_eq!(
+            (status, code.as_str()),
+            (503, "ServiceUnavailable"),
+            "{message}"
+        );
+        assert!(
+            message.contains(&endpoint) && message.contains("could not reach"),
+            "{message}"
+        );
+    });
+}
+
+#[test]
+fn an_upstream_that_stalls_times_out_within_the_configured_time() {
+    let fake = Fake::silent();
+    let gw = Gateway::start(
+        &fake.endpoint,
+        UPSTREAM_SECRET,
+        &["--upstream-timeout-ms", "1500"],
+    );
+    runtime().block_on(async {
+        let c = client(&gw.endpoint);
+        let start = Instant::now();
+        let e = c
+            .get_object()
+            .bucket(BUCKET)
+            .key("any")
+            .send()
+            .await
+            .unwrap_err();
+        let waited = start.elapsed();
+        let (status, code, message) = failure(e);
+        assert_eq!(
+            (status, code.as_str()),
+            (503, "ServiceUnavailable"),
+            "{message}"
+        );
+        assert!(message.contains("1500 ms"), "{message}");
+        assert_eq!(message.matches(&fake.endpoint).count(), 1, "{message}");
+        assert!(
+            waited >= Duration::from_millis(1500) && waited < Duration::from_secs(10),
+            "{waited:?}"
+        );
+        // A PUT whose body the upstream never takes: the same.
+        let start = Instant::now();
+        let e = c
+            .put_object()
+            .bucket(BUCKET)
+            .key("any")
+            .body(ByteStream::from(pattern(8 << 20, 1)))
+            .send()
+            .await
+            .unwrap_err();
+        let waited = start.elapsed();
+        assert_eq!(failure(e).0, 503);
+        assert!(waited < Duration::from_secs(10), "{waited:?}");
+    });
+}
+
+/// An object whose body stops coming: the client's answer is cut short
+/// once the time-out has passed, not left waiting.
+#[test]
+fn an_object_whose_body_stalls_is_cut_short_within_the_time_out() {
+    let fake =
+        Fake::stalling_after("HTTP/1.1 200 OK\r\nContent-Length: 10\r\nETag: \"e1\"\r\n\r\nabc");
+    let gw = Gateway::start(
+        &fake.endpoint,
+        UPSTREAM_SECRET,
+        &["--upstream-timeout-ms", "1500"],
+    );
+    runtime().block_on(async {
+        let start = Instant::now();
+        let got = client(&gw.endpoint)
+            .get_object()
+            .bucket(BUCKET)
+            .key("k")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(got.content_length(), Some(10));
+        let body = tokio::time::timeout(Duration::from_secs(20), got.body.collect()).await;
+        assert!(!matches!(body, Ok(Ok(_))), "a body cut short");
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_millis(1500) && waited < Duration::from_secs(10),
+            "{waited:?}"
+        );
+    });
+}
+
+/// What the upstream answers, headers included, comes back; what the
+/// client asks for (conditions, checksum mode) reaches the upstream.
+#[test]
+fn conditional_gets_and_their_answers_pass_through() {
+    let fake = Fake::answering(&xml_answer(
+        412,
+        "<Error><Code>PreconditionFailed</Code><Message>At least one of the \
+         pre-conditions you specified did not hold</Message></Error>",
+    ));
+    let gw = Gateway::start(&fake.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let e = client(&gw.endpoint)
+            .get_object()
+            .bucket(BUCKET)
+            .key("k")
+            .if_match("\"0123456789abcdef\"")
+            .if_unmodified_since(aws_sdk_s3::primitives::DateTime::from_secs(1_000_000_000))
+            .checksum_mode(ChecksumMode::Enabled)
+            .send()
+            .await
+            .unwrap_err();
+        let (status, code, message) = failure(e);
+        assert_eq!(
+            (status, code.as_str()),
+            (412, "PreconditionFailed"),
+            "{message}"
+        );
+    });
+    let head = fake.heads().remove(0).to_ascii_lowercase();
+    for header in [
+        "if-match: \"0123456789abcdef\"",
+        "if-unmodified-since: sun, 09 sep 2001 01:46:40 gmt",
+        "x-amz-checksum-mode: enabled",
+    ] {
+        assert!(head.contains(header), "{header} in {head}");
+    }
+
+    let fake =
+        Fake::answering("HTTP/1.1 304 Not Modified\r\nETag: \"0123\"\r\nConnection: close\r\n\r\n");
+    let gw = Gateway::start(&fake.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let e = client(&gw.endpoint)
+            .get_object()
+            .bucket(BUCKET)
+            .key("k")
+            .if_none_match("\"0123\"")
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(failure(e).0, 304);
+    });
+    assert!(fake.heads()[0]
+        .to_ascii_lowercase()
+        .contains("if-none-match: \"0123\""));
+
+    let crc = crc64nvme(b"abc");
+    let fake = Fake::answering(&format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nETag: \"e1\"\r\n\
+         x-amz-checksum-crc64nvme: {crc}\r\nx-amz-checksum-type: FULL_OBJECT\r\n\
+         Connection: close\r\n\r\nabc"
+    ));
+    let gw = Gateway::start(&fake.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let got = client(&gw.endpoint)
+            .get_object()
+            .bucket(BUCKET)
+            .key("k")
+            .checksum_mode(ChecksumMode::Enabled)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(got.checksum_crc64_nvme(), Some(crc.as_str()));
+        assert_eq!(got.e_tag(), Some("\"e1\""));
+        assert_eq!(got.body.collect().await.unwrap().to_vec(), b"abc");
+    });
+}
+
+#[test]
+fn slow_down_comes_back_as_503_slow_down() {
+    let fake = Fake::answering(&xml_answer(
+        503,
+        "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>",
+    ));
+    let gw = Gateway::start(&fake.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let e = client(&gw.endpoint)
+            .head_bucket()
+            .bucket(BUCKET)
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(failure(e).0, 503);
+        let e = client(&gw.endpoint)
+            .get_object()
+            .bucket(BUCKET)
+            .key("k")
+            .send()
+            .await
+            .unwrap_err();
+        let (status, code, message) = failure(e);
+        assert_eq!((status, code.as_str()), (503, "SlowDown"), "{message}");
+    });
+}
+
+/// An HTTP answer with an XML body.
+fn xml_answer(status: u16, xml: &str) -> String {
+    format!(
+        "HTTP/1.1 {status} Whatever\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{xml}",
+        xml.len()
+    )
+}
+
+/// A fake upstream on the loopback: it records each request's head and
+/// answers every request with one canned answer (then closes the
+/// connection, or holds it open), or never answers.
+struct Fake {
+    endpoint: String,
+    heads: Arc<Mutex<Vec<String>>>,
+}
+
+impl Fake {
+    fn answering(answer: &str) -> Fake {
+        Fake::start(Some(answer.to_owned()), false)
+    }
+
+    /// Sends `answer` (the start of one) and then nothing more.
+    fn stalling_after(answer: &str) -> Fake {
+        Fake::start(Some(answer.to_owned()), true)
+    }
+
+    /// Takes connections and requests, and never answers.
+    fn silent() -> Fake {
+        Fake::start(None, true)
+    }
+
+    fn start(answer: Option<String>, hold: bool) -> Fake {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&heads);
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let Some(head) = read_request(&mut conn) else {
+                    continue;
+                };
+                seen.lock().unwrap().push(head);
+                if let Some(answer) = &answer {
+                    let _ = conn.write_all(answer.as_bytes());
+                }
+                if hold {
+                    held.push(conn);
+                }
+            }
+        });
+        Fake { endpoint, heads }
+    }
+
+    fn heads(&self) -> Vec<String> {
+        self.heads.lock().unwrap().clone()
+    }
+}
+
+/// A request's head, its body (of `Content-Length`) read and dropped; a
+/// body the sender streams without end is read for at most two seconds.
+fn read_request(conn: &mut TcpStream) -> Option<String> {
+    conn.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if conn.read(&mut byte).ok()? == 0 {
+            return None;
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let length = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse::<u64>().ok())?
+        })
+        .unwrap_or(0);
+    let _ = std::io::copy(&mut conn.take(length), &mut std::io::sink());
+    Some(head)
+}
+
+// Upstream::put_object from a stream, called directly.
+
+/// The backend over `up`, with its keys; multipart above 6 MiB, parts of
+/// 5; a time-out of 10 s.
+async fn backend(up: &S3Server) -> Upstream {
+    backend_waiting(up, Duration::from_secs(10)).await
+}
+
+/// The backend over `up` with the time-out `timeout`.
+async fn backend_waiting(up: &S3Server, timeout: Duration) -> Upstream {
+    let settings = Settings {
+        endpoint: up.endpoint.clone(),
+        region: "us-east-1".into(),
+        profile: None,
+        path_style: true,
+        timeout,
+        multipart_bytes: 6 << 20,
+        part_bytes: 5 << 20,
+    };
+    let credentials = Credentials::new(UPSTREAM_KEY, UPSTREAM_SECRET, None, None, "test");
+    Upstream::connect_with(&settings, credentials)
+        .await
+        .expect("the backend")
+}
+
+/// A PutObject of `len` bytes whose body yields `chunks`, then `tail`.
+fn put_request(
+    key: &str,
+    len: usize,
+    chunks: Vec<Bytes>,
+    tail: Option<std::io::Error>,
+) -> s3s::S3Request<PutObjectInput> {
+    let items: Vec<Result<Bytes, std::io::Error>> =
+        chunks.into_iter().map(Ok).chain(tail.map(Err)).collect();
+    let input = PutObjectInput {
+        bucket: BUCKET.into(),
+        key: key.into(),
+        content_length: Some(i64::try_from(len).unwrap()),
+        body: Some(StreamingBlob::wrap(futures::stream::iter(items))),
+        ..PutObjectInput::default()
+    };
+    s3s::S3Request {
+        input,
+        method: http::Method::PUT,
+        uri: http::Uri::from_static("/"),
+        headers: http::HeaderMap::new(),
+        extensions: http::Extensions::new(),
+        credentials: None,
+        region: None,
+        service: None,
+        trailing_headers: None,
+    }
+}
+
+fn chunks(data: &[u8], size: usize) -> Vec<Bytes> {
+    data.chunks(size).map(Bytes::copy_from_slice).collect()
+}
+
+fn broken() -> Option<std::io::Error> {
+    Some(std::io::Error::other("the RDMA READ failed"))
+}
+
+/// Whether the upstream lists `key` (ListObjectsV2 with its own keys).
+async fn listed(up: &S3Server, key: &str) -> bool {
+    let config = aws_sdk_s3::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .endpoint_url(&up.endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(
+            UPSTREAM_KEY,
+            UPSTREAM_SECRET,
+            None,
+            None,
+            "t",
+        ))
+        .force_path_style(true)
+        .build();
+    aws_sdk_s3::Client::from_conf(config)
+        .list_objects_v2()
+        .bucket(BUCKET)
+        .send()
+        .await
+        .unwrap()
+        .contents()
+        .iter()
+        .any(|o| o.key() == Some(key))
+}
+
+#[test]
+fn a_stream_failing_midway_above_the_threshold_leaves_nothing_upstream() {
+    let up = upstream();
+    let data = pattern(12 << 20, 10);
+    runtime().block_on(async {
+        let gw = backend(&up).await;
+        // Two parts' worth, then the transfer fails.
+        let req = put_request(
+            "failed",
+            data.len(),
+            chunks(&data[..11 << 20], 1 << 20),
+            broken(),
+        );
+        let e = gw.put_object(req).await.unwrap_err();
+        assert!(
+            e.message()
+                .unwrap_or_default()
+                .contains("the RDMA READ failed"),
+            "{e:?}"
+        );
+        assert!(!listed(&up, "failed").await);
+        assert_eq!(uploads_in(up.root()), Vec::<String>::new());
+        // Short of its length, and past it: the same.
+        let req = put_request(
+            "short",
+            data.len(),
+            chunks(&data[..11 << 20], 1 << 20),
+            None,
+        );
+        let e = gw.put_object(req).await.unwrap_err();
+        assert_eq!(*e.code(), s3s::S3ErrorCode::IncompleteBody, "{e:?}");
+        let req = put_request("long", 11 << 20, chunks(&data, 1 << 20), None);
+        let e = gw.put_object(req).await.unwrap_err();
+        assert_eq!(*e.code(), s3s::S3ErrorCode::IncompleteBody, "{e:?}");
+        assert!(!listed(&up, "short").await && !listed(&up, "long").await);
+        assert_eq!(uploads_in(up.root()), Vec::<String>::new());
+        // The same stream whole: stored.
+        let req = put_request("whole", data.len(), chunks(&data, 1 << 20), None);
+        gw.put_object(req).await.unwrap();
+        assert!(std::fs::read(object_file(&up, "whole")).unwrap() == data);
+    });
+}
+
+/// Below the threshold one PutObject carries the stream: a body that fails
+/// (even after its last byte) or ends short never reaches the upstream
+/// whole.
+#[test]
+fn a_single_put_whose_stream_fails_stores_nothing() {
+    let up = upstream();
+    let data = pattern(3 << 20, 11);
+    runtime().block_on(async {
+        let gw = backend(&up).await;
+        for (key, tail) in [("midway", true), ("at-the-end", false)] {
+            let sent = if tail { &data[..1 << 20] } else { &data[..] };
+            let req = put_request(key, data.len(), chunks(sent, 64 << 10), broken());
+            let e = gw.put_object(req).await.unwrap_err();
+            assert!(
+                e.message()
+                    .unwrap_or_default()
+                    .contains("the RDMA READ failed"),
+                "{key}: {e:?}"
+            );
+            assert!(!object_file(&up, key).exists(), "{key}");
+        }
+        let req = put_request(
+            "short",
+            data.len(),
+            chunks(&data[..2 << 20], 64 << 10),
+            None,
+        );
+        let e = gw.put_object(req).await.unwrap_err();
+        assert_eq!(*e.code(), s3s::S3ErrorCode::IncompleteBody, "{e:?}");
+        assert!(!object_file(&up, "short").exists());
+        assert!(!listed(&up, "midway").await && !listed(&up, "at-the-end").await);
+    });
+}
+
+/// A request dropped half way (its client went away) aborts its upload.
+#[test]
+fn a_dropped_multipart_put_is_aborted() {
+    let up = upstream();
+    let data = pattern(6 << 20, 12);
+    runtime().block_on(async {
+        let gw = Arc::new(backend(&up).await);
+        // One part, then a body that never goes on.
+        let first: Vec<Result<Bytes, std::io::Error>> =
+            chunks(&data, 1 << 20).into_iter().map(Ok).collect();
+        let stalled = futures::stream::iter(first).chain(futures::stream::pending());
+        let mut req = put_request("dropped", 20 << 20, Vec::new(), None);
+        req.input.body = Some(StreamingBlob::wrap(stalled));
+        let task = {
+            let gw = Arc::clone(&gw);
+            tokio::spawn(async move { gw.put_object(req).await })
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !uploads_in(up.root()).iter().any(|n| n.contains(".part-1")) {
+            assert!(Instant::now() < deadline, "no part was uploaded");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        task.abort();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !uploads_in(up.root()).is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "still there: {:?}",
+                uploads_in(up.root())
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
+
+/// A body whose source pauses longer than the time-out (and than the SDK's
+/// own stall grace of 5 s) is not the upstream's stall: waiting on the
+/// source does not count.
+#[test]
+fn a_slow_body_source_is_not_taken_for_a_stalled_upstream() {
+    let up = upstream();
+    let data = pattern(7 << 20, 13);
+    runtime().block_on(async {
+        let gw = backend_waiting(&up, Duration::from_secs(2)).await;
+        for (key, len) in [("single", 1 << 20), ("parts", 7 << 20)] {
+            let (first, rest) = data[..len].split_at(len / 2);
+            let (first, rest) = (Bytes::copy_from_slice(first), Bytes::copy_from_slice(rest));
+            let paused = futures::stream::once(async move { Ok::<_, std::io::Error>(first) })
+                .chain(futures::stream::once(async move {
+                    tokio::time::sleep(Duration::from_secs(6)).await;
+                    Ok(rest)
+                }));
+            let mut req = put_request(key, len, Vec::new(), None);
+            req.input.body = Some(StreamingBlob::wrap(paused));
+            gw.put_object(req)
+                .await
+                .unwrap_or_else(|e| panic!("{key}: {e:?}"));
+            assert!(std::fs::read(object_file(&up, key)).unwrap() == data[..len]);
+        }
+    });
+}
