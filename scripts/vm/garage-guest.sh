@@ -63,6 +63,18 @@ start_node() {
     echo $! >"$dir/node$n/pid"
 }
 
+# Node 0 connects to node $1 ($2, its id@address). `garage node id` can
+# answer before the node listens (in the VM, seconds before), so this tries
+# for up to 60 s.
+connect() {
+    local out
+    for _ in $(seq 120); do
+        out=$(cli node connect "$2" 2>&1) && return 0
+        sleep 0.5
+    done
+    fail "node 0 could not connect to node $1 ($2) within 60 s: $out"
+}
+
 helper_dir() {
     dir=${HIPOBJ_GARAGE_DIR:-}
     [[ -n "$dir" && -d "$dir" ]] || fail "$1: HIPOBJ_GARAGE_DIR is not set: run this from inside garage-guest.sh's COMMAND"
@@ -98,7 +110,7 @@ case ${1:-} in
         done
         [[ -n "${id:-}" ]] || fail "start-node: node $2 did not answer 'garage node id' within 60 s"
         if [[ "$2" != 0 ]]; then
-            cli node connect "$id" >/dev/null || fail "start-node: node 0 could not connect to node $2 ($id)"
+            connect "$2" "$id"
         fi
         echo "garage-guest: node $2 started (pid $(node_pid "$2"))"
         exit 0
@@ -217,7 +229,7 @@ for ((n = 0; n < nodes; n++)); do
     [[ -n "${ids[n]:-}" ]] || fail "node $n did not answer 'garage node id' within 60 s"
 done
 for ((n = 1; n < nodes; n++)); do
-    cli node connect "${ids[n]}" >/dev/null || fail "node 0 could not connect to node $n (${ids[n]})"
+    connect "$n" "${ids[n]}"
 done
 for _ in $(seq 300); do
     up=$(cli status 2>/dev/null | grep -c "$ip:" || true)
