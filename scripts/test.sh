@@ -10,7 +10,7 @@ cargo fmt --check
 cargo fmt --check --manifest-path fuzz/Cargo.toml
 cargo clippy --locked --all-targets --features vm-lane,s3-server,cuda-device,cli -- -D warnings
 cargo clippy --locked --all-targets --manifest-path fuzz/Cargo.toml -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --features cli,fake-platform
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --features cli,fake-platform,s3-server
 
 echo "== release library: SONAME and exports"
 cargo build --locked --release

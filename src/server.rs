@@ -271,7 +271,9 @@ pub struct TransferFailure {
 }
 
 impl TransferFailure {
-    fn quiet(error: Error) -> TransferFailure {
+    /// A failure that left the server's buffer free (no WRITE or READ on
+    /// it outstanding).
+    pub fn quiet(error: Error) -> TransferFailure {
         TransferFailure {
             error,
             local_quiet: true,
@@ -985,6 +987,12 @@ impl Session<'_> {
     /// How its token was proven.
     pub fn proven(&self) -> Proven {
         self.proven
+    }
+
+    /// Moves the session's deadline (its data and its final message must
+    /// complete by then): a transfer in chunks gives each chunk its own.
+    pub fn set_deadline(&mut self, deadline: Instant) {
+        self.deadline = deadline;
     }
 
     /// WRITEs `len` bytes from `local` at `local_offset` to the client's

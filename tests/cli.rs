@@ -1066,3 +1066,143 @@ fn device_without_a_gpu_says_no_gpu_was_found_and_names_each_runtime() {
     assert!(text.contains("GPU 0 does not exist"), "{text}");
     assert_eq!(out.status.code(), Some(3));
 }
+
+/// The `--json` summary on standard output.
+fn summary(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+#[test]
+fn transfers_are_verified_by_default_say_so_and_no_verify_turns_it_off() {
+    let server = server();
+    let scratch = Scratch::new("verify");
+    let data = pattern(300_000, 4);
+    let file = scratch.path("in.bin");
+    std::fs::write(&file, &data).unwrap();
+    let file_s = file.display().to_string();
+    let out = hipobj(
+        &server,
+        &scratch,
+        &["put", &file_s, "s3://bucket/v", "--json"],
+    );
+    assert!(out.status.success());
+    let put = summary(&out);
+    assert_eq!(put["verified"], true, "{put}");
+    assert!(
+        put["verification"]
+            .as_str()
+            .unwrap()
+            .contains("CRC-64/NVME"),
+        "{put}"
+    );
+
+    let dest = scratch.path("out.bin");
+    let dest_s = dest.display().to_string();
+    let out = hipobj(
+        &server,
+        &scratch,
+        &["get", "s3://bucket/v", &dest_s, "--json"],
+    );
+    assert!(out.status.success());
+    let get = summary(&out);
+    assert_eq!(
+        get["verified"], true,
+        "the object's CRC came with it: {get}"
+    );
+    assert_eq!(std::fs::read(&dest).unwrap(), data);
+
+    // In words too, on standard error.
+    let out = hipobj(&server, &scratch, &["get", "s3://bucket/v", &dest_s]);
+    assert!(
+        stderr(&out).contains("; verified (CRC-64/NVME"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = hipobj(
+        &server,
+        &scratch,
+        &["get", "s3://bucket/v", &dest_s, "--json", "--no-verify"],
+    );
+    let get = summary(&out);
+    assert_eq!(get["verified"], false, "{get}");
+    assert_eq!(get["verification"], "not verified: --no-verify", "{get}");
+    let out = hipobj(
+        &server,
+        &scratch,
+        &["put", &file_s, "s3://bucket/v", "--json", "--no-verify"],
+    );
+    assert_eq!(summary(&out)["verified"], false);
+
+    // A range carries no checksum of its bytes: not verified, and why.
+    let out = hipobj(
+        &server,
+        &scratch,
+        &[
+            "get",
+            "s3://bucket/v",
+            &dest_s,
+            "--json",
+            "--range",
+            "0-999",
+        ],
+    );
+    let get = summary(&out);
+    assert_eq!(get["verified"], false, "{get}");
+    assert!(
+        get["verification"]
+            .as_str()
+            .unwrap()
+            .contains("no checksum of its bytes"),
+        "{get}"
+    );
+}
+
+#[test]
+fn a_download_whose_bytes_do_not_match_the_object_s_crc_fails_and_keeps_nothing() {
+    let scratch = Scratch::new("corrupt");
+    let data = pattern(1 << 20, 3);
+    let claimed = hipobj::s3::Checksum::crc64nvme(&data).encode();
+    let served = {
+        let mut bytes = data.clone();
+        bytes[12_345] ^= 1;
+        bytes
+    };
+    let found = hipobj::s3::Checksum::crc64nvme(&served).encode();
+    let crc = claimed.clone();
+    let endpoint = http::Endpoint::start(move |r| match r.method.as_str() {
+        "HEAD" => head(served.len(), "\"v\""),
+        _ => {
+            let mut reply = ranged(&served, r, "\"v\"");
+            if let http::Reply::Respond { headers, .. } = &mut reply {
+                headers.push(("x-amz-checksum-crc64nvme".into(), crc.clone()));
+            }
+            reply
+        }
+    });
+    let dest = scratch.path("out.bin");
+    let dest_s = dest.display().to_string();
+    let out = hipobj_at(&endpoint, &scratch, &["get", "s3://bucket/obj", &dest_s]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = stderr(&out);
+    assert!(
+        text.contains("not the bytes the server says it sent")
+            && text.contains(&claimed)
+            && text.contains(&found)
+            && text.contains("nothing was kept"),
+        "{text}"
+    );
+    assert!(
+        !dest.exists() && hidden(&scratch.0).is_empty(),
+        "nothing kept"
+    );
+    // Told not to check, the command keeps what came.
+    let out = hipobj_at(
+        &endpoint,
+        &scratch,
+        &["get", "s3://bucket/obj", &dest_s, "--no-verify"],
+    );
+    assert!(out.status.success());
+    assert!(stderr(&out).contains("not verified: --no-verify"));
+}

@@ -497,15 +497,15 @@ fn with_no_rdma_any_token_is_declined_because_rdma_is_off() {
     let _ = std::fs::remove_file(&log);
 }
 
-/// A largest transfer the memory budget cannot hold would never apply: the
-/// server refuses to start, saying what to change. (A root that cannot be
-/// made: a server that got past its options would fail there, not listen.)
+/// A chunk the memory budget cannot hold would never move: the server
+/// refuses to start, saying what to change. (A root that cannot be made: a
+/// server that got past its options would fail there, not listen.)
 #[test]
-fn a_largest_transfer_above_the_memory_budget_is_refused_at_startup() {
+fn a_chunk_above_the_memory_budget_is_refused_at_startup() {
     let out = Command::new(binary())
         .args(["--root", "/dev/null/root", "--listen", "127.0.0.1:0"])
         .args(["--access-key", "ak", "--secret-key", "sk"])
-        .args(["--rdma-max-bytes", "5368709120"])
+        .args(["--rdma-chunk-bytes", "2147483648"])
         .output()
         .expect("the server runs");
     assert_eq!(out.status.code(), Some(2));
@@ -513,7 +513,7 @@ fn a_largest_transfer_above_the_memory_budget_is_refused_at_startup() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
         said.contains(
-            "--rdma-max-bytes 5368709120 is more than --rdma-memory-bytes 1073741824 holds"
+            "--rdma-chunk-bytes 2147483648 is more than --rdma-memory-bytes 1073741824 holds"
         ),
         "{said}"
     );

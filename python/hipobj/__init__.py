@@ -19,6 +19,12 @@ or DLPack, contiguous. ``Session.register`` keeps a buffer registered
 until ``release`` or ``close``; one passed to a transfer stays registered
 among the 16 used last, while it lives; ``bytes`` go through one
 registered bounce buffer per session.
+
+Bytes are checked by default (``Session(verify=True)``, or ``verify=`` on
+a call): a PUT from host memory carries the CRC-64/NVME of its bytes, a
+GET into host memory compares its bytes with the server's CRC of what it
+wrote. GPU memory is not checked (it cannot be read without a copy);
+``Transfer.verified`` says what was.
 """
 
 import ctypes as _ctypes
@@ -85,6 +91,8 @@ def put_object(client, Bucket, Key, source, strict=False, **kwargs) -> Transfer:
     return active().put_object(client, Bucket=Bucket, Key=Key, source=source, strict=strict, **kwargs)
 
 
-def upload(client, Bucket, Key, source, part_size=64 << 20, strict=False) -> Transfer:
+def upload(client, Bucket, Key, source, part_size=64 << 20, strict=False, verify=None) -> Transfer:
     """``active().upload(...)``: see ``Session.upload``."""
-    return active().upload(client, Bucket=Bucket, Key=Key, source=source, part_size=part_size, strict=strict)
+    return active().upload(
+        client, Bucket=Bucket, Key=Key, source=source, part_size=part_size, strict=strict, verify=verify
+    )

@@ -10,7 +10,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from . import _buffers, _gpu, _lib, _nics, _registry
+from . import _buffers, _checksums, _gpu, _lib, _nics, _registry
 
 TOKEN_HEADER = "x-amz-rdma-token"
 REPLY_HEADER = "x-amz-rdma-reply"
@@ -70,6 +70,17 @@ class Transfer:
     reason: Optional[str] = None
     #: Parts of a multipart upload (0 otherwise).
     parts: int = 0
+    #: Whether its bytes were checked: a GET's compared with the server's
+    #: CRC-64/NVME, a PUT's sent with theirs for the server to compare.
+    verified: bool = False
+    #: Why they were not, if they were not.
+    unverified: Optional[str] = None
+
+
+#: Why a transfer of GPU memory is not verified.
+GPU_UNVERIFIED = "GPU memory is not verified (the client cannot read it without a copy)"
+#: Why a transfer with ``verify=False`` is not.
+OFF_UNVERIFIED = "verify=False"
 
 
 @dataclass
@@ -140,24 +151,37 @@ _current = threading.local()
 
 def _add_token(request: Any, **_: Any) -> None:
     """botocore's ``before-sign``: the token of this thread's transfer, if
-    one is under way, goes into the request, where SigV4 signs it. The
-    checksums botocore computed of a PUT's empty body go: they describe no
-    byte of the object, which RDMA moves."""
+    one is under way, goes into the request, where SigV4 signs it."""
     token = getattr(_current, "token", None)
     if token is None:
         return
     request.headers[TOKEN_HEADER] = token
-    if request.method == "PUT":
-        for name in list(request.headers.keys()):
-            lower = name.lower()
-            if lower == "content-md5" or lower.startswith("x-amz-checksum-") or lower == "x-amz-sdk-checksum-algorithm":
-                del request.headers[name]
+
+
+def _rdma_checksums(params: Dict[str, Any], **_: Any) -> None:
+    """botocore's ``before-call``, for a request that carries a token:
+    botocore computes no checksum of its empty body (it would describe no
+    byte the server READs: the session sends the payload's own as
+    ``ChecksumCRC64NVME``, or none), and a GET asks for the server's CRC
+    (``x-amz-checksum-mode``) only when the session will compare it."""
+    if getattr(_current, "token", None) is None:
+        return
+    context = params.get("context", {}).get("checksum")
+    if isinstance(context, dict):
+        context.pop("request_algorithm", None)
+        context.pop("request_algorithm_header", None)
+    if not getattr(_current, "ask", False):
+        headers = params.get("headers", {})
+        for name in list(headers.keys()):
+            if name.lower() == "x-amz-checksum-mode":
+                del headers[name]
 
 
 def _hook(client: Any) -> None:
-    """Installs `_add_token` on `client` (once: botocore keeps one handler
-    per unique id)."""
+    """Installs `_add_token` and `_rdma_checksums` on `client` (once:
+    botocore keeps one handler per unique id)."""
     client.meta.events.register("before-sign.s3", _add_token, unique_id="hipobj-rdma-token")
+    client.meta.events.register("before-call.s3", _rdma_checksums, unique_id="hipobj-rdma-checksums")
 
 
 def _headers(response: Dict[str, Any]) -> Dict[str, str]:
@@ -196,8 +220,10 @@ class _Exchange:
     ``recvReply``. A 2xx answer without that header is a server without
     RDMA, read as a decline (501)."""
 
-    def __init__(self, call: Callable[[], Dict[str, Any]]):
+    def __init__(self, call: Callable[[], Dict[str, Any]], ask_checksum: bool = False):
         self.call = call
+        #: A GET that asks for the server's CRC of what it writes.
+        self.ask_checksum = ask_checksum
         self.response: Optional[Dict[str, Any]] = None
         self.error: Optional[BaseException] = None
         self.reply: Optional[str] = None
@@ -206,10 +232,12 @@ class _Exchange:
     def _send(self, _ctx: Any, token: int, length: int) -> int:
         try:
             _current.token = ctypes.string_at(token, length).decode("ascii")
+            _current.ask = self.ask_checksum
             try:
                 self.response = self.call()
             finally:
                 _current.token = None
+                _current.ask = False
             reply = _headers(self.response).get(REPLY_HEADER)
             self.reply = reply.strip() if reply is not None else str(_lib.REPLY_NOT_IMPLEMENTED)
             return 0
@@ -267,6 +295,17 @@ class Session:
     freed; an object that takes no weak reference (``bytearray``) is
     registered for its transfer only. Read-only sources (``bytes``) are
     sent from one registered bounce buffer of at most `bounce_limit` bytes.
+
+    Integrity (`verify`, on by default; each transfer may say otherwise):
+    a PUT or part from host memory carries the CRC-64/NVME of its bytes
+    (``x-amz-checksum-crc64nvme``: with RDMA, of the bytes the server
+    READs; the server refuses bytes that do not match it), a multipart
+    upload declares and completes with the whole object's; a GET into host
+    memory asks for the server's CRC of the bytes it wrote and compares it
+    with the bytes in `into` (a mismatch, or an RDMA reply without the CRC,
+    raises ``TransferError``). GPU memory is neither checked nor
+    checksummed: it cannot be read without a copy. ``Transfer.verified``
+    says what was.
     """
 
     def __init__(
@@ -278,6 +317,7 @@ class Session:
         registration_cache: int = _registry.CACHE,
         bounce_limit: int = _registry.BOUNCE_LIMIT,
         sysfs_root: str = "/",
+        verify: bool = True,
     ):
         if registration_cache < 0 or bounce_limit < 0:
             raise ValueError("registration_cache and bounce_limit are counts: 0 or more")
@@ -287,6 +327,8 @@ class Session:
         self.registration_cache = registration_cache
         #: The most bytes the bounce buffer of read-only sources grows to.
         self.bounce_limit = bounce_limit
+        #: Whether transfers check their bytes unless told otherwise.
+        self.verify = verify
         self.available = False
         self.reason: Optional[str] = None
         #: The NICs the library was initialized with (``nicHint``): `nic`,
@@ -481,11 +523,13 @@ class Session:
 
     # ------------------------------------------------------------ transfers
 
-    def _run(self, op: int, base: int, offset: int, length: int, call: Callable[[], Dict[str, Any]]) -> _Exchange:
+    def _run(
+        self, op: int, base: int, offset: int, length: int, call: Callable[[], Dict[str, Any]], ask: bool
+    ) -> _Exchange:
         """One hipObjGet/hipObjPut of the registration at `base`, with
-        `call` as its S3 request; the exchange (its `error` set on
-        failure)."""
-        exchange = _Exchange(call)
+        `call` as its S3 request (`ask`: a GET that asks for the server's
+        CRC); the exchange (its `error` set on failure)."""
+        exchange = _Exchange(call, ask)
         fn = self._lib.hipObjGet if op == _lib.OP_GET else self._lib.hipObjPut
         err = fn(None, base, length, offset, ctypes.byref(exchange.ops), None)
         exchange.code = err.opError  # type: ignore[attr-defined]
@@ -501,10 +545,12 @@ class Session:
         length: int,
         call: Callable[[], Dict[str, Any]],
         held: Optional[_registry.Entry] = None,
+        ask: bool = False,
     ) -> Tuple[Optional[_Exchange], Optional[str], Optional[BaseException]]:
         """Runs the transfer by RDMA where it can be tried: ``(exchange,
         None, None)``; else ``(None, why not, the error behind it)``.
-        `held` is a registration of `view` the caller holds."""
+        `held` is a registration of `view` the caller holds; `ask`, a GET
+        that asks for the server's CRC of what it writes."""
         self._initialize_in_child()
         if not self.available:
             return None, f"no RDMA: {self.reason}", None
@@ -514,7 +560,7 @@ class Session:
                 return None, too_large, None
             try:
                 with self._bounce.fill(view.data[offset : offset + length]) as entry:
-                    return self._run(op, entry.ptr, 0, length, call), None, None
+                    return self._run(op, entry.ptr, 0, length, call, ask), None, None
             except _registry.RegistrationError as e:
                 return None, f"registering the bounce buffer failed ({e.error})", e.error
         entry = held
@@ -524,7 +570,7 @@ class Session:
             except _registry.RegistrationError as e:
                 return None, f"registering the buffer failed ({e.error})", e.error
         try:
-            return self._run(op, entry.ptr, offset + view.ptr - entry.ptr, length, call), None, None
+            return self._run(op, entry.ptr, offset + view.ptr - entry.ptr, length, call, ask), None, None
         finally:
             if held is None:
                 self._registry.unlease(entry)
@@ -538,6 +584,7 @@ class Session:
         Range: Optional[str] = None,
         offset: int = 0,
         strict: bool = False,
+        verify: Optional[bool] = None,
         **kwargs: Any,
     ) -> Transfer:
         """Fills `into` (from byte `offset`) with the object's bytes: with
@@ -546,9 +593,13 @@ class Session:
         RDMA into `into` itself (host or GPU memory, registered as the
         class says), else, when the server declines or the memory cannot be
         registered, and not `strict`, over plain HTTP (from the body of the
-        same answer, where the server sent one). Other keyword arguments go
-        to the client's ``get_object``."""
+        same answer, where the server sent one). With `verify` (the
+        session's by default) and host memory, the bytes are compared with
+        the server's CRC-64/NVME of what it wrote (RDMA), or with the
+        checksum of a whole object's answer (plain HTTP). Other keyword
+        arguments go to the client's ``get_object``."""
         view = _buffers.view_of(into, writable=True)
+        check = (self.verify if verify is None else verify) and not view.device
         if Range is None:
             length = view.nbytes - offset
             Range = f"bytes=0-{length - 1}" if length > 0 else None
@@ -558,11 +609,16 @@ class Session:
             raise ValueError(f"{length} bytes at offset {offset} do not fit a buffer of {view.nbytes}")
         _hook(client)
 
+        asked = dict(kwargs)
+        if check:
+            asked.setdefault("ChecksumMode", "ENABLED")
+
         def call() -> Dict[str, Any]:
-            return client.get_object(Bucket=Bucket, Key=Key, Range=Range, **kwargs)
+            return client.get_object(Bucket=Bucket, Key=Key, Range=Range, **asked)
 
         what = _where(f"GET {Bucket}/{Key}", client)
-        exchange, reason, cause = self._by_rdma(_lib.OP_GET, view, into, offset, length, call)
+        unverified = None if check else (GPU_UNVERIFIED if view.device else OFF_UNVERIFIED)
+        exchange, reason, cause = self._by_rdma(_lib.OP_GET, view, into, offset, length, call, ask=check)
         if exchange is not None:
             if exchange.code == _lib.SUCCESS:
                 response = exchange.response or {}
@@ -575,7 +631,9 @@ class Session:
                         f"{what}: the server moved {moved} of {length} bytes (the object is shorter)",
                         exchange.reply,
                     )
-                return self._counted(Transfer("rdma", length))
+                if check:
+                    self._verify_rdma(what, exchange, _checksums.host_memory(view.ptr + offset, length))
+                return self._counted(Transfer("rdma", length, verified=check, unverified=unverified))
             reason = self._refusal(what, exchange)
         if strict:
             self._strict(what, reason, cause)
@@ -586,8 +644,10 @@ class Session:
         if len(body) != length:
             self.stats.failed += 1
             raise TransferError(f"{what}: {len(body)} bytes came, {length} were asked for")
+        if check:
+            unverified = self._verify_body(what, response, body)
         _buffers.land(view, offset, body, _gpu.copier()[0] if view.device else None)
-        return self._counted(Transfer("fallback", length, reason))
+        return self._counted(Transfer("fallback", length, reason, verified=unverified is None, unverified=unverified))
 
     def put_object(
         self,
@@ -598,28 +658,49 @@ class Session:
         offset: int = 0,
         length: Optional[int] = None,
         strict: bool = False,
+        verify: Optional[bool] = None,
         **kwargs: Any,
     ) -> Transfer:
         """Stores `length` bytes of `source` from `offset` (by default all
         of it) as the object: by RDMA from `source` itself (a read-only
         source from the session's bounce buffer), else, when the server
         declines or the memory cannot be registered, and not `strict`, as
-        the request's body. Other keyword arguments go to the client's
+        the request's body. With `verify` (the session's by default) and
+        host memory, the request carries the CRC-64/NVME of those bytes
+        (``ChecksumCRC64NVME``; then no other ``Checksum*`` argument may be
+        given). Other keyword arguments go to the client's
         ``put_object``."""
         view = _buffers.view_of(source, writable=False)
-        return self._put(client, Bucket, Key, source, view, offset, length, strict, None, kwargs)[0]
+        verify = self.verify if verify is None else verify
+        return self._put(client, Bucket, Key, source, view, offset, length, strict, None, kwargs, verify=verify)[0]
 
     def _put(
-        self, client, Bucket, Key, source, view, offset, length, strict, part, kwargs, held=None
-    ) -> Tuple[Transfer, Optional[str]]:
+        self, client, Bucket, Key, source, view, offset, length, strict, part, kwargs, held=None, verify=True
+    ) -> Tuple[Transfer, Optional[str], Optional[int]]:
         """A PUT (or, with `part` = (upload id, number), an UploadPart) of
         `view`, the memory of `source` (`held`: its registration, held by
-        the caller): what it did, and the answer's ETag."""
+        the caller): what it did, the answer's ETag, and the CRC-64/NVME it
+        carried (with `verify`, of host memory)."""
         if length is None:
             length = view.nbytes - offset
         if length <= 0 or offset < 0 or offset + length > view.nbytes:
             raise ValueError(f"{length} bytes at offset {offset} do not fit a buffer of {view.nbytes}")
         _hook(client)
+        crc = None
+        unverified = GPU_UNVERIFIED if view.device else OFF_UNVERIFIED
+        if verify and not view.device:
+            named = [k for k in kwargs if k.startswith("Checksum")]
+            if named:
+                raise ValueError(
+                    f"{', '.join(named)}: the session sends the CRC-64/NVME of the bytes it moves; "
+                    "pass verify=False to send checksums of your own"
+                )
+            memory = view.data[offset : offset + length] if view.data is not None else None
+            crc = _checksums.crc64nvme(
+                memory if memory is not None else _checksums.host_memory(view.ptr + offset, length)
+            )
+            kwargs = dict(kwargs, ChecksumCRC64NVME=_checksums.encode(crc))
+            unverified = None
         if part is None:
             what = _where(f"PUT {Bucket}/{Key}", client)
 
@@ -637,17 +718,19 @@ class Session:
         exchange, reason, cause = self._by_rdma(
             _lib.OP_PUT, view, source, offset, length, lambda: send(b""), held
         )
+        verified = unverified is None
         if exchange is not None:
             if exchange.code == _lib.SUCCESS:
                 etag = _headers(exchange.response or {}).get("etag")
-                return self._counted(Transfer("rdma", length)), etag
+                return self._counted(Transfer("rdma", length, verified=verified, unverified=unverified)), etag, crc
             reason = self._refusal(what, exchange)
         if strict:
             self._strict(what, reason, cause)
         body = _buffers.host_bytes(view, offset, length, _gpu.copier()[1] if view.device else None)
         response = self._s3(what, lambda: send(body))
         etag = _headers(response).get("etag")
-        return self._counted(Transfer("fallback", length, reason)), etag
+        t = Transfer("fallback", length, reason, verified=verified, unverified=unverified)
+        return self._counted(t), etag, crc
 
     def upload(
         self,
@@ -657,16 +740,21 @@ class Session:
         source: Any,
         part_size: int = 64 << 20,
         strict: bool = False,
+        verify: Optional[bool] = None,
     ) -> Transfer:
         """Stores all of `source` as the object: one ``put_object`` up to
         `part_size` bytes, a multipart upload of `part_size` parts above
         (aborted if a part fails), each part by RDMA or its own fallback.
         The source is registered once for all its parts (a read-only one
-        goes through the bounce buffer part by part)."""
+        goes through the bounce buffer part by part). With `verify` (the
+        session's by default) and host memory, every part carries its
+        CRC-64/NVME and the upload, created as ``CRC64NVME``
+        ``FULL_OBJECT``, completes with the whole object's."""
         view = _buffers.view_of(source, writable=False)
         total = view.nbytes
+        verify = self.verify if verify is None else verify
         if total <= part_size:
-            return self.put_object(client, Bucket, Key, source, strict=strict)
+            return self.put_object(client, Bucket, Key, source, strict=strict, verify=verify)
         if part_size < MIN_PART:
             raise ValueError(f"parts of a multipart upload are at least {MIN_PART} bytes")
         held = None
@@ -677,40 +765,55 @@ class Session:
             except _registry.RegistrationError:
                 pass  # each part tries again, and says why it fell back
         try:
-            return self._upload(client, Bucket, Key, source, view, part_size, strict, held)
+            return self._upload(client, Bucket, Key, source, view, part_size, strict, held, verify)
         finally:
             if held is not None:
                 self._registry.unlease(held)
 
-    def _upload(self, client, Bucket, Key, source, view, part_size, strict, held) -> Transfer:
+    def _upload(self, client, Bucket, Key, source, view, part_size, strict, held, verify) -> Transfer:
         total = view.nbytes
+        # GPU memory is not read for a CRC: its parts carry none, and the
+        # upload declares none.
+        full_object = verify and not view.device
+        declared = {"ChecksumAlgorithm": "CRC64NVME", "ChecksumType": "FULL_OBJECT"} if full_object else {}
         upload_id = self._s3(
             _where(f"CreateMultipartUpload {Bucket}/{Key}", client),
-            lambda: client.create_multipart_upload(Bucket=Bucket, Key=Key),
+            lambda: client.create_multipart_upload(Bucket=Bucket, Key=Key, **declared),
         )["UploadId"]
         parts = []
         paths = set()
         reason = None
+        whole = 0
+        last = None
         try:
             for number, offset in enumerate(range(0, total, part_size), start=1):
                 length = min(part_size, total - offset)
-                t, etag = self._put(
-                    client, Bucket, Key, source, view, offset, length, strict, (upload_id, number), {}, held
+                t, etag, crc = self._put(
+                    client, Bucket, Key, source, view, offset, length, strict, (upload_id, number), {}, held, verify
                 )
                 paths.add(t.path)
                 reason = reason or t.reason
-                parts.append({"PartNumber": number, "ETag": etag})
+                last = t
+                part = {"PartNumber": number, "ETag": etag}
+                if full_object and crc is not None:
+                    part["ChecksumCRC64NVME"] = _checksums.encode(crc)
+                    whole = _checksums.combine(whole, crc, length)
+                parts.append(part)
+            complete = {}
+            if full_object:
+                complete = {"ChecksumCRC64NVME": _checksums.encode(whole), "ChecksumType": "FULL_OBJECT"}
             self._s3(
                 _where(f"CompleteMultipartUpload {Bucket}/{Key}", client),
                 lambda: client.complete_multipart_upload(
-                    Bucket=Bucket, Key=Key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                    Bucket=Bucket, Key=Key, UploadId=upload_id, MultipartUpload={"Parts": parts}, **complete
                 ),
             )
         except BaseException:
             client.abort_multipart_upload(Bucket=Bucket, Key=Key, UploadId=upload_id)
             raise
         path = "rdma" if paths == {"rdma"} else "fallback"
-        return Transfer(path, total, reason, parts=len(parts))
+        unverified = last.unverified if last is not None else None
+        return Transfer(path, total, reason, parts=len(parts), verified=unverified is None, unverified=unverified)
 
     # ------------------------------------------------------------ helpers
 
@@ -726,6 +829,49 @@ class Session:
         except Exception as e:  # noqa: BLE001 - botocore's and urllib3's, all of them
             self.stats.failed += 1
             raise _s3_failure(where, e) from e
+
+    def _verify_rdma(self, what: str, exchange: _Exchange, memory: Any) -> None:
+        """Compares the bytes an RDMA GET wrote into host memory with the
+        CRC-64/NVME its server says it wrote; raises on a mismatch, and
+        when the reply carries none."""
+        value = _headers(exchange.response or {}).get(_checksums.RDMA_CRC64NVME)
+        if value is None:
+            self.stats.failed += 1
+            raise TransferError(
+                f"{what}: the server's RDMA reply carries no {_checksums.RDMA_CRC64NVME}, so the bytes it wrote "
+                "cannot be verified; a server that does not send it needs verify=False "
+                "(hipobj.Session(verify=False), or verify=False on the call)",
+                exchange.reply,
+            )
+        wrote = _checksums.decode(value)
+        found = _checksums.crc64nvme(memory)
+        if wrote != found:
+            self.stats.failed += 1
+            raise TransferError(
+                f"{what}: the bytes in memory are not the bytes the server says it wrote by RDMA (the data did "
+                f"not arrive, or arrived corrupted): the CRC-64/NVME of the {len(memory)} bytes here is "
+                f"{_checksums.encode(found)}, the server's {_checksums.RDMA_CRC64NVME} says {value}",
+                exchange.reply,
+            )
+
+    def _verify_body(self, what: str, response: Dict[str, Any], body: bytes) -> Optional[str]:
+        """Compares a plain answer's body with the checksum of the whole
+        object it carries; raises on a mismatch. ``None`` when checked,
+        else why not."""
+        sent = _checksums.whole_object(_status(response), _headers(response))
+        if sent is None:
+            return "a plain-HTTP answer carried no checksum of its bytes (S3 sends one only with a whole object)"
+        name, value, function = sent
+        width = 8 if name == _checksums.CRC64NVME else 4
+        found = function(body)
+        if found != value:
+            self.stats.failed += 1
+            raise TransferError(
+                f"{what}: the bytes received are not the bytes the server says it sent: the checksum of the "
+                f"{len(body)} bytes received is {_checksums.encode(found, width)}, the server's {name} says "
+                f"{_checksums.encode(value, width)}"
+            )
+        return None
 
     def _strict(self, what: str, reason: Optional[str], cause: Optional[BaseException]) -> None:
         """Raises the refusal of a fallback that `strict` forbids."""

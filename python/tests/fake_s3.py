@@ -2,6 +2,14 @@
 ``before-send`` event answers each request here instead of on the network,
 after botocore has built and signed it as it would for a real server.
 
+Checksums as the repository's gateway treats them (``docs/protocol.md``,
+*Checksums*): a PUT's or part's ``x-amz-checksum-crc64nvme`` is compared
+with the bytes stored (with a token, those read by RDMA), a mismatch
+answered 400 BadDigest (``x-amz-rdma-reply: 400``) with nothing stored; an
+RDMA GET that asks with ``x-amz-checksum-mode: ENABLED`` gets
+``x-amz-rdma-checksum-crc64nvme`` of the bytes written; a plain GET of a
+whole object stored with a CRC gets it back.
+
 Requests that carry ``x-amz-rdma-token`` go to the fake library's RDMA S3
 server (``hipobjFakeServe``: it connects to the library's fake NIC and
 moves the bytes, as the real server does), with the fake server's object
@@ -23,6 +31,7 @@ from typing import Dict, List, Optional, Tuple
 from botocore.awsrequest import AWSResponse
 
 import hipobj
+from hipobj import _checksums
 
 TOKEN_BYTES = 44
 
@@ -47,6 +56,17 @@ class FakeS3:
         self.objects: Dict[Tuple[str, str], bytes] = {}
         self.parts: Dict[str, Dict[int, bytes]] = {}
         self.requests: List[Tuple[str, str, bool]] = []
+        #: Each request's headers, names in lower case, in order.
+        self.headers: List[Dict[str, str]] = []
+        #: The CRC-64/NVME an object was stored with, as sent.
+        self.checksums: Dict[Tuple[str, str], str] = {}
+        #: What an RDMA GET that asks for it gets as the CRC of the bytes
+        #: written: "right", "wrong" (another's: a server that says it
+        #: wrote what it did not) or "none" (a server that does not send
+        #: it).
+        self.rdma_checksum = "right"
+        #: Plain GETs get the object with one byte changed (and its CRC).
+        self.corrupt_plain = False
         #: Answer RDMA requests without x-amz-rdma-reply (a server that
         #: ignores the header).
         self.ignore_tokens = False
@@ -110,6 +130,7 @@ class FakeS3:
         token = request.headers.get("x-amz-rdma-token")
         token = token.decode() if isinstance(token, bytes) else token
         self.requests.append((request.method, key, token is not None))
+        self.headers.append({k.lower(): (v.decode() if isinstance(v, bytes) else v) for k, v in request.headers.items()})
         body = request.body or b""
         if hasattr(body, "read"):
             body = body.read()
@@ -124,7 +145,12 @@ class FakeS3:
             return self._respond(request, 200, {}, xml.encode())
         if request.method == "POST" and "uploadId" in query:
             parts = self.parts.pop(query["uploadId"][0])
-            self.objects[(bucket, key)] = b"".join(parts[n] for n in sorted(parts))
+            whole = b"".join(parts[n] for n in sorted(parts))
+            refused = self._bad_digest(request, whole, None)
+            if refused is not None:
+                return refused
+            self.objects[(bucket, key)] = whole
+            self._remember(request, bucket, key)
             return self._respond(request, 200, {}, b"<CompleteMultipartUploadResult/>")
         if request.method == "DELETE" and "uploadId" in query:
             self.parts.pop(query["uploadId"][0], None)
@@ -134,6 +160,30 @@ class FakeS3:
         if request.method == "PUT":
             return self._put(request, bucket, key, token, body, query)
         return self._respond(request, 405, {})
+
+    @staticmethod
+    def _header(request, name: str) -> Optional[str]:
+        value = request.headers.get(name)
+        return value.decode() if isinstance(value, bytes) else value
+
+    def _bad_digest(self, request, data: bytes, reply: Optional[str]) -> Optional[AWSResponse]:
+        """400 BadDigest (with `reply` as ``x-amz-rdma-reply``) when the
+        request's CRC-64/NVME is not that of `data`."""
+        sent = self._header(request, _checksums.CRC64NVME)
+        if sent is None or _checksums.decode(sent) == _checksums.crc64nvme(data):
+            return None
+        xml = b"<Error><Code>BadDigest</Code><Message>x-amz-checksum-crc64nvme mismatch</Message></Error>"
+        headers = {"Content-Type": "application/xml"}
+        if reply is not None:
+            headers["x-amz-rdma-reply"] = reply
+        return self._respond(request, 400, headers, xml)
+
+    def _remember(self, request, bucket: str, key: str) -> None:
+        sent = self._header(request, _checksums.CRC64NVME)
+        if sent is None:
+            self.checksums.pop((bucket, key), None)
+        else:
+            self.checksums[(bucket, key)] = sent
 
     def _get(self, request, bucket: str, key: str, token: Optional[str]) -> AWSResponse:
         data = self.objects.get((bucket, key))
@@ -148,8 +198,15 @@ class FakeS3:
         if span is not None:
             headers["Content-Range"] = f"bytes {first}-{last}/{len(data)}"
             status = 206
+        asked = (self._header(request, "x-amz-checksum-mode") or "").upper() == "ENABLED"
+        plain = dict(headers)
+        if asked and (bucket, key) in self.checksums and len(piece) == len(data):
+            plain[_checksums.CRC64NVME] = self.checksums[(bucket, key)]
+        body = piece
+        if self.corrupt_plain and len(piece) > 1:
+            body = piece[:1] + bytes([piece[1] ^ 1]) + piece[2:]
         if token is None or self.ignore_tokens:
-            return self._respond(request, status, headers, piece)
+            return self._respond(request, status, plain, body)
         n = min(len(piece), self._token_length(token))
         assert self.lib.hipobjFakeSetObject(piece[:n], n) == 0
         reply = self._serve(token, 1)
@@ -157,10 +214,14 @@ class FakeS3:
         if reply in (200, 206):
             headers["x-amz-rdma-reply"] = str(status)
             headers["x-amz-rdma-bytes-transferred"] = str(n)
+            if asked and self.rdma_checksum != "none":
+                wrote = piece[:n] if self.rdma_checksum == "right" else piece[: n - 1] + b"?"
+                headers[_checksums.RDMA_CRC64NVME] = _checksums.encode(_checksums.crc64nvme(wrote))
             return self._respond(request, status, headers)
         if reply == 501:
             # Declined: the object goes in the body.
-            return self._respond(request, status, headers, piece)
+            plain["x-amz-rdma-reply"] = "501"
+            return self._respond(request, status, plain, body)
         xml = b"<Error><Code>InternalError</Code><Message>RDMA failed</Message></Error>"
         return self._respond(request, 500, {"x-amz-rdma-reply": str(reply)}, xml)
 
@@ -180,10 +241,18 @@ class FakeS3:
                 xml = b"<Error><Code>InternalError</Code><Message>RDMA failed</Message></Error>"
                 return self._respond(request, 500, {"x-amz-rdma-reply": str(reply)}, xml)
             body = self._read_store(n)
+            refused = self._bad_digest(request, body, "400")
+            if refused is not None:
+                return refused
             headers["x-amz-rdma-reply"] = "200"
             headers["x-amz-rdma-bytes-transferred"] = str(n)
+        else:
+            refused = self._bad_digest(request, body, None)
+            if refused is not None:
+                return refused
         if part is not None:
             self.parts[part[0]][part[1]] = body
         else:
             self.objects[(bucket, key)] = body
+            self._remember(request, bucket, key)
         return self._respond(request, 200, headers)

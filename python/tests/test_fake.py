@@ -2,6 +2,7 @@
 signing and events) whose S3 answers from tests/fake_s3.py: RDMA paths,
 the fallback, strictness, GPU memory, buffers of every kind, failures."""
 
+import base64
 import ctypes
 import gc
 import multiprocessing
@@ -737,3 +738,151 @@ def test_a_session_inherited_by_fork_initializes_afresh_where_the_library_allows
         ("hipObjBufDeregister", mine.ctypes.data),
         ("hipObjShutdown", None),
     ]
+
+
+# ---------------------------------------------------------------- integrity
+
+
+def crc(data):
+    """``x-amz-checksum-crc64nvme`` of `data`, as S3 writes it."""
+    from awscrt import checksums
+
+    return base64.b64encode(checksums.crc64nvme(bytes(data)).to_bytes(8, "big")).decode()
+
+
+def headers_of(s3, method, key):
+    """The headers of every `method` request for `key`, in order."""
+    return [h for (m, k, _), h in zip(s3.fake.requests, s3.fake.headers) if m == method and k == key]
+
+
+def test_an_rdma_get_into_host_memory_asks_for_the_server_s_crc_and_checks_the_bytes(s3, session):
+    data = pattern(MIB + 3, 31)
+    put(s3, "k", data)
+    into = numpy.zeros(data.size, dtype=numpy.uint8)
+    t = session.get_object(s3, Bucket="bucket", Key="k", into=into)
+    assert (t.path, t.verified, t.unverified) == ("rdma", True, None)
+    assert numpy.array_equal(into, data)
+    assert headers_of(s3, "GET", "k")[0].get("x-amz-checksum-mode") == "ENABLED"
+
+
+def test_a_server_whose_crc_is_not_of_the_bytes_in_memory_fails_the_get_with_both(s3, session):
+    data = pattern(4096, 32)
+    put(s3, "k", data)
+    s3.fake.rdma_checksum = "wrong"
+    into = bytearray(4096)
+    with pytest.raises(hipobj.TransferError) as e:
+        session.get_object(s3, Bucket="bucket", Key="k", into=into)
+    text = str(e.value)
+    assert "not the bytes the server says it wrote" in text, text
+    assert crc(data) in text, text
+    assert crc(data.tobytes()[:-1] + b"?") in text, text
+    assert session.stats.failed == 1 and session.stats.rdma == 0
+
+
+def test_an_rdma_reply_without_the_crc_fails_unless_verification_is_off(s3, fake):
+    data = pattern(4096, 33)
+    put(s3, "k", data)
+    s3.fake.rdma_checksum = "none"
+    with hipobj.Session(gpu=0) as session:
+        with pytest.raises(hipobj.TransferError) as e:
+            session.get_object(s3, Bucket="bucket", Key="k", into=bytearray(4096))
+        assert "x-amz-rdma-checksum-crc64nvme" in str(e.value) and "verify=False" in str(e.value)
+        into = bytearray(4096)
+        t = session.get_object(s3, Bucket="bucket", Key="k", into=into, verify=False)
+        assert (t.path, t.verified, t.unverified) == ("rdma", False, "verify=False")
+        assert bytes(into) == data.tobytes()
+    with hipobj.Session(gpu=0, verify=False) as session:
+        t = session.get_object(s3, Bucket="bucket", Key="k", into=bytearray(4096))
+        assert (t.path, t.verified) == ("rdma", False)
+    # Not asked for: the server computes nothing.
+    assert all("x-amz-checksum-mode" not in h for h in headers_of(s3, "GET", "k")[1:])
+
+
+def test_gpu_memory_is_neither_checked_nor_checksummed_and_says_so(s3, session, fake):
+    data = pattern(MIB, 34)
+    put(s3, "k", data)
+    s3.fake.rdma_checksum = "wrong"
+    gpu = FakeCudaArray(fake, MIB)
+    t = session.get_object(s3, Bucket="bucket", Key="k", into=gpu)
+    assert (t.path, t.verified) == ("rdma", False)
+    assert "GPU memory is not verified" in t.unverified
+    assert gpu.read() == data.tobytes()
+    assert "x-amz-checksum-mode" not in headers_of(s3, "GET", "k")[0]
+    t = session.put_object(s3, Bucket="bucket", Key="up", source=gpu)
+    assert (t.path, t.verified) == ("rdma", False)
+    sent = headers_of(s3, "PUT", "up")[0]
+    assert not any(name.startswith("x-amz-checksum-") for name in sent), sent
+    session.close()
+    assert fake.hipobjFakeDeviceFree(gpu.ptr) == 0
+
+
+def test_an_rdma_put_carries_the_crc_of_its_payload_and_not_botocore_s_of_the_empty_body(s3, session):
+    source = pattern(2 * MIB + 1, 35)
+    t = session.put_object(s3, Bucket="bucket", Key="up", source=source)
+    assert (t.path, t.verified) == ("rdma", True)
+    sent = headers_of(s3, "PUT", "up")[0]
+    checksums = {k: v for k, v in sent.items() if k.startswith("x-amz-checksum-") or k == "x-amz-sdk-checksum-algorithm"}
+    assert checksums == {"x-amz-checksum-crc64nvme": crc(source)}, checksums
+    # A read-only source, through the bounce buffer.
+    t = session.put_object(s3, Bucket="bucket", Key="ro", source=source.tobytes())
+    assert headers_of(s3, "PUT", "ro")[0]["x-amz-checksum-crc64nvme"] == crc(source)
+    # Off: no checksum at all (botocore's of the empty body would be wrong).
+    t = session.put_object(s3, Bucket="bucket", Key="off", source=source, verify=False)
+    assert (t.path, t.verified, t.unverified) == ("rdma", False, "verify=False")
+    sent = headers_of(s3, "PUT", "off")[0]
+    assert not any(k.startswith("x-amz-checksum-") for k in sent), sent
+    assert s3.fake.objects[("bucket", "off")] == source.tobytes()
+
+
+def test_a_put_whose_crc_is_not_its_payload_is_refused_bad_digest_and_stores_nothing(s3, session):
+    source = pattern(MIB, 36)
+    with pytest.raises(ValueError):
+        session.put_object(s3, Bucket="bucket", Key="bad", source=source, ChecksumCRC64NVME=crc(b"x"))
+    with pytest.raises(hipobj.TransferError) as e:
+        session.put_object(s3, Bucket="bucket", Key="bad", source=source, verify=False, ChecksumCRC64NVME=crc(b"x"))
+    assert e.value.s3_code == "BadDigest" and e.value.reply == "400", e.value
+    assert ("bucket", "bad") not in s3.fake.objects
+
+
+def test_a_multipart_upload_declares_full_object_crc64nvme_and_completes_with_the_whole_crc(s3, session):
+    source = pattern(11 * MIB + 7, 37)
+    t = session.upload(s3, Bucket="bucket", Key="big", source=source, part_size=5 * MIB)
+    assert (t.parts, t.path, t.verified) == (3, "rdma", True)
+    assert s3.fake.objects[("bucket", "big")] == source.tobytes()
+    create = headers_of(s3, "POST", "big")[0]
+    assert create["x-amz-checksum-algorithm"] == "CRC64NVME"
+    assert create["x-amz-checksum-type"] == "FULL_OBJECT"
+    parts = headers_of(s3, "PUT", "big")
+    raw = source.tobytes()
+    for number, sent in enumerate(parts):
+        assert sent["x-amz-checksum-crc64nvme"] == crc(raw[number * 5 * MIB : (number + 1) * 5 * MIB])
+    complete = headers_of(s3, "POST", "big")[1]
+    assert complete["x-amz-checksum-crc64nvme"] == crc(raw), "the whole object's, from its parts'"
+    assert complete["x-amz-checksum-type"] == "FULL_OBJECT"
+
+
+def test_parts_crcs_combine_into_the_whole_object_s():
+    from hipobj import _checksums
+
+    raw = pattern(3 * MIB + 5, 38).tobytes()
+    a, b, c = raw[:MIB], raw[MIB : 2 * MIB + 1], raw[2 * MIB + 1 :]
+    whole = 0
+    for piece in (a, b, c):
+        whole = _checksums.combine(whole, _checksums.crc64nvme(piece), len(piece))
+    assert whole == _checksums.crc64nvme(raw)
+    assert _checksums.combine(_checksums.crc64nvme(a), 0, 0) == _checksums.crc64nvme(a)
+
+
+def test_a_plain_answer_of_a_whole_object_is_checked_against_its_crc(s3, session, fake):
+    source = pattern(MIB, 39)
+    session.put_object(s3, Bucket="bucket", Key="k", source=source)
+    assert fake.hipobjFakeSetServerBehaviour(1) == 0
+    into = numpy.zeros(MIB, dtype=numpy.uint8)
+    t = session.get_object(s3, Bucket="bucket", Key="k", into=into)
+    assert (t.path, t.verified) == ("fallback", True)
+    t = session.get_object(s3, Bucket="bucket", Key="k", into=bytearray(1000), Range="bytes=0-999")
+    assert t.verified is False and "no checksum of its bytes" in t.unverified
+    s3.fake.corrupt_plain = True
+    with pytest.raises(hipobj.TransferError) as e:
+        session.get_object(s3, Bucket="bucket", Key="k", into=into)
+    assert crc(source) in str(e.value), e.value

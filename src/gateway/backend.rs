@@ -26,10 +26,13 @@ pub trait Backend: S3 {
 }
 
 /// Implements [`S3`] for `$ty` by handing each listed operation to the
-/// `S3` value its field `$inner` holds; `$ty` may put `before` (a method
-/// `fn before<T>(&self, &S3Request<T>) -> S3Result<()>`) in front of each.
+/// `S3` value its field `$inner` holds, and each operation of the optional
+/// `own` list to `$ty`'s own method named after `=` (same request and
+/// answer); `$ty` may put `before` (a method `fn before<T>(&self,
+/// &S3Request<T>) -> S3Result<()>`, which may bound `T`) in front of each.
 macro_rules! delegate_s3 {
-    ($ty:ty, $inner:ident, [$($op:ident: $input:ident => $output:ident;)*]) => {
+    ($ty:ty, $inner:ident, [$($op:ident: $input:ident => $output:ident;)*]
+     $(, own [$($own:ident: $own_input:ident => $own_output:ident = $method:ident;)*])?) => {
         #[async_trait::async_trait]
         impl s3s::S3 for $ty {
             $(
@@ -41,6 +44,15 @@ macro_rules! delegate_s3 {
                     self.$inner.$op(req).await
                 }
             )*
+            $($(
+                async fn $own(
+                    &self,
+                    req: s3s::S3Request<s3s::dto::$own_input>,
+                ) -> s3s::S3Result<s3s::S3Response<s3s::dto::$own_output>> {
+                    self.before(&req).await?;
+                    self.$method(req).await
+                }
+            )*)?
         }
     };
 }

@@ -12,6 +12,7 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT --access-key AK --secret-k
                         [--delay-final-ms N] [--rdma-allow CIDR]...
                         [--rdma-max-bytes N] [--rdma-memory-bytes N] [--rdma-max-requests N]
                         [--rdma-max-connections N] [--rdma-max-connections-per-client N]
+                        [--rdma-chunk-bytes N] [--rdma-chunks N]
 
   --root DIR            where buckets and objects are stored (created if missing)
   --listen ADDR:PORT    HTTP address; port 0 picks a free port
@@ -21,7 +22,8 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT --access-key AK --secret-k
   --bucket NAME         creates this bucket (a directory of the root) if missing; repeatable
   --device NAME         RDMA device (default: the first one with an active port)
   --no-rdma             decline every x-amz-rdma-token (501), as a server without RDMA
-  --rdma-timeout-ms N   deadline of each RDMA transfer (default 10000)
+  --rdma-timeout-ms N   how long an RDMA transfer may go without progress: its dial and proof,
+                        each chunk, its final message (default 10000)
   --rdma-connect-timeout-ms N
                         how long connecting to a client may take, within that deadline
                         (default 2000); a client whose RDMA CM does not answer fails the
@@ -30,12 +32,17 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT --access-key AK --secret-k
   --rdma-allow CIDR     a network whose clients the server may connect to, besides the address
                         each request comes from (the fabric's subnet behind a load balancer);
                         repeatable
-  --rdma-max-bytes N    the largest RDMA transfer served (default 5368709120, S3's largest PUT,
-                        or the largest that --rdma-memory-bytes holds if less); a longer token
-                        is declined (501); more than --rdma-memory-bytes holds is refused here
+  --rdma-max-bytes N    the largest RDMA transfer served (default 5368709120, S3's largest PUT);
+                        a longer token is declined (501)
   --rdma-memory-bytes N registered memory the transfers in progress may hold at once (default
-                        1073741824, at least 4096); a transfer that does not fit waits, then
-                        gets 503
+                        1073741824, at least 4096); a transfer that finds no room for its next
+                        chunk waits, then fails (503 before its first chunk)
+  --rdma-chunk-bytes N  a transfer moves in chunks of at most N bytes, one registered buffer
+                        each (default 8388608, or the largest buffer --rdma-memory-bytes
+                        holds if less): a GET's bytes are written to the client as the backend
+                        gives them, a PUT's are handed to the backend as they are read
+  --rdma-chunks N       chunks one transfer holds at once (default 4): its memory is at most
+                        N x --rdma-chunk-bytes
   --rdma-max-requests N RDMA requests served at once (default 128); one more is answered 503
                         SlowDown at once. The runtime has N + 256 blocking threads: RDMA requests
                         hold at most N of them, the rest serve every request's file I/O
@@ -84,6 +91,10 @@ pub struct Options {
     pub rdma_max_connections: usize,
     /// `--rdma-max-connections-per-client`.
     pub rdma_max_connections_per_client: usize,
+    /// `--rdma-chunk-bytes`.
+    pub rdma_chunk_bytes: usize,
+    /// `--rdma-chunks`.
+    pub rdma_chunks: usize,
 }
 
 impl Options {
@@ -97,6 +108,8 @@ impl Options {
             max_connections_per_client: self.rdma_max_connections_per_client,
             max_requests: self.rdma_max_requests,
             connect_timeout: self.rdma_connect_timeout,
+            chunk_bytes: self.rdma_chunk_bytes,
+            chunks: self.rdma_chunks,
         }
     }
 }
@@ -122,6 +135,8 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
     let mut rdma_max_requests = 128;
     let mut rdma_max_connections = 4096;
     let mut rdma_max_connections_per_client = 1024;
+    let mut rdma_chunk_bytes: Option<usize> = None;
+    let mut rdma_chunks = 4;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -167,6 +182,8 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
             "--rdma-max-connections-per-client" => {
                 rdma_max_connections_per_client = count(name, &value()?)?
             }
+            "--rdma-chunk-bytes" => rdma_chunk_bytes = Some(count(name, &value()?)?),
+            "--rdma-chunks" => rdma_chunks = count(name, &value()?)?,
             _ => return Err(format!("unknown argument {arg}")),
         }
     }
@@ -176,7 +193,8 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
     if access_key.is_empty() || secret_key.is_empty() {
         return Err("--access-key and --secret-key must not be empty".into());
     }
-    let rdma_max_bytes = max_bytes(rdma_max_bytes, rdma_memory_bytes)?;
+    let rdma_chunk_bytes = chunk_bytes(rdma_chunk_bytes, rdma_memory_bytes)?;
+    let rdma_max_bytes = rdma_max_bytes.unwrap_or(DEFAULT_MAX_BYTES);
     if rdma_max_requests > MAX_REQUESTS {
         return Err(format!(
             "--rdma-max-requests {rdma_max_requests}: at most {MAX_REQUESTS}"
@@ -200,6 +218,8 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
         rdma_max_requests,
         rdma_max_connections,
         rdma_max_connections_per_client,
+        rdma_chunk_bytes,
+        rdma_chunks,
     }))
 }
 
@@ -207,12 +227,19 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
 /// and tokio's pool takes at most a few thousand.
 const MAX_REQUESTS: usize = 4096;
 
-/// The longest RDMA transfer served: `--rdma-max-bytes` if given, else 5
-/// GiB (S3's largest PUT) or the longest transfer whose buffer the memory
-/// budget holds, if less. A maximum the budget cannot hold would never
-/// apply (the budget would decline first): refused, with what to change.
-fn max_bytes(given: Option<u64>, memory_bytes: u64) -> Result<u64, String> {
-    let fits = crate::gateway::rdma::longest_transfer(memory_bytes);
+/// The longest RDMA transfer served unless `--rdma-max-bytes` says:
+/// S3's largest PUT.
+const DEFAULT_MAX_BYTES: u64 = 5 << 30;
+
+/// The default chunk.
+const DEFAULT_CHUNK_BYTES: usize = 8 << 20;
+
+/// A transfer's chunk: `--rdma-chunk-bytes` if given, else 8 MiB or the
+/// largest buffer the memory budget holds, if less. A chunk the budget
+/// cannot hold would never move: refused, with what to change.
+fn chunk_bytes(given: Option<usize>, memory_bytes: u64) -> Result<usize, String> {
+    let fits =
+        usize::try_from(crate::gateway::rdma::longest_transfer(memory_bytes)).unwrap_or(usize::MAX);
     if fits == 0 {
         return Err(format!(
             "--rdma-memory-bytes {memory_bytes}: no transfer fits (a transfer's buffer is at \
@@ -221,13 +248,13 @@ fn max_bytes(given: Option<u64>, memory_bytes: u64) -> Result<u64, String> {
         ));
     }
     match given {
-        None => Ok(fits.min(5 << 30)),
-        Some(max) if max > fits => Err(format!(
-            "--rdma-max-bytes {max} is more than --rdma-memory-bytes {memory_bytes} holds for \
-             one transfer ({fits} bytes), so it would never apply: raise --rdma-memory-bytes \
-             or lower --rdma-max-bytes"
+        None => Ok(fits.min(DEFAULT_CHUNK_BYTES)),
+        Some(chunk) if chunk > fits => Err(format!(
+            "--rdma-chunk-bytes {chunk} is more than --rdma-memory-bytes {memory_bytes} holds \
+             ({fits} bytes), so no transfer would move: raise --rdma-memory-bytes or lower \
+             --rdma-chunk-bytes"
         )),
-        Some(max) => Ok(max),
+        Some(chunk) => Ok(chunk.max(crate::gateway::rdma::MIN_BUF)),
     }
 }
 
@@ -305,11 +332,8 @@ pub(crate) mod tests {
         assert!(o.rdma_allow.is_empty());
         assert_eq!(o.rdma_max_requests, 128);
         assert_eq!(o.rdma_memory_bytes, 1 << 30);
-        assert_eq!(
-            o.rdma_max_bytes,
-            1 << 30,
-            "the largest transfer the default memory budget holds"
-        );
+        assert_eq!(o.rdma_max_bytes, 5 << 30, "S3's largest PUT");
+        assert_eq!((o.rdma_chunk_bytes, o.rdma_chunks), (8 << 20, 4));
         assert_eq!(
             (o.rdma_max_connections, o.rdma_max_connections_per_client),
             (4096, 1024)
@@ -390,44 +414,53 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_largest_transfer_is_5_gib_or_what_the_memory_budget_holds_if_less() {
+    fn a_chunk_is_8_mib_or_the_largest_buffer_the_memory_budget_holds() {
         let with = |extra: &[&str]| {
             let mut list = required();
             list.extend(extra);
             parse(&args(&list)).map(|o| {
                 let o = o.expect("not --help");
-                (o.rdma_max_bytes, o.rdma_memory_bytes)
+                (o.rdma_chunk_bytes, o.rdma_memory_bytes, o.rdma_max_bytes)
             })
         };
         assert_eq!(
             with(&["--rdma-memory-bytes", "8589934592"]),
-            Ok((5 << 30, 8 << 30))
+            Ok((8 << 20, 8 << 30, 5 << 30))
         );
         // Whole MiB above 1 MiB, powers of two below: what a buffer takes.
         assert_eq!(
             with(&["--rdma-memory-bytes", "5767168"]),
-            Ok((5 << 20, 5767168))
+            Ok((5 << 20, 5767168, 5 << 30))
         );
-        assert_eq!(with(&["--rdma-memory-bytes", "5000"]), Ok((4096, 5000)));
+        assert_eq!(
+            with(&["--rdma-memory-bytes", "5000"]),
+            Ok((4096, 5000, 5 << 30))
+        );
+        assert_eq!(
+            with(&["--rdma-chunk-bytes", "65536", "--rdma-chunks", "3"]).map(|t| t.0),
+            Ok(65536)
+        );
+        // A transfer longer than the budget moves in chunks: allowed.
         assert_eq!(
             with(&[
                 "--rdma-max-bytes",
-                "1048576",
+                "1073741824",
                 "--rdma-memory-bytes",
                 "1048576"
             ]),
-            Ok((1 << 20, 1 << 20))
+            Ok((1 << 20, 1 << 20, 1 << 30))
         );
-        let never = with(&["--rdma-max-bytes", "5368709120"]).unwrap_err();
-        assert!(
-            never.contains("--rdma-max-bytes 5368709120 is more than --rdma-memory-bytes")
-                && never.contains("raise --rdma-memory-bytes or lower --rdma-max-bytes"),
-            "{never}"
-        );
-        let tiny = with(&["--rdma-memory-bytes", "4095"]).unwrap_err();
-        assert!(tiny.contains("no transfer fits"), "{tiny}");
+        let refused = with(&[
+            "--rdma-chunk-bytes",
+            "2097152",
+            "--rdma-memory-bytes",
+            "1048576",
+        ])
+        .unwrap_err();
+        assert!(refused.contains("raise --rdma-memory-bytes"), "{refused}");
+        assert!(with(&["--rdma-memory-bytes", "4095"]).is_err());
+        assert!(with(&["--rdma-chunks", "0"]).is_err());
     }
-
     #[test]
     fn help_wins() {
         assert!(matches!(parse(&args(&["--help"])), Ok(None)));

@@ -1,9 +1,51 @@
 //! The local backend: buckets as directories of one root on this machine
-//! (`--root`), through s3s's filesystem backend (s3s-fs).
+//! (`--root`), through s3s's filesystem backend (s3s-fs, pinned at 0.14.1),
+//! with what s3s-fs 0.14.1 gets wrong put right in front of it
+//! (`tests/gateway_local.rs` shows each):
+//!
+//! - **Nothing is stored whose checksum failed.** s3s-fs's PutObject
+//!   renames its temporary file into place *before* it compares the body
+//!   with `x-amz-checksum-*` and `Content-MD5`, so a PUT answered 400
+//!   BadDigest has replaced the object all the same; its UploadPart checks
+//!   nothing. Here the body is checked as it streams (`Verified`): a
+//!   mismatch ends the stream with an error, so s3s-fs never renames its
+//!   temporary file (its `FileWriter` removes the file when dropped), and
+//!   the answer is 400 BadDigest naming the algorithm and both values.
+//!   Checksums that come as aws-chunked trailers (as boto3 sends them) are
+//!   read once the body has ended. A part's answer carries its checksum, as
+//!   S3's does.
+//! - **An object replaced by a multipart upload loses the old checksums.**
+//!   s3s-fs keeps an object's ETag and checksums in an info file of its own
+//!   (`Local::info_file`); its CompleteMultipartUpload writes the new ETag
+//!   there next to the old object's checksums, which GET then serves, and
+//!   boto3 refuses every such object. They are removed once the upload
+//!   completes, and GET and HEAD serve none with a multipart ETag (an
+//!   object stored before this fix). (CopyObject writes its source's info
+//!   whole: no stale checksum.) CompleteMultipartUpload with a part never
+//!   stored is refused before s3s-fs forgets the upload.
+//! - **Buckets are made by CreateBucket only** (or the server's
+//!   `--bucket`). s3s-fs makes a bucket's directory for a PUT into it, and
+//!   answers NoSuchKey for a GET in a missing bucket. Here every operation
+//!   on a bucket that does not exist answers NoSuchBucket before s3s-fs
+//!   sees it; a key whose path climbs out of its bucket (`../b/k`, which
+//!   s3s-fs resolves under the root, not the bucket) is refused.
 
 use std::path::{Component, Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use s3s::{S3Request, S3Result};
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::Engine as _;
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use parking_lot::Mutex;
+use s3s::checksum::ChecksumHasher;
+use s3s::crypto::{Checksum as _, Md5};
+use s3s::dto::*;
+use s3s::stream::{ByteStream, RemainingLength};
+use s3s::{s3_error, S3Request, S3Response, S3Result, StdError, TrailingHeaders, S3};
 use s3s_fs::FileSystem;
 
 use super::backend::{delegate_s3, Backend};
@@ -13,6 +55,8 @@ pub struct Local {
     fs: FileSystem,
     /// The root, canonical, as s3s-fs resolves paths under it.
     root: PathBuf,
+    /// Names this backend's temporary files.
+    next_temp: AtomicU64,
 }
 
 impl Local {
@@ -22,13 +66,293 @@ impl Local {
         let root = root
             .canonicalize()
             .map_err(|e| format!("opening {}: {e}", root.display()))?;
-        Ok(Local { fs, root })
+        Ok(Local {
+            fs,
+            root,
+            next_temp: AtomicU64::new(0),
+        })
     }
 
-    /// Runs before every operation.
-    async fn before<T>(&self, _req: &S3Request<T>) -> S3Result<()> {
+    /// Runs before every operation: the bucket it names must exist, and
+    /// its key (and a copy's source) must stay inside its bucket.
+    async fn before<T: Addressed>(&self, req: &S3Request<T>) -> S3Result<()> {
+        let input = &req.input;
+        if let Some(bucket) = input.bucket() {
+            self.check_bucket(bucket)?;
+            if let Some(key) = input.key() {
+                check_key(bucket, key)?;
+            }
+        }
+        if let Some((bucket, key)) = input.source() {
+            self.check_bucket(bucket)?;
+            check_key(bucket, key)?;
+        }
         Ok(())
     }
+
+    /// NoSuchBucket unless `bucket` is a directory of the root.
+    fn check_bucket(&self, bucket: &str) -> S3Result<()> {
+        let one = plain(bucket) && Path::new(bucket).components().count() == 1;
+        if one && self.root.join(bucket).is_dir() {
+            return Ok(());
+        }
+        Err(s3_error!(
+            NoSuchBucket,
+            "no bucket {bucket} on this server: buckets are made by CreateBucket \
+             (or hipobj-s3-server --bucket)"
+        ))
+    }
+
+    /// GetObject, without the checksums of an object a multipart upload
+    /// replaced (see [`no_stale_checksums`]).
+    async fn get(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
+        let mut resp = self.fs.get_object(req).await?;
+        no_stale_checksums!(resp.output);
+        Ok(resp)
+    }
+
+    /// HeadObject, as [`Local::get`].
+    async fn head(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
+        let mut resp = self.fs.head_object(req).await?;
+        no_stale_checksums!(resp.output);
+        Ok(resp)
+    }
+
+    /// PutObject, its body checked as it streams.
+    async fn put(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
+        let (resp, _) = self.checked(req, |req| self.fs.put_object(req)).await?;
+        Ok(resp)
+    }
+
+    /// UploadPart, its body checked as it streams; the answer carries the
+    /// part's checksums.
+    async fn part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        let (mut resp, sums) = self.checked(req, |req| self.fs.upload_part(req)).await?;
+        if let Some(sums) = sums {
+            let out = &mut resp.output;
+            out.checksum_crc32 = sums.checksum_crc32;
+            out.checksum_crc32c = sums.checksum_crc32c;
+            out.checksum_crc64nvme = sums.checksum_crc64nvme;
+            out.checksum_sha1 = sums.checksum_sha1;
+            out.checksum_sha256 = sums.checksum_sha256;
+        }
+        Ok(resp)
+    }
+
+    /// CompleteMultipartUpload, once every part it lists is known to be
+    /// stored (s3s-fs forgets the upload before it reads the parts, so a
+    /// part missing, say one refused for its checksum, would lose the
+    /// parts stored); then the replaced object's checksums are dropped
+    /// from s3s-fs's info file. An upload with no part stored at all (or
+    /// none known) is s3s-fs's to answer, as before.
+    async fn complete(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
+        let listed = S3Request {
+            input: ListPartsInput {
+                bucket: bucket.clone(),
+                key: key.clone(),
+                upload_id: req.input.upload_id.clone(),
+                ..ListPartsInput::default()
+            },
+            method: req.method.clone(),
+            uri: req.uri.clone(),
+            headers: req.headers.clone(),
+            extensions: http::Extensions::new(),
+            credentials: req.credentials.clone(),
+            region: req.region.clone(),
+            service: req.service.clone(),
+            trailing_headers: None,
+        };
+        let stored = self.fs.list_parts(listed).await?.output.parts;
+        let stored = stored.unwrap_or_default();
+        let asked = req
+            .input
+            .multipart_upload
+            .as_ref()
+            .and_then(|m| m.parts.as_ref());
+        let missing = asked
+            .into_iter()
+            .flatten()
+            .map(|part| part.part_number)
+            .find(|n| !stored.iter().any(|p| p.part_number == *n));
+        if let (Some(n), false) = (missing, stored.is_empty()) {
+            return Err(s3_error!(
+                InvalidPart,
+                "part {} of upload {} was never stored (or was refused); \
+                 upload it again, then complete",
+                n.map_or_else(|| "(no number)".to_owned(), |n| n.to_string()),
+                req.input.upload_id
+            ));
+        }
+        let resp = self.fs.complete_multipart_upload(req).await?;
+        self.forget_checksums(&bucket, &key).await?;
+        Ok(resp)
+    }
+
+    /// Hands `req` to `store` (s3s-fs's PutObject or UploadPart) with its
+    /// body checked against what the request declares ([`Claim`]): a
+    /// mismatch fails the body at its end, so s3s-fs stores nothing, and
+    /// is the answer. Returns the answer and the body's checksums by the
+    /// algorithms the request named, once it was read whole.
+    async fn checked<I, O, F, Fut>(
+        &self,
+        mut req: S3Request<I>,
+        store: F,
+    ) -> S3Result<(S3Response<O>, Option<Checksum>)>
+    where
+        I: Payload,
+        F: FnOnce(S3Request<I>) -> Fut,
+        Fut: std::future::Future<Output = S3Result<S3Response<O>>>,
+    {
+        let claim = Claim::of(&req)?;
+        if let Some(algorithm) = claim.to_name {
+            // A trailer's algorithm, for s3s-fs to compute and keep.
+            req.input
+                .name_algorithm(ChecksumAlgorithm::from(algorithm.name().to_owned()));
+        }
+        let verdict = Arc::new(Mutex::new(None));
+        if let Some(body) = req.input.body().take() {
+            let verified = Verified::new(body, claim, Arc::clone(&verdict));
+            *req.input.body() = Some(StreamingBlob::new(verified));
+        }
+        let answer = store(req).await;
+        let found = verdict.lock().take();
+        match (answer, found) {
+            // s3s-fs saw the body fail: the refusal is why.
+            (_, Some(Err(refusal))) => Err(refusal),
+            (Err(e), _) => Err(e),
+            (Ok(resp), sums) => Ok((resp, sums.and_then(Result::ok))),
+        }
+    }
+
+    /// Where s3s-fs 0.14.1 keeps `bucket/key`'s ETag and checksums: its
+    /// `FileSystem::get_internal_info_path` (fs.rs) names the file by the
+    /// bucket's and the key's names in URL-safe base64, without padding,
+    /// at the root. The version is pinned (`=0.14.1`), and
+    /// `tests/gateway_local.rs` reads the file by that name.
+    fn info_file(&self, bucket: &str, key: &str) -> PathBuf {
+        let encode = |s: &str| URL_SAFE_NO_PAD.encode(s);
+        self.root.join(format!(
+            ".bucket-{}.object-{}.internal.json",
+            encode(bucket),
+            encode(key)
+        ))
+    }
+
+    /// Removes the `checksum_*` fields of `bucket/key`'s info file when it
+    /// holds a multipart ETag (`HASH-N`), which s3s-fs gives no checksum:
+    /// they are the replaced object's. (An info file a PUT wrote since
+    /// holds an MD5 ETag, and its own checksums: left alone.) The file is
+    /// replaced whole by a rename, from a temporary name that s3s-fs's
+    /// start removes if this process dies first.
+    async fn forget_checksums(&self, bucket: &str, key: &str) -> S3Result<()> {
+        let path = self.info_file(bucket, key);
+        let failed = |what: &str, e: &dyn std::fmt::Display| {
+            s3_error!(
+                InternalError,
+                "the upload of {bucket}/{key} completed, but {what} {} failed: {e}; \
+                 its old checksums may still be served",
+                path.display()
+            )
+        };
+        let text = match tokio::fs::read(&path).await {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(failed("reading", &e)),
+        };
+        let mut info: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&text).map_err(|e| failed("parsing", &e))?;
+        let multipart = info
+            .get("e_tag")
+            .and_then(serde_json::Value::as_str)
+            .is_some_and(|e_tag| e_tag.contains('-'));
+        let before = info.len();
+        info.retain(|name, _| !name.starts_with("checksum_"));
+        if !multipart || info.len() == before {
+            return Ok(());
+        }
+        let text = serde_json::to_vec(&info).map_err(|e| failed("writing", &e))?;
+        let n = self.next_temp.fetch_add(1, Ordering::Relaxed);
+        let temp = self.root.join(format!(
+            ".tmp.local-{}-{n}.internal.part",
+            std::process::id()
+        ));
+        let written = match tokio::fs::write(&temp, &text).await {
+            Ok(()) => tokio::fs::rename(&temp, &path).await,
+            Err(e) => Err(e),
+        };
+        written.map_err(|e| {
+            let _ = std::fs::remove_file(&temp);
+            failed("rewriting", &e)
+        })
+    }
+}
+
+/// Drops a GetObject's or HeadObject's checksums when its ETag is a
+/// multipart one (`HASH-N`): s3s-fs gives a multipart upload no checksum,
+/// so they are those of an object the upload replaced, which a server
+/// before [`Local::forget_checksums`] left in its info file.
+macro_rules! no_stale_checksums {
+    ($output:expr) => {
+        let output = &mut $output;
+        if output
+            .e_tag
+            .as_ref()
+            .is_some_and(|e| e.value().contains('-'))
+        {
+            output.checksum_crc32 = None;
+            output.checksum_crc32c = None;
+            output.checksum_crc64nvme = None;
+            output.checksum_sha1 = None;
+            output.checksum_sha256 = None;
+        }
+    };
+}
+use no_stale_checksums;
+
+/// Whether `p` is a path of plain components only.
+fn plain(p: &str) -> bool {
+    !p.is_empty()
+        && Path::new(p)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)))
+}
+
+/// InvalidArgument unless `key` names a path strictly inside its bucket's
+/// directory: s3s-fs joins it to the bucket and resolves `..` under the
+/// root, so `../other/k` would reach (or make) another bucket. A `..` that
+/// stays inside (`a/../k`) is the key it resolves to, as s3s-fs has it.
+fn check_key(bucket: &str, key: &str) -> S3Result<()> {
+    let mut depth = 0usize;
+    for component in Path::new(key).components() {
+        match component {
+            Component::Normal(_) => depth += 1,
+            Component::CurDir => {}
+            Component::ParentDir if depth > 0 => depth -= 1,
+            _ => {
+                depth = 0;
+                break;
+            }
+        }
+    }
+    if depth > 0 {
+        return Ok(());
+    }
+    Err(s3_error!(
+        InvalidArgument,
+        "the key {key:?} does not name a file inside bucket {bucket}'s directory \
+         (its `..` climb out of it, or it is empty or absolute): this server \
+         keeps objects as files and cannot store it"
+    ))
 }
 
 impl Backend for Local {
@@ -40,20 +364,11 @@ impl Backend for Local {
     /// components only (s3s-fs resolves `..` and the like virtually under
     /// its root: such keys take the backend's own stream instead).
     fn object_file(&self, bucket: &str, key: &str) -> Option<PathBuf> {
-        let plain = |p: &str| {
-            !p.is_empty()
-                && Path::new(p)
-                    .components()
-                    .all(|c| matches!(c, Component::Normal(_)))
-        };
         (plain(bucket) && plain(key)).then(|| self.root.join(bucket).join(key))
     }
 }
 
 delegate_s3!(Local, fs, [
-    get_object: GetObjectInput => GetObjectOutput;
-    put_object: PutObjectInput => PutObjectOutput;
-    upload_part: UploadPartInput => UploadPartOutput;
     create_bucket: CreateBucketInput => CreateBucketOutput;
     copy_object: CopyObjectInput => CopyObjectOutput;
     delete_bucket: DeleteBucketInput => DeleteBucketOutput;
@@ -61,7 +376,6 @@ delegate_s3!(Local, fs, [
     delete_objects: DeleteObjectsInput => DeleteObjectsOutput;
     get_bucket_location: GetBucketLocationInput => GetBucketLocationOutput;
     head_bucket: HeadBucketInput => HeadBucketOutput;
-    head_object: HeadObjectInput => HeadObjectOutput;
     list_buckets: ListBucketsInput => ListBucketsOutput;
     list_objects: ListObjectsInput => ListObjectsOutput;
     list_objects_v2: ListObjectsV2Input => ListObjectsV2Output;
@@ -69,9 +383,462 @@ delegate_s3!(Local, fs, [
     upload_part_copy: UploadPartCopyInput => UploadPartCopyOutput;
     list_parts: ListPartsInput => ListPartsOutput;
     list_multipart_uploads: ListMultipartUploadsInput => ListMultipartUploadsOutput;
-    complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput;
     abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput;
+], own [
+    get_object: GetObjectInput => GetObjectOutput = get;
+    head_object: HeadObjectInput => HeadObjectOutput = head;
+    put_object: PutObjectInput => PutObjectOutput = put;
+    upload_part: UploadPartInput => UploadPartOutput = part;
+    complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput = complete;
 ]);
+
+/// What an operation's input reaches on disk.
+trait Addressed {
+    /// The bucket that must exist; `None` for an operation that names none
+    /// or makes it (CreateBucket), and for AbortMultipartUpload, which
+    /// must still clean up an upload whose bucket went away.
+    fn bucket(&self) -> Option<&str> {
+        None
+    }
+    /// The key, which must stay inside its bucket's directory.
+    fn key(&self) -> Option<&str> {
+        None
+    }
+    /// A copy's source object (bucket, key).
+    fn source(&self) -> Option<(&str, &str)> {
+        None
+    }
+}
+
+macro_rules! addressed {
+    (
+        objects: $($object:ident),*;
+        copies: $($copy:ident),*;
+        buckets: $($bucket:ident),*;
+        none: $($none:ident),*;
+    ) => {
+        $(impl Addressed for $object {
+            fn bucket(&self) -> Option<&str> {
+                Some(&self.bucket)
+            }
+            fn key(&self) -> Option<&str> {
+                Some(&self.key)
+            }
+        })*
+        $(impl Addressed for $copy {
+            fn bucket(&self) -> Option<&str> {
+                Some(&self.bucket)
+            }
+            fn key(&self) -> Option<&str> {
+                Some(&self.key)
+            }
+            fn source(&self) -> Option<(&str, &str)> {
+                match &self.copy_source {
+                    CopySource::Bucket { bucket, key, .. } => Some((bucket, key)),
+                    _ => None,
+                }
+            }
+        })*
+        $(impl Addressed for $bucket {
+            fn bucket(&self) -> Option<&str> {
+                Some(&self.bucket)
+            }
+        })*
+        $(impl Addressed for $none {})*
+    };
+}
+
+addressed! {
+    objects: GetObjectInput, PutObjectInput, UploadPartInput, DeleteObjectInput,
+        HeadObjectInput, CreateMultipartUploadInput, ListPartsInput,
+        CompleteMultipartUploadInput;
+    copies: CopyObjectInput, UploadPartCopyInput;
+    buckets: DeleteBucketInput, DeleteObjectsInput, GetBucketLocationInput, HeadBucketInput,
+        ListObjectsInput, ListObjectsV2Input, ListMultipartUploadsInput;
+    none: CreateBucketInput, ListBucketsInput, AbortMultipartUploadInput;
+}
+
+/// The algorithms of `x-amz-checksum-*`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Algorithm {
+    Crc32,
+    Crc32c,
+    Crc64Nvme,
+    Sha1,
+    Sha256,
+}
+
+impl Algorithm {
+    const ALL: [Algorithm; 5] = [
+        Algorithm::Crc32,
+        Algorithm::Crc32c,
+        Algorithm::Crc64Nvme,
+        Algorithm::Sha1,
+        Algorithm::Sha256,
+    ];
+
+    /// S3's name (`x-amz-sdk-checksum-algorithm`).
+    fn name(self) -> &'static str {
+        match self {
+            Algorithm::Crc32 => "CRC32",
+            Algorithm::Crc32c => "CRC32C",
+            Algorithm::Crc64Nvme => "CRC64NVME",
+            Algorithm::Sha1 => "SHA1",
+            Algorithm::Sha256 => "SHA256",
+        }
+    }
+
+    /// Its header (or trailer).
+    fn header(self) -> &'static str {
+        match self {
+            Algorithm::Crc32 => "x-amz-checksum-crc32",
+            Algorithm::Crc32c => "x-amz-checksum-crc32c",
+            Algorithm::Crc64Nvme => "x-amz-checksum-crc64nvme",
+            Algorithm::Sha1 => "x-amz-checksum-sha1",
+            Algorithm::Sha256 => "x-amz-checksum-sha256",
+        }
+    }
+
+    fn by_name(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name().eq_ignore_ascii_case(name))
+    }
+
+    fn by_header(header: &str) -> Option<Algorithm> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.header().eq_ignore_ascii_case(header))
+    }
+
+    /// Turns it on in `hasher`.
+    fn enable(self, hasher: &mut ChecksumHasher) {
+        match self {
+            Algorithm::Crc32 => hasher.crc32 = Some(Default::default()),
+            Algorithm::Crc32c => hasher.crc32c = Some(Default::default()),
+            Algorithm::Crc64Nvme => hasher.crc64nvme = Some(Default::default()),
+            Algorithm::Sha1 => hasher.sha1 = Some(Default::default()),
+            Algorithm::Sha256 => hasher.sha256 = Some(Default::default()),
+        }
+    }
+
+    /// Its value in `sums`.
+    fn of(self, sums: &Checksum) -> Option<&str> {
+        match self {
+            Algorithm::Crc32 => sums.checksum_crc32.as_deref(),
+            Algorithm::Crc32c => sums.checksum_crc32c.as_deref(),
+            Algorithm::Crc64Nvme => sums.checksum_crc64nvme.as_deref(),
+            Algorithm::Sha1 => sums.checksum_sha1.as_deref(),
+            Algorithm::Sha256 => sums.checksum_sha256.as_deref(),
+        }
+    }
+}
+
+/// A PUT's or UploadPart's input: its body and what it declares of it.
+trait Payload {
+    fn body(&mut self) -> &mut Option<StreamingBlob>;
+    /// `x-amz-sdk-checksum-algorithm`.
+    fn named(&self) -> Option<&str>;
+    fn name_algorithm(&mut self, algorithm: ChecksumAlgorithm);
+    fn content_md5(&self) -> Option<&str>;
+    /// Its `x-amz-checksum-*` headers, as a [`Checksum`].
+    fn checksums(&self) -> Checksum;
+}
+
+macro_rules! payload {
+    ($($ty:ty),*) => {$(
+        impl Payload for $ty {
+            fn body(&mut self) -> &mut Option<StreamingBlob> {
+                &mut self.body
+            }
+            fn named(&self) -> Option<&str> {
+                self.checksum_algorithm.as_ref().map(ChecksumAlgorithm::as_str)
+            }
+            fn name_algorithm(&mut self, algorithm: ChecksumAlgorithm) {
+                self.checksum_algorithm = Some(algorithm);
+            }
+            fn content_md5(&self) -> Option<&str> {
+                self.content_md5.as_deref()
+            }
+            fn checksums(&self) -> Checksum {
+                Checksum {
+                    checksum_crc32: self.checksum_crc32.clone(),
+                    checksum_crc32c: self.checksum_crc32c.clone(),
+                    checksum_crc64nvme: self.checksum_crc64nvme.clone(),
+                    checksum_sha1: self.checksum_sha1.clone(),
+                    checksum_sha256: self.checksum_sha256.clone(),
+                    ..Checksum::default()
+                }
+            }
+        }
+    )*};
+}
+payload!(PutObjectInput, UploadPartInput);
+
+/// What a request says its body hashes to.
+struct Claim {
+    /// `x-amz-checksum-*` headers.
+    headers: Vec<(Algorithm, String)>,
+    /// Checksums announced in `x-amz-trailer`, and where they come once
+    /// the (aws-chunked) body has ended.
+    trailers: Option<(Vec<Algorithm>, TrailingHeaders)>,
+    /// Content-MD5, as sent and decoded.
+    md5: Option<(String, Vec<u8>)>,
+    /// Every algorithm to compute.
+    algorithms: Vec<Algorithm>,
+    /// A trailer's algorithm that `x-amz-sdk-checksum-algorithm` does not
+    /// name: named for s3s-fs, which otherwise compares the trailer with
+    /// nothing (after storing the object).
+    to_name: Option<Algorithm>,
+}
+
+impl Claim {
+    /// What `req` declares; refuses what cannot be checked before the
+    /// body is read (a malformed Content-MD5, an unknown algorithm, one
+    /// named with no value to compare with).
+    fn of<I: Payload>(req: &S3Request<I>) -> S3Result<Claim> {
+        let input = &req.input;
+        let declared = input.checksums();
+        let headers: Vec<(Algorithm, String)> = Algorithm::ALL
+            .into_iter()
+            .filter_map(|a| a.of(&declared).map(|v| (a, v.to_owned())))
+            .collect();
+        let mut announced = Vec::new();
+        if req.trailing_headers.is_some() {
+            for value in req.headers.get_all("x-amz-trailer") {
+                let value = value.to_str().unwrap_or_default();
+                for name in value.split(',').map(str::trim) {
+                    if !name.to_ascii_lowercase().starts_with("x-amz-checksum-") {
+                        continue;
+                    }
+                    let algorithm = Algorithm::by_header(name).ok_or_else(|| {
+                        s3_error!(
+                            InvalidRequest,
+                            "x-amz-trailer announces {name}, a checksum this server does not know"
+                        )
+                    })?;
+                    announced.push(algorithm);
+                }
+            }
+        }
+        let named = input
+            .named()
+            .map(|name| {
+                Algorithm::by_name(name).ok_or_else(|| {
+                    s3_error!(
+                        InvalidRequest,
+                        "x-amz-sdk-checksum-algorithm {name} is none of CRC32, CRC32C, \
+                         CRC64NVME, SHA1, SHA256"
+                    )
+                })
+            })
+            .transpose()?;
+        let in_headers = |a: Algorithm| headers.iter().any(|(h, _)| *h == a);
+        if let Some(named) = named {
+            if !in_headers(named) && !announced.contains(&named) {
+                return Err(s3_error!(
+                    InvalidRequest,
+                    "x-amz-sdk-checksum-algorithm {} came with neither an {} header nor that trailer",
+                    named.name(),
+                    named.header()
+                ));
+            }
+        }
+        let unnamed: Vec<Algorithm> = announced
+            .iter()
+            .copied()
+            .filter(|a| !in_headers(*a) && Some(*a) != named)
+            .collect();
+        let to_name = match (named, unnamed.as_slice()) {
+            (_, []) => None,
+            (None, [one]) => Some(*one),
+            _ => {
+                let names: Vec<&str> = announced.iter().map(|a| a.header()).collect();
+                return Err(s3_error!(
+                    InvalidRequest,
+                    "x-amz-trailer announces {}: one checksum trailer per request, of the \
+                     algorithm x-amz-sdk-checksum-algorithm names",
+                    names.join(", ")
+                ));
+            }
+        };
+        let md5 = input
+            .content_md5()
+            .map(|said| match STANDARD.decode(said) {
+                Ok(digest) if digest.len() == 16 => Ok((said.to_owned(), digest)),
+                _ => Err(s3_error!(
+                    InvalidDigest,
+                    "Content-MD5 {said:?} is not the base64 of 16 bytes"
+                )),
+            })
+            .transpose()?;
+        let mut algorithms: Vec<Algorithm> = headers.iter().map(|(a, _)| *a).collect();
+        algorithms.extend(announced.iter().copied());
+        algorithms.extend(named);
+        let trailers = req
+            .trailing_headers
+            .clone()
+            .filter(|_| !announced.is_empty())
+            .map(|handle| (announced, handle));
+        Ok(Claim {
+            headers,
+            trailers,
+            md5,
+            algorithms,
+            to_name,
+        })
+    }
+
+    /// A hasher of every algorithm to check.
+    fn hasher(&self) -> ChecksumHasher {
+        let mut hasher = ChecksumHasher::default();
+        for algorithm in &self.algorithms {
+            algorithm.enable(&mut hasher);
+        }
+        hasher
+    }
+
+    /// `sums` (and `md5`) of the whole body against the claim, once the
+    /// body has ended (its trailers have come).
+    fn check(&self, sums: Checksum, md5: Option<[u8; 16]>) -> S3Result<Checksum> {
+        let mismatch = |algorithm: &str, is: &str, header: &str, how: &str, said: &str| {
+            s3_error!(
+                BadDigest,
+                "the body's {algorithm} is {is}, but the request's {header} {how} says \
+                 {said}; nothing was stored"
+            )
+        };
+        for (algorithm, said) in &self.headers {
+            let is = algorithm.of(&sums).unwrap_or_default();
+            if is != said {
+                let (name, header) = (algorithm.name(), algorithm.header());
+                return Err(mismatch(name, is, header, "header", said));
+            }
+        }
+        if let Some((announced, handle)) = &self.trailers {
+            let came: Vec<(String, String)> = handle
+                .read(|trailers| {
+                    trailers
+                        .iter()
+                        .filter(|(name, _)| name.as_str().starts_with("x-amz-checksum-"))
+                        .map(|(name, value)| {
+                            let value = value.to_str().unwrap_or_default();
+                            (name.as_str().to_owned(), value.to_owned())
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            for (name, said) in &came {
+                let algorithm = Algorithm::by_header(name)
+                    .filter(|a| announced.contains(a))
+                    .ok_or_else(|| {
+                        s3_error!(
+                            InvalidRequest,
+                            "the trailer {name} was not announced in x-amz-trailer; \
+                             nothing was stored"
+                        )
+                    })?;
+                let is = algorithm.of(&sums).unwrap_or_default();
+                if is != said {
+                    return Err(mismatch(algorithm.name(), is, name, "trailer", said));
+                }
+            }
+            if let Some(missing) = announced
+                .iter()
+                .find(|a| !came.iter().any(|(name, _)| name == a.header()))
+            {
+                return Err(s3_error!(
+                    InvalidRequest,
+                    "x-amz-trailer announces {}, but the body ended without it; \
+                     nothing was stored",
+                    missing.header()
+                ));
+            }
+        }
+        if let (Some((said, want)), Some(is)) = (&self.md5, md5) {
+            if want[..] != is[..] {
+                let is = STANDARD.encode(is);
+                return Err(mismatch("MD5", &is, "Content-MD5", "header", said));
+            }
+        }
+        Ok(sums)
+    }
+}
+
+/// What a [`Verified`] body found once it ended: the body's checksums, or
+/// the refusal its mismatch is answered with.
+type Verdict = Arc<Mutex<Option<S3Result<Checksum>>>>;
+
+/// A request's body, hashed as s3s-fs reads it; at its end, checked
+/// against the request's [`Claim`]: a mismatch is one more item, an error,
+/// so s3s-fs fails its copy and never renames its temporary file into
+/// place. The refusal itself goes to the handler through the verdict.
+struct Verified {
+    body: StreamingBlob,
+    hasher: ChecksumHasher,
+    md5: Option<Md5>,
+    /// `None` once the body ended.
+    claim: Option<Claim>,
+    verdict: Verdict,
+}
+
+impl Verified {
+    fn new(body: StreamingBlob, claim: Claim, verdict: Verdict) -> Verified {
+        Verified {
+            body,
+            hasher: claim.hasher(),
+            md5: claim.md5.as_ref().map(|_| Md5::default()),
+            claim: Some(claim),
+            verdict,
+        }
+    }
+}
+
+impl Stream for Verified {
+    type Item = Result<Bytes, StdError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.claim.is_none() {
+            return Poll::Ready(None);
+        }
+        match this.body.poll_next_unpin(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(bytes))) => {
+                this.hasher.update(&bytes);
+                if let Some(md5) = &mut this.md5 {
+                    md5.update(&bytes);
+                }
+                Poll::Ready(Some(Ok(bytes)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.claim = None;
+                Poll::Ready(Some(Err(e)))
+            }
+            Poll::Ready(None) => {
+                let Some(claim) = this.claim.take() else {
+                    return Poll::Ready(None);
+                };
+                let sums = std::mem::take(&mut this.hasher).finalize();
+                let md5 = this.md5.take().map(Md5::finalize);
+                let outcome = claim.check(sums, md5);
+                let why = outcome.as_ref().err().map(|e| {
+                    e.message()
+                        .unwrap_or("the body's checksum failed")
+                        .to_owned()
+                });
+                *this.verdict.lock() = Some(outcome);
+                Poll::Ready(why.map(|why| Err(why.into())))
+            }
+        }
+    }
+}
+
+impl ByteStream for Verified {
+    fn remaining_length(&self) -> RemainingLength {
+        self.body.remaining_length()
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -32,6 +32,7 @@ pub mod local;
 pub mod range;
 pub mod rdma;
 pub mod s3;
+pub mod stream;
 
 use std::io::Write;
 use std::net::SocketAddr;

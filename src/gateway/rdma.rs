@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use crate::core::token::Token;
 use crate::platform::{Access, Cm, Context, Mr, PortState};
-use crate::server::{DialPolicy, LocalBuf, Op, Requester, ServerConfig, ServerSide};
+use crate::server::{
+    DialPolicy, LocalBuf, Proven, Requester, ServerConfig, ServerSide, Session, TransferFailure,
+};
 use parking_lot::{Condvar, Mutex};
 
 /// Registered bytes the pool keeps for reuse; buffers beyond are freed.
@@ -40,6 +42,10 @@ pub struct Limits {
     pub max_requests: usize,
     /// How long connecting to a client may take.
     pub connect_timeout: Duration,
+    /// The largest chunk of a transfer, one registered buffer.
+    pub chunk_bytes: usize,
+    /// Chunks one transfer holds at once.
+    pub chunks: usize,
 }
 
 /// The server's RDMA device and its server side.
@@ -48,6 +54,8 @@ pub struct Rdma {
     device: String,
     timeout: Duration,
     max_bytes: u64,
+    chunk_bytes: usize,
+    chunks: usize,
     pool: Mutex<Pool>,
     budget: Arc<Budget>,
     gate: Arc<Gate>,
@@ -178,7 +186,8 @@ impl RegBuf {
         &mut self.mem
     }
 
-    fn local(&self) -> LocalBuf {
+    /// The buffer as the server side moves bytes from or into it.
+    pub fn local(&self) -> LocalBuf {
         LocalBuf {
             mr: self.mr.clone(),
             addr: self.mr.addr(),
@@ -210,6 +219,16 @@ pub enum Failure {
     Busy(String),
     /// It failed (500).
     Failed(String),
+}
+
+impl std::fmt::Display for TakeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TakeError::TooLarge(why) | TakeError::Busy(why) | TakeError::Failed(why) => {
+                f.write_str(why)
+            }
+        }
+    }
 }
 
 impl std::fmt::Display for Failure {
@@ -292,6 +311,8 @@ impl Rdma {
             device,
             timeout,
             max_bytes: limits.max_bytes,
+            chunk_bytes: limits.chunk_bytes.max(MIN_BUF),
+            chunks: limits.chunks.max(1),
             pool: Mutex::new(Pool::default()),
             budget: Budget::new(limits.memory_bytes),
             gate: Arc::new(Gate {
@@ -341,18 +362,38 @@ impl Rdma {
         &self.device
     }
 
-    /// A registered buffer of at least `len` bytes (reused when one is
-    /// free), within `--rdma-max-bytes` and, waiting up to the transfer
-    /// deadline for room, the memory budget.
-    pub fn take(&self, len: usize) -> Result<RegBuf, TakeError> {
-        let wanted = u64::try_from(len).unwrap_or(u64::MAX);
-        if wanted > self.max_bytes {
+    /// Whether a transfer of `len` bytes is served: `TooLarge` (declined)
+    /// past `--rdma-max-bytes`.
+    pub fn check_len(&self, len: u64) -> Result<(), TakeError> {
+        if len > self.max_bytes {
             return Err(TakeError::TooLarge(format!(
                 "{len} bytes is more than --rdma-max-bytes {}, the longest RDMA transfer this \
                  server serves",
                 self.max_bytes
             )));
         }
+        Ok(())
+    }
+
+    /// The deadline of a transfer, from its start (`--rdma-timeout-ms`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The largest chunk, one buffer (`--rdma-chunk-bytes`).
+    pub fn chunk_bytes(&self) -> usize {
+        self.chunk_bytes
+    }
+
+    /// Chunks one transfer holds at once (`--rdma-chunks`).
+    pub fn chunks(&self) -> usize {
+        self.chunks
+    }
+
+    /// A registered buffer of at least `len` bytes (reused when one is
+    /// free), waiting up to the transfer deadline for room in the memory
+    /// budget.
+    pub fn take(&self, len: usize) -> Result<RegBuf, TakeError> {
         let size = buffer_size(len);
         let charge = u64::try_from(size).unwrap_or(u64::MAX);
         if charge > self.budget.limit {
@@ -432,51 +473,47 @@ impl Rdma {
         self.budget.in_use()
     }
 
-    /// Serves a GET: WRITEs the first `len` bytes of `buf` to the start of
-    /// the token's range, then the final message. Returns the buffer (to
-    /// give back) unless the NIC may still use it.
-    pub fn write_to_client(
+    /// Starts a transfer for `token` (the proof, on a kept connection of
+    /// the requester's or a new one), to end by `deadline`.
+    pub fn begin(
         &self,
         token: &Token,
-        buf: RegBuf,
-        len: u64,
         label: &Label<'_>,
-    ) -> (Result<(), Failure>, Option<RegBuf>) {
-        self.run(token, Op::Get, buf, len, label)
-    }
-
-    /// Serves a PUT: READs the token's whole range into `buf` (at least
-    /// that long), then the final message.
-    pub fn read_from_client(
-        &self,
-        token: &Token,
-        buf: RegBuf,
-        label: &Label<'_>,
-    ) -> (Result<(), Failure>, Option<RegBuf>) {
-        self.run(token, Op::Put, buf, token.length, label)
-    }
-
-    fn run(
-        &self,
-        token: &Token,
-        op: Op,
-        buf: RegBuf,
-        len: u64,
-        label: &Label<'_>,
-    ) -> (Result<(), Failure>, Option<RegBuf>) {
-        let start = Instant::now();
+        deadline: Instant,
+    ) -> Result<Session<'_>, TransferFailure> {
         let requester = Requester {
             tenant: label.principal,
             source: label.source,
         };
-        let outcome = self.side.transfer_for(
-            token,
-            op,
-            &buf.local(),
-            len,
-            requester,
-            start + self.timeout,
-        );
+        self.side.begin_for(token, requester, deadline)
+    }
+
+    /// Gives `buf` back after a failed transfer if the NIC is done with it
+    /// (`quiet`); else leaks it: never reused, never freed, its share of
+    /// the budget still counted.
+    pub fn release(&self, buf: RegBuf, quiet: bool) {
+        if quiet {
+            self.give_back(buf);
+        } else {
+            eprintln!(
+                "hipobj-s3-server: the transfer's {} byte buffer is leaked (the NIC may still \
+                 use it)",
+                buf.mem.len()
+            );
+            std::mem::forget(buf);
+        }
+    }
+
+    /// Logs how a transfer of `len` bytes started at `start` ended, and
+    /// says how for the S3 answer.
+    pub fn ended(
+        &self,
+        token: &Token,
+        label: &Label<'_>,
+        len: u64,
+        start: Instant,
+        outcome: Result<Proven, TransferFailure>,
+    ) -> Result<(), Failure> {
         let peer = crate::core::nic::ip_of(&token.gid);
         let took = start.elapsed().as_secs_f64() * 1e3;
         let waited = start.duration_since(label.arrived).as_secs_f64() * 1e3;
@@ -487,34 +524,21 @@ impl Rdma {
         match outcome {
             Ok(proven) => {
                 let how = match proven {
-                    crate::server::Proven::Connected => "connected with the token",
-                    crate::server::Proven::OnItsConnection => "proved on its connection",
+                    Proven::Connected => "connected with the token",
+                    Proven::OnItsConnection => "proved on its connection",
                 };
                 eprintln!("hipobj-s3-server: {what}: ok in {took:.1} ms ({how})");
-                (Ok(()), Some(buf))
+                Ok(())
             }
             Err(failure) => {
                 eprintln!("hipobj-s3-server: {what}: failed after {took:.1} ms: {failure}");
-                let kept = if failure.local_quiet {
-                    Some(buf)
-                } else {
-                    // The NIC may still read or write it: never reused,
-                    // never freed.
-                    eprintln!(
-                        "hipobj-s3-server: the transfer's {} byte buffer is leaked",
-                        buf.mem.len()
-                    );
-                    std::mem::forget(buf);
-                    None
-                };
-                let failure = match failure.error {
+                Err(match failure.error {
                     // The dial policy: the token names an address this
                     // server may not connect to.
                     crate::core::Error::NotSupported(why) => Failure::Declined(why.to_owned()),
                     crate::core::Error::Busy(why) => Failure::Busy(why.to_owned()),
                     e => Failure::Failed(e.to_string()),
-                };
-                (Err(failure), kept)
+                })
             }
         }
     }
@@ -532,7 +556,7 @@ fn has_active_port(ctx: &dyn Context) -> bool {
         .any(|attr| attr.state == PortState::Active)
 }
 
-/// The longest transfer whose buffer ([`buffer_size`]) a memory budget of
+/// The longest transfer whose buffer (`buffer_size`) a memory budget of
 /// `budget` bytes holds: whole MiB from 1 MiB, a power of two below; 0 when
 /// not even [`MIN_BUF`] fits.
 pub fn longest_transfer(budget: u64) -> u64 {

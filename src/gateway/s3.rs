@@ -53,7 +53,8 @@ use s3s::{s3_error, S3Error, S3Request, S3Response, S3Result, S3};
 
 use crate::gateway::backend::Backend;
 use crate::gateway::range;
-use crate::gateway::rdma::{Admission, Failure, Label, Rdma, TakeError};
+use crate::gateway::rdma::{Admission, Failure, Label, Rdma, RegBuf, TakeError};
+use crate::gateway::stream::{self, ReadFailure};
 
 /// The TCP peer of an HTTP request, put into its extensions by the
 /// connection's service (`main.rs`).
@@ -66,22 +67,48 @@ const TOKEN: &str = "x-amz-rdma-token";
 const REPLY: HeaderName = HeaderName::from_static("x-amz-rdma-reply");
 /// Bytes the transfer moved.
 const BYTES: HeaderName = HeaderName::from_static("x-amz-rdma-bytes-transferred");
+/// The CRC64/NVME of the bytes an RDMA GET wrote (base64), when asked.
+const RDMA_CRC64NVME: HeaderName = HeaderName::from_static("x-amz-rdma-checksum-crc64nvme");
 
-/// Drops a token request's checksums: they describe its empty HTTP body,
-/// not the bytes RDMA moved (docs/protocol.md), which the backend would
-/// otherwise check them against. PutObject and UploadPart inputs have the
-/// same fields by other types.
-macro_rules! clear_checksums {
-    ($input:expr) => {
-        $input.content_md5 = None;
-        $input.checksum_algorithm = None;
-        $input.checksum_crc32 = None;
-        $input.checksum_crc32c = None;
-        $input.checksum_crc64nvme = None;
-        $input.checksum_sha1 = None;
-        $input.checksum_sha256 = None;
-    };
+/// A token request's payload: its checksums (`x-amz-checksum-*`) describe
+/// the bytes RDMA moves, not its empty HTTP body (docs/protocol.md,
+/// "Checksums"). PutObject and UploadPart inputs have the same fields by
+/// other types.
+trait Payload {
+    fn body(&mut self) -> &mut Option<StreamingBlob>;
+    fn content_length(&mut self) -> &mut Option<i64>;
+    /// What the client declared of the payload.
+    fn declared(&self) -> Checksum;
+    /// Content-MD5 describes the empty HTTP body: dropped.
+    fn drop_md5(&mut self);
 }
+
+macro_rules! payload {
+    ($($ty:ty),*) => {$(
+        impl Payload for $ty {
+            fn body(&mut self) -> &mut Option<StreamingBlob> {
+                &mut self.body
+            }
+            fn content_length(&mut self) -> &mut Option<i64> {
+                &mut self.content_length
+            }
+            fn declared(&self) -> Checksum {
+                Checksum {
+                    checksum_crc32: self.checksum_crc32.clone(),
+                    checksum_crc32c: self.checksum_crc32c.clone(),
+                    checksum_crc64nvme: self.checksum_crc64nvme.clone(),
+                    checksum_sha1: self.checksum_sha1.clone(),
+                    checksum_sha256: self.checksum_sha256.clone(),
+                    ..Checksum::default()
+                }
+            }
+            fn drop_md5(&mut self) {
+                self.content_md5 = None;
+            }
+        }
+    )*};
+}
+payload!(PutObjectInput, UploadPartInput);
 
 /// A backend, with the RDMA paths in front.
 pub struct RdmaS3 {
@@ -247,7 +274,10 @@ impl RdmaS3 {
         Ask::Decline(why)
     }
 
-    /// GetObject with a usable token.
+    /// GetObject with a usable token: the backend's answer (or range),
+    /// WRITTEN to the client in chunks as the backend gives them
+    /// ([`stream::write_chunks`]), with the CRC64/NVME of the bytes written
+    /// in the reply when the request asks for checksums.
     async fn get_by_rdma(
         &self,
         req: S3Request<GetObjectInput>,
@@ -255,6 +285,7 @@ impl RdmaS3 {
         what: String,
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let arrived = Instant::now();
+        let verify = wants_checksum(&req.headers);
         let (token, rdma, source) = (job.token, job.rdma.clone(), job.source);
         let file = self.backend.object_file(&req.input.bucket, &req.input.key);
         let mut resp = self.backend_get(req).await.map_err(echo_status)?;
@@ -264,78 +295,78 @@ impl RdmaS3 {
             .and_then(|n| u64::try_from(n).ok())
             .ok_or_else(|| failed("the backend gave no content length".into()))?;
         let len = length.min(token.length);
+        if let Err(TakeError::TooLarge(why)) = rdma.check_len(len) {
+            // Declined: the object goes in the body, as without a token.
+            eprintln!("hipobj-s3-server: GET {what}: declined {TOKEN}: {why}");
+            resp.headers.insert(REPLY, HeaderValue::from(501u16));
+            return Ok(resp);
+        }
         let want = usize::try_from(len)
             .map_err(|_| failed(format!("{len} bytes do not fit this machine's memory")))?;
-        let taken = job
-            .blocking({
-                let rdma = rdma.clone();
-                move || rdma.take(want)
-            })
-            .await
-            .map_err(failed)?;
-        let mut buf = match taken {
-            Ok(buf) => buf,
-            Err(TakeError::TooLarge(why)) => {
-                // Declined: the object goes in the body, as without a token.
-                eprintln!("hipobj-s3-server: GET {what}: declined {TOKEN}: {why}");
-                resp.headers.insert(REPLY, HeaderValue::from(501u16));
-                return Ok(resp);
-            }
-            Err(e) => return Err(take_failed(e)),
-        };
         // The backend's body comes in 4 KiB reads, each a trip through the
-        // runtime's blocking pool: under load, seconds for a few MiB. The
-        // object's file is read in one blocking call instead, where the
-        // backend's answer (length, range) says which bytes it holds.
+        // runtime's blocking pool: under load, seconds for a few MiB. A
+        // backend that keeps the object in a file of its own has it read in
+        // chunk-sized blocking calls instead, where its answer (length,
+        // range) says which bytes it holds.
         let (first, total) = span(&resp.output, length);
-        let filled = match (file, resp.output.body.take()) {
-            (Some(path), _) => {
-                let (n, back) = job
-                    .blocking(move || {
-                        let n = read_file(&path, first, total, &mut buf.bytes_mut()[..want]);
-                        (n, buf)
-                    })
-                    .await
-                    .map_err(failed)?;
-                buf = back;
-                n
-            }
-            (None, Some(mut body)) => fill(&mut body, &mut buf.bytes_mut()[..want]).await,
-            (None, None) => Ok(0),
+        let bytes_from = match (file, resp.output.body.take()) {
+            (Some(path), _) => Source::File {
+                path,
+                first,
+                total,
+                file: None,
+            },
+            (None, Some(body)) => Source::Body {
+                body,
+                pending: Bytes::new(),
+            },
+            (None, None) => Source::Body {
+                body: StreamingBlob::from(s3s::Body::empty()),
+                pending: Bytes::new(),
+            },
         };
-        match filled {
-            Ok(n) if n == want => {}
-            other => {
-                rdma.give_back(buf);
-                let why = match other {
-                    Err(e) => e,
-                    Ok(n) => format!("the object ended after {n} of {want} bytes"),
-                };
-                return Err(failed(format!("reading {what}: {why}")));
-            }
-        }
+        let (chunk_tx, chunk_rx) = std::sync::mpsc::channel();
+        let (free_tx, mut free_rx) = tokio::sync::mpsc::unbounded_channel();
         let principal = job.principal.clone();
-        let (outcome, kept) = job
-            .blocking({
-                let rdma = rdma.clone();
-                move || {
-                    let label = Label {
-                        op: "GET",
-                        object: &what,
-                        source,
-                        principal: &principal,
-                        arrived,
-                    };
-                    rdma.write_to_client(&token, buf, len, &label)
-                }
-            })
-            .await
-            .map_err(failed)?;
-        if let Some(buf) = kept {
+        let writing = job.blocking({
+            let rdma = rdma.clone();
+            let what = what.clone();
+            move || {
+                let label = Label {
+                    op: "GET",
+                    object: &what,
+                    source,
+                    principal: &principal,
+                    arrived,
+                };
+                stream::write_chunks(&rdma, &token, len, &label, &chunk_rx, &free_tx)
+            }
+        });
+        let filling = fill_chunks(&job, bytes_from, want, verify, chunk_tx, &mut free_rx);
+        let (written, filled) = tokio::join!(writing, filling);
+        // Buffers the writer handed back: to the pool.
+        free_rx.close();
+        while let Ok(buf) = free_rx.try_recv() {
             rdma.give_back(buf);
         }
-        outcome.map_err(transfer_failed)?;
+        let crc = match filled {
+            Ok(crc) => crc,
+            Err(Fill::NoBuffer(e)) => return Err(take_failed(e)),
+            Err(Fill::Failed(why)) => {
+                return Err(failed(format!("reading {what} from the backend: {why}")))
+            }
+            // The writer ended first: its outcome says why.
+            Err(Fill::WriterGone) => None,
+        };
+        written.map_err(failed)?.map_err(transfer_failed)?;
         resp.output.content_length = Some(0);
+        // The object's checksums describe an HTTP body, which is empty here.
+        resp.output.checksum_crc32 = None;
+        resp.output.checksum_crc32c = None;
+        resp.output.checksum_crc64nvme = None;
+        resp.output.checksum_sha1 = None;
+        resp.output.checksum_sha256 = None;
+        resp.output.checksum_type = None;
         // s3s answers 206 exactly when there is a Content-Range.
         let status: u16 = if resp.output.content_range.is_some() {
             206
@@ -344,22 +375,38 @@ impl RdmaS3 {
         };
         resp.headers.insert(REPLY, HeaderValue::from(status));
         resp.headers.insert(BYTES, HeaderValue::from(len));
+        if let Some(crc) = crc {
+            resp.headers.insert(
+                RDMA_CRC64NVME,
+                HeaderValue::from_str(&crc).map_err(|e| failed(e.to_string()))?,
+            );
+        }
         Ok(resp)
     }
 
-    /// Drains a PUT's (empty) body, which checks its signed hash, then READs
-    /// the token's range from the client: the object's bytes, in the
-    /// transfer's own buffer (no copy), which goes back to the memory budget
-    /// once the backend has stored them.
-    async fn read_by_rdma(
+    /// PutObject or UploadPart with a usable token: drains the (empty)
+    /// body, which checks its signed hash, then READs the token's range
+    /// from the client in chunks ([`stream::read_chunks`]) and hands them
+    /// to `store` (the backend's operation) as the request's body while
+    /// they come, each in its transfer buffer (no copy). The bytes are
+    /// checked against the request's `x-amz-checksum-*`: a mismatch is 400
+    /// BadDigest and the backend never sees the whole body, so it stores
+    /// nothing.
+    async fn put_by_rdma<I, O, F, Fut>(
         &self,
-        body: Option<StreamingBlob>,
+        mut req: S3Request<I>,
         job: Job,
         what: String,
-    ) -> S3Result<Bytes> {
+        store: F,
+    ) -> S3Result<S3Response<O>>
+    where
+        I: Payload,
+        F: FnOnce(S3Request<I>) -> Fut,
+        Fut: std::future::Future<Output = S3Result<S3Response<O>>>,
+    {
         let arrived = Instant::now();
         let (token, rdma, source) = (job.token, job.rdma.clone(), job.source);
-        if let Some(mut body) = body {
+        if let Some(mut body) = req.input.body().take() {
             while let Some(chunk) = body.next().await {
                 let chunk = chunk.map_err(|e| {
                     with_reply(
@@ -378,15 +425,25 @@ impl RdmaS3 {
                 }
             }
         }
+        rdma.check_len(token.length).map_err(take_failed)?;
         let len = usize::try_from(token.length).map_err(|_| {
             failed(format!(
                 "{} bytes do not fit this machine's memory",
                 token.length
             ))
         })?;
+        let declared = stream::Declared {
+            expected: req.input.declared(),
+        };
+        req.input.drop_md5();
+        // Trailing checksums, like Content-MD5, describe the empty HTTP body.
+        req.trailing_headers = None;
+        let (chunk, depth) = (rdma.chunk_bytes(), rdma.chunks());
+        let (tx, body) = stream::ChunkStream::new(len, depth);
+        *req.input.body() = Some(StreamingBlob::new(body));
+        *req.input.content_length() = i64::try_from(len).ok();
         let principal = job.principal.clone();
-        job.blocking(move || {
-            let buf = rdma.take(len).map_err(take_failed)?;
+        let reading = job.blocking(move || {
             let label = Label {
                 op: "PUT",
                 object: &what,
@@ -394,48 +451,196 @@ impl RdmaS3 {
                 principal: &principal,
                 arrived,
             };
-            match rdma.read_from_client(&token, buf, &label) {
-                (Ok(()), Some(buf)) => Ok(Bytes::from_owner(Lent {
-                    buf: Some(buf),
-                    rdma: rdma.clone(),
-                    len,
-                })),
-                // A successful transfer always gives its buffer back.
-                (Ok(()), None) => Err(failed("the transfer kept its buffer".to_owned())),
-                (Err(e), kept) => {
-                    if let Some(buf) = kept {
-                        rdma.give_back(buf);
-                    }
-                    Err(transfer_failed(e))
-                }
+            stream::read_chunks(&rdma, &token, &label, chunk, depth, &declared, &tx)
+        });
+        let (read, stored) = tokio::join!(reading, store(req));
+        match read.map_err(failed)? {
+            Ok(_) => {
+                let mut resp = stored.map_err(echo_status)?;
+                resp.headers.insert(REPLY, HeaderValue::from(200u16));
+                resp.headers.insert(BYTES, HeaderValue::from(len));
+                Ok(resp)
             }
-        })
-        .await
-        .map_err(failed)?
+            Err(ReadFailure::Digest(why)) => Err(with_reply(
+                s3_error!(BadDigest, "{why}; nothing was stored"),
+                400,
+            )),
+            Err(ReadFailure::Transfer(f)) => Err(transfer_failed(f)),
+            Err(ReadFailure::NoBuffer(e)) => Err(take_failed(e)),
+            Err(ReadFailure::BackendGone) => match stored {
+                Err(e) => Err(echo_status(e)),
+                Ok(_) => Err(failed(
+                    "the backend answered before it took the whole body".to_owned(),
+                )),
+            },
+        }
     }
 }
 
-/// A PUT's bytes as they arrived, in the transfer's registered buffer, lent
-/// to the backend; the buffer goes back to the server's memory budget when
-/// the backend lets go of them.
-struct Lent {
-    buf: Option<crate::gateway::rdma::RegBuf>,
-    rdma: Arc<Rdma>,
-    len: usize,
+/// Whether a GetObject asks for checksums (`x-amz-checksum-mode:
+/// ENABLED`): an RDMA reply then carries the CRC64/NVME of the bytes
+/// written.
+fn wants_checksum(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-amz-checksum-mode")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("ENABLED"))
 }
 
-impl AsRef<[u8]> for Lent {
-    fn as_ref(&self) -> &[u8] {
-        self.buf
-            .as_ref()
-            .map_or(&[], |buf| &buf.bytes()[..self.len])
+/// Where a GET's bytes come from.
+enum Source {
+    /// The object's file (its answer's bytes start at `first` of it, which
+    /// must be `total` bytes long); opened at the first chunk.
+    File {
+        path: std::path::PathBuf,
+        first: u64,
+        total: u64,
+        file: Option<std::fs::File>,
+    },
+    /// The backend's stream, and what is left of its last piece.
+    Body { body: StreamingBlob, pending: Bytes },
+}
+
+/// Why a GET's chunks stopped.
+enum Fill {
+    /// No buffer: declined, no room or failed.
+    NoBuffer(TakeError),
+    /// The backend's bytes failed or ended short.
+    Failed(String),
+    /// The writer ended (its outcome says why).
+    WriterGone,
+}
+
+/// Fills chunks of `want` bytes from `source` into buffers of the budget
+/// (new ones while fewer than `--rdma-chunks` are held, else those the
+/// writer hands back through `free`) and hands each to the writer, then
+/// [`Chunk::Done`](stream::Chunk::Done). Returns the CRC64/NVME of the
+/// bytes (base64, as S3 writes it) when `verify`.
+async fn fill_chunks(
+    job: &Job,
+    mut source: Source,
+    want: usize,
+    verify: bool,
+    writer: std::sync::mpsc::Sender<stream::Chunk>,
+    free: &mut tokio::sync::mpsc::UnboundedReceiver<RegBuf>,
+) -> Result<Option<String>, Fill> {
+    let rdma = &job.rdma;
+    let chunk = rdma.chunk_bytes();
+    let depth = rdma.chunks();
+    let mut hasher = verify.then(|| s3s::checksum::ChecksumHasher {
+        crc64nvme: Some(Default::default()),
+        ..Default::default()
+    });
+    let mut held = 0usize;
+    let mut offset = 0usize;
+    while offset < want {
+        let n = (want - offset).min(chunk);
+        let buf = match free.try_recv() {
+            Ok(buf) => buf,
+            Err(_) if held < depth => {
+                let size = chunk.min(want);
+                let rdma = rdma.clone();
+                let taken = job
+                    .blocking(move || rdma.take(size))
+                    .await
+                    .map_err(Fill::Failed)?;
+                held += 1;
+                taken.map_err(Fill::NoBuffer)?
+            }
+            Err(_) => free.recv().await.ok_or(Fill::WriterGone)?,
+        };
+        let (got, buf, rest) = fill_one(job, source, buf, offset, n).await?;
+        source = rest;
+        if let Err(e) = got {
+            rdma.give_back(buf);
+            return Err(Fill::Failed(e));
+        }
+        if let Some(hasher) = &mut hasher {
+            hasher.update(&buf.bytes()[..n]);
+        }
+        let data = stream::Chunk::Data {
+            buf,
+            offset: offset as u64,
+            len: n,
+        };
+        if let Err(back) = writer.send(data) {
+            if let stream::Chunk::Data { buf, .. } = back.0 {
+                rdma.give_back(buf);
+            }
+            return Err(Fill::WriterGone);
+        }
+        offset += n;
     }
+    writer
+        .send(stream::Chunk::Done)
+        .map_err(|_| Fill::WriterGone)?;
+    Ok(hasher.and_then(|h| h.finalize().checksum_crc64nvme))
 }
 
-impl Drop for Lent {
-    fn drop(&mut self) {
-        if let Some(buf) = self.buf.take() {
-            self.rdma.give_back(buf);
+/// A chunk filled, how, and where the next one comes from.
+type Filled = (Result<(), String>, RegBuf, Source);
+
+/// Fills the first `n` bytes of `buf` with the bytes at `offset` of the
+/// answer.
+async fn fill_one(
+    job: &Job,
+    source: Source,
+    mut buf: RegBuf,
+    offset: usize,
+    n: usize,
+) -> Result<Filled, Fill> {
+    match source {
+        Source::File {
+            path,
+            first,
+            total,
+            file,
+        } => {
+            let (got, buf, path, file) = job
+                .blocking(move || {
+                    let out = &mut buf.bytes_mut()[..n];
+                    match read_chunk(&path, file, first, total, offset, out) {
+                        Ok(file) => (Ok(()), buf, path, Some(file)),
+                        Err(e) => (Err(e), buf, path, None),
+                    }
+                })
+                .await
+                .map_err(Fill::Failed)?;
+            let rest = Source::File {
+                path,
+                first,
+                total,
+                file,
+            };
+            Ok((got, buf, rest))
+        }
+        Source::Body {
+            mut body,
+            mut pending,
+        } => {
+            let out = &mut buf.bytes_mut()[..n];
+            let mut filled = 0;
+            let mut got = Ok(());
+            while filled < n {
+                if pending.is_empty() {
+                    match body.next().await {
+                        Some(Ok(piece)) => pending = piece,
+                        Some(Err(e)) => {
+                            got = Err(e.to_string());
+                            break;
+                        }
+                        None => {
+                            got = Err(format!("the object ended after {} bytes", offset + filled));
+                            break;
+                        }
+                    }
+                }
+                let k = pending.len().min(n - filled);
+                out[filled..filled + k].copy_from_slice(&pending[..k]);
+                pending = pending.slice(k..);
+                filled += k;
+            }
+            Ok((got, buf, Source::Body { body, pending }))
         }
     }
 }
@@ -464,43 +669,39 @@ fn span(output: &GetObjectOutput, length: u64) -> (u64, u64) {
     parsed.unwrap_or((0, length))
 }
 
-/// Reads `out.len()` bytes at `first` of the file at `path`, which must be
-/// `total` bytes long (else the object changed since the backend looked:
-/// an error, and the request fails); returns how many it read.
-fn read_file(path: &Path, first: u64, total: u64, out: &mut [u8]) -> Result<usize, String> {
+/// Reads `out.len()` bytes at `first + offset` of the file at `path`
+/// (opened now unless `file` is it already), which must be `total` bytes
+/// long (else the object changed since the backend looked: an error, and
+/// the request fails); returns the open file.
+fn read_chunk(
+    path: &Path,
+    file: Option<std::fs::File>,
+    first: u64,
+    total: u64,
+    offset: usize,
+    out: &mut [u8],
+) -> Result<std::fs::File, String> {
     use std::os::unix::fs::FileExt;
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let now = file
-        .metadata()
-        .map_err(|e| format!("{}: {e}", path.display()))?
-        .len();
-    if now != total {
-        return Err(format!(
-            "{} is {now} bytes, the backend said {total}: it changed meanwhile",
-            path.display()
-        ));
-    }
-    file.read_exact_at(out, first)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(out.len())
-}
-
-/// Copies the first `out.len()` bytes of `body` into `out`; returns how
-/// many there were.
-async fn fill(body: &mut StreamingBlob, out: &mut [u8]) -> Result<usize, String> {
-    let mut filled = 0;
-    while filled < out.len() {
-        match body.next().await {
-            Some(Ok(chunk)) => {
-                let n = chunk.len().min(out.len() - filled);
-                out[filled..filled + n].copy_from_slice(&chunk[..n]);
-                filled += n;
+    let file = match file {
+        Some(file) => file,
+        None => {
+            let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let now = file
+                .metadata()
+                .map_err(|e| format!("{}: {e}", path.display()))?
+                .len();
+            if now != total {
+                return Err(format!(
+                    "{} is {now} bytes, the backend said {total}: it changed meanwhile",
+                    path.display()
+                ));
             }
-            Some(Err(e)) => return Err(e.to_string()),
-            None => break,
+            file
         }
-    }
-    Ok(filled)
+    };
+    file.read_exact_at(out, first + offset as u64)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(file)
 }
 
 /// `e` answered with `x-amz-rdma-reply: status`.
@@ -592,7 +793,7 @@ macro_rules! rdma_s3 {
 
             async fn put_object(
                 &self,
-                mut req: S3Request<PutObjectInput>,
+                req: S3Request<PutObjectInput>,
             ) -> S3Result<S3Response<PutObjectOutput>> {
                 self.check_region(&req)?;
                 let what = object(&req.input.bucket, &req.input.key);
@@ -602,21 +803,13 @@ macro_rules! rdma_s3 {
                     Ask::Busy(why) => return Err(slow_down(&why)),
                     Ask::Rdma(job) => job,
                 };
-                let body = req.input.body.take();
-                let data = self.read_by_rdma(body, job, what).await?;
-                let len = data.len();
-                req.input.content_length = i64::try_from(len).ok();
-                req.input.body = Some(StreamingBlob::from(s3s::Body::from(data)));
-                clear_checksums!(req.input);
-                let mut resp = self.backend.put_object(req).await.map_err(echo_status)?;
-                resp.headers.insert(REPLY, HeaderValue::from(200u16));
-                resp.headers.insert(BYTES, HeaderValue::from(len));
-                Ok(resp)
+                let backend = &self.backend;
+                self.put_by_rdma(req, job, what, |req| backend.put_object(req)).await
             }
 
             async fn upload_part(
                 &self,
-                mut req: S3Request<UploadPartInput>,
+                req: S3Request<UploadPartInput>,
             ) -> S3Result<S3Response<UploadPartOutput>> {
                 self.check_region(&req)?;
                 let what = format!(
@@ -630,16 +823,8 @@ macro_rules! rdma_s3 {
                     Ask::Busy(why) => return Err(slow_down(&why)),
                     Ask::Rdma(job) => job,
                 };
-                let body = req.input.body.take();
-                let data = self.read_by_rdma(body, job, what).await?;
-                let len = data.len();
-                req.input.content_length = i64::try_from(len).ok();
-                req.input.body = Some(StreamingBlob::from(s3s::Body::from(data)));
-                clear_checksums!(req.input);
-                let mut resp = self.backend.upload_part(req).await.map_err(echo_status)?;
-                resp.headers.insert(REPLY, HeaderValue::from(200u16));
-                resp.headers.insert(BYTES, HeaderValue::from(len));
-                Ok(resp)
+                let backend = &self.backend;
+                self.put_by_rdma(req, job, what, |req| backend.upload_part(req)).await
             }
 
             $(
@@ -704,16 +889,36 @@ mod tests {
         let bytes: Vec<u8> = (0..=255).collect();
         std::fs::write(&path, &bytes).unwrap();
         let mut out = [0u8; 16];
-        assert_eq!(read_file(&path, 100, 256, &mut out), Ok(16));
+        let file = read_chunk(&path, None, 100, 256, 0, &mut out).expect("read");
         assert_eq!(out[..], bytes[100..116]);
-        let changed = read_file(&path, 0, 300, &mut out).unwrap_err();
+        read_chunk(&path, Some(file), 100, 256, 16, &mut out).expect("the next chunk");
+        assert_eq!(out[..], bytes[116..132]);
+        let changed = read_chunk(&path, None, 0, 300, 0, &mut out).unwrap_err();
         assert!(changed.contains("changed meanwhile"), "{changed}");
         assert!(
-            read_file(&path, 250, 256, &mut out).is_err(),
+            read_chunk(&path, None, 250, 256, 0, &mut out).is_err(),
             "past the end"
         );
-        assert!(read_file(&dir.join("gone"), 0, 1, &mut out).is_err());
+        assert!(read_chunk(&dir.join("gone"), None, 0, 1, 0, &mut out).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Copies the first `out.len()` bytes of `body` into `out`; returns how
+    /// many there were.
+    async fn fill(body: &mut StreamingBlob, out: &mut [u8]) -> Result<usize, String> {
+        let mut filled = 0;
+        while filled < out.len() {
+            match body.next().await {
+                Some(Ok(chunk)) => {
+                    let n = chunk.len().min(out.len() - filled);
+                    out[filled..filled + n].copy_from_slice(&chunk[..n]);
+                    filled += n;
+                }
+                Some(Err(e)) => return Err(e.to_string()),
+                None => break,
+            }
+        }
+        Ok(filled)
     }
 
     /// A bound no answer that comes "at once" gets near, far below the
@@ -877,6 +1082,8 @@ mod tests {
             max_connections_per_client: 64,
             max_requests: CAP,
             connect_timeout: slow,
+            chunk_bytes: 1 << 20,
+            chunks: 2,
         };
         let fake = Fake::new("cap", limits, slow);
         let (s3, rdma) = (fake.s3.clone(), fake.rdma.clone());
@@ -925,14 +1132,18 @@ mod tests {
         assert_eq!(rdma.requests_in_progress(), 0, "every place given back");
     }
 
-    /// With the default limits for a memory budget, a token longer than
-    /// the budget holds is declined naming `--rdma-max-bytes`, the limit
-    /// that applies, and the server's budget is untouched.
+    /// A token longer than `--rdma-max-bytes` is declined naming it, and
+    /// the server's budget is untouched.
     #[test]
-    fn a_token_longer_than_the_budget_holds_is_declined_for_rdma_max_bytes() {
+    fn a_token_longer_than_rdma_max_bytes_is_declined_naming_it() {
         use crate::gateway::cli::tests::{args, required};
         let mut list = required();
-        list.extend(["--rdma-memory-bytes", "1048576"]);
+        list.extend([
+            "--rdma-memory-bytes",
+            "1048576",
+            "--rdma-max-bytes",
+            "1048576",
+        ]);
         let o = crate::gateway::cli::parse(&args(&list)).unwrap().unwrap();
         let fake = Fake::new("max", o.limits(), o.rdma_timeout);
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -952,5 +1163,209 @@ mod tests {
         assert_eq!(fake.rdma.memory_in_use(), 0);
         assert_eq!(fake.rdma.requests_in_progress(), 0);
         assert!(!fake.root.join(BUCKET).join("long").exists());
+    }
+
+    /// Limits whose memory budget is smaller than the objects below: a
+    /// transfer fits only because it moves in chunks.
+    fn small_budget() -> Limits {
+        Limits {
+            allow: Vec::new(),
+            max_bytes: 1 << 30,
+            memory_bytes: 16 << 10,
+            max_connections: 64,
+            max_connections_per_client: 64,
+            max_requests: 8,
+            connect_timeout: Duration::from_secs(5),
+            chunk_bytes: 4096,
+            chunks: 2,
+        }
+    }
+
+    /// A client instance on the fake world's client device with a host
+    /// buffer of `len` bytes (filled with `fill`), registered.
+    fn client(world: &World, len: usize, fill: u8) -> (crate::core::Current, Box<[u8]>) {
+        use crate::core::args::BufferRange;
+        let current = crate::core::Current::new();
+        let config = crate::core::Config {
+            gpu_device: 0,
+            ..crate::core::Config::default()
+        };
+        current
+            .init_with(world.platform(), config, crate::core::Options::default())
+            .expect("init on the fake platform");
+        let buf = vec![fill; len].into_boxed_slice();
+        current
+            .instance()
+            .unwrap()
+            .register(
+                BufferRange::new(buf.as_ptr().expose_provenance(), len).unwrap(),
+                true,
+            )
+            .expect("client buffer registered");
+        (current, buf)
+    }
+
+    /// One transfer of the client's whole buffer in `direction`, its S3
+    /// request made by `request` from the token's header value and sent
+    /// to the gateway; returns the gateway's answer (headers, or error).
+    fn transfer<O: Send + 'static>(
+        current: &crate::core::Current,
+        buf: &[u8],
+        direction: crate::core::args::Direction,
+        mut request: impl FnMut(String) -> S3Result<S3Response<O>>,
+    ) -> (crate::core::Result<()>, Option<S3Result<HeaderMap>>) {
+        use crate::core::args::Slice;
+        let slice = Slice::new(buf.as_ptr().expose_provenance(), buf.len(), 0).unwrap();
+        let mut answer = None;
+        let mut s3 = crate::testing::world::Scripted::new(|t: &Token| {
+            let header = String::from_utf8(t.to_hex().to_vec()).unwrap();
+            let got = request(header);
+            let reply = match &got {
+                Ok(resp) => resp.headers.get(REPLY).cloned(),
+                Err(e) => e.headers().and_then(|h| h.get(REPLY)).cloned(),
+            };
+            answer = Some(got.map(|r| r.headers));
+            reply.map_or(b"500".to_vec(), |r| r.as_bytes().to_vec())
+        });
+        let moved = current
+            .instance()
+            .unwrap()
+            .transfer(direction, slice, &mut s3);
+        (moved, answer)
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// An object longer than the memory budget is written to the client
+    /// in chunks, whole and byte for byte, and so is a range of it; asked
+    /// for checksums, the reply carries the CRC64/NVME of the bytes
+    /// written (pinned by the standard check value of "123456789").
+    #[test]
+    fn a_get_longer_than_the_budget_moves_in_chunks_with_the_crc_of_its_bytes() {
+        use crate::core::args::Direction;
+        let fake = Fake::new("chunks-get", small_budget(), Duration::from_secs(10));
+        let rt = runtime();
+        let object: Vec<u8> = (0..50_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        rt.block_on(plain_put_and_get(&fake.s3, "big", &object));
+        rt.block_on(plain_put_and_get(&fake.s3, "check", b"123456789"));
+        let (current, buf) = client(&fake.world, 64 << 10, 0xee);
+        let (moved, answer) = transfer(&current, &buf, Direction::Get, |token| {
+            let mut req = get("big", Some(&token));
+            req.headers
+                .insert("x-amz-checksum-mode", HeaderValue::from_static("ENABLED"));
+            rt.block_on(fake.s3.get_object(req))
+        });
+        moved.expect("the GET");
+        let headers = answer.unwrap().expect("answered 200");
+        assert_eq!(headers.get(BYTES).unwrap(), "50000");
+        assert_eq!(&buf[..object.len()], &object[..], "byte for byte");
+        assert!(
+            buf[object.len()..].iter().all(|&b| b == 0xee),
+            "past the object"
+        );
+        let mut crc = s3s::checksum::ChecksumHasher {
+            crc64nvme: Some(Default::default()),
+            ..Default::default()
+        };
+        crc.update(&object);
+        let crc = crc.finalize().checksum_crc64nvme.unwrap();
+        assert_eq!(headers.get(RDMA_CRC64NVME).unwrap().to_str().unwrap(), crc);
+        // The check value.
+        let (moved, answer) = transfer(&current, &buf, Direction::Get, |token| {
+            let mut req = get("check", Some(&token));
+            req.headers
+                .insert("x-amz-checksum-mode", HeaderValue::from_static("enabled"));
+            rt.block_on(fake.s3.get_object(req))
+        });
+        moved.expect("the GET");
+        let headers = answer.unwrap().expect("answered 200");
+        assert_eq!(headers.get(RDMA_CRC64NVME).unwrap(), "rosUhgp5mIg=");
+        // A range, and no checksum unasked.
+        let (moved, answer) = transfer(&current, &buf, Direction::Get, |token| {
+            let mut req = get("big", Some(&token));
+            req.input.range = Some(Range::Int {
+                first: 1000,
+                last: Some(30_999),
+            });
+            rt.block_on(fake.s3.get_object(req))
+        });
+        moved.expect("the ranged GET");
+        let headers = answer.unwrap().expect("answered 206");
+        assert_eq!(headers.get(REPLY).unwrap(), "206");
+        assert_eq!(&buf[..30_000], &object[1000..31_000]);
+        assert!(headers.get(RDMA_CRC64NVME).is_none());
+        assert_eq!(fake.rdma.memory_in_use(), 0, "every chunk given back");
+        assert_eq!(fake.rdma.requests_in_progress(), 0);
+    }
+
+    /// A PUT longer than the memory budget is read in chunks and stored
+    /// whole when its bytes match the client's checksum; when they do not,
+    /// it is answered 400 BadDigest (`x-amz-rdma-reply: 400`) and nothing
+    /// is stored: neither a new object nor over an old one.
+    #[test]
+    fn a_put_is_stored_only_when_its_bytes_match_the_client_s_checksum() {
+        use crate::core::args::Direction;
+        let fake = Fake::new("chunks-put", small_budget(), Duration::from_secs(10));
+        let rt = runtime();
+        let (current, buf) = client(&fake.world, 40_000, 0x3c);
+        let mut crc = s3s::checksum::ChecksumHasher {
+            crc64nvme: Some(Default::default()),
+            crc32c: Some(Default::default()),
+            ..Default::default()
+        };
+        crc.update(&buf);
+        let right = crc.finalize();
+        let wrong = "AAAAAAAAAAA=".to_owned();
+        let path = fake.root.join(BUCKET).join("object");
+        for (what, crc64, crc32c) in [
+            ("a wrong CRC64NVME", Some(wrong.clone()), None),
+            ("a wrong CRC32C", None, Some("AAAAAA==".to_owned())),
+        ] {
+            let (_, answer) = transfer(&current, &buf, Direction::Put, |token| {
+                let mut req = put("object", b"", Some(&token));
+                req.input.checksum_crc64nvme = crc64.clone();
+                req.input.checksum_crc32c = crc32c.clone();
+                rt.block_on(fake.s3.put_object(req))
+            });
+            let e = answer.unwrap().expect_err(what);
+            assert_eq!(*e.code(), s3s::S3ErrorCode::BadDigest, "{what}: {e:?}");
+            let reply = e.headers().and_then(|h| h.get(REPLY)).cloned();
+            assert_eq!(reply, Some(HeaderValue::from(400u16)), "{what}");
+            assert!(!path.exists(), "{what}: nothing stored");
+        }
+        let (moved, answer) = transfer(&current, &buf, Direction::Put, |token| {
+            let mut req = put("object", b"", Some(&token));
+            req.input.checksum_crc64nvme = right.checksum_crc64nvme.clone();
+            req.input.checksum_crc32c = right.checksum_crc32c.clone();
+            rt.block_on(fake.s3.put_object(req))
+        });
+        moved.expect("the PUT");
+        answer.unwrap().expect("stored");
+        assert_eq!(std::fs::read(&path).unwrap(), &buf[..]);
+        // Over the object now: a mismatch leaves it as it was.
+        let (other, other_buf) = client(&fake.world, 40_000, 0x77);
+        let (_, answer) = transfer(&other, &other_buf, Direction::Put, |token| {
+            let mut req = put("object", b"", Some(&token));
+            req.input.checksum_crc64nvme = right.checksum_crc64nvme.clone();
+            rt.block_on(fake.s3.put_object(req))
+        });
+        let e = answer
+            .unwrap()
+            .expect_err("the other bytes' checksum differs");
+        assert_eq!(*e.code(), s3s::S3ErrorCode::BadDigest, "{e:?}");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            &buf[..],
+            "the old object intact"
+        );
+        assert_eq!(fake.rdma.memory_in_use(), 0, "every chunk given back");
+        assert_eq!(fake.rdma.requests_in_progress(), 0);
+        drop(other);
     }
 }

@@ -10,6 +10,7 @@
 //! (`ENDPOINT/BUCKET/KEY`), as S3-compatible servers take them. The
 //! `x-amz-rdma-token` header is signed like any other.
 
+pub mod checksum;
 pub mod config;
 pub mod objects;
 
@@ -23,6 +24,7 @@ use aws_sigv4::http_request::{
 use aws_sigv4::sign::v4;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
+pub use checksum::Checksum;
 pub use config::{ConfigError, Credentials, Overrides, S3Config};
 
 /// Characters a path segment or a query value keeps as they are: SigV4's
@@ -299,6 +301,17 @@ pub struct Head {
     pub len: u64,
     /// Its ETag (quoted, as S3 sends it), if the answer had one.
     pub etag: Option<String>,
+}
+
+/// One part of a multipart upload, as CompleteMultipartUpload lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompletedPart {
+    /// From 1.
+    pub number: u32,
+    /// The ETag its UploadPart's answer had.
+    pub etag: String,
+    /// The checksum it was uploaded with, if any.
+    pub checksum: Option<Checksum>,
 }
 
 /// A request's body, read by the HTTP client, with `watch` told as it goes.
@@ -591,10 +604,27 @@ impl S3 {
         Ok(())
     }
 
-    /// `CreateMultipartUpload`: the upload id.
-    pub fn create_multipart_upload(&self, bucket: &str, key: &str) -> Result<String, S3Error> {
+    /// `CreateMultipartUpload`: the upload id. With `full_object_crc64nvme`
+    /// the upload declares CRC-64/NVME of the whole object
+    /// (`x-amz-checksum-algorithm: CRC64NVME`, `x-amz-checksum-type:
+    /// FULL_OBJECT`): then every part carries its CRC and completing it
+    /// the whole object's ([`S3::complete_multipart_upload`]).
+    pub fn create_multipart_upload(
+        &self,
+        bucket: &str,
+        key: &str,
+        full_object_crc64nvme: bool,
+    ) -> Result<String, S3Error> {
         let mut request = Request::new("POST", bucket, Some(key));
         request.query.push(("uploads", String::new()));
+        if full_object_crc64nvme {
+            request
+                .headers
+                .push((checksum::ALGORITHM, "CRC64NVME".to_owned()));
+            request
+                .headers
+                .push((checksum::TYPE, "FULL_OBJECT".to_owned()));
+        }
         let text = self.send(&request)?.success()?.text(64 << 10)?;
         xml_value(&text, "UploadId").ok_or_else(|| S3Error::Response {
             what: request.what(),
@@ -602,24 +632,41 @@ impl S3 {
         })
     }
 
-    /// `CompleteMultipartUpload` of `parts` (number, ETag), in order.
+    /// `CompleteMultipartUpload` of `parts`, in order; with `whole`, the
+    /// whole object's checksum (S3 checks it against the parts' and
+    /// answers 400 BadDigest when it is not theirs).
     pub fn complete_multipart_upload(
         &self,
         bucket: &str,
         key: &str,
         upload_id: &str,
-        parts: &[(u32, String)],
+        parts: &[CompletedPart],
+        whole: Option<Checksum>,
     ) -> Result<(), S3Error> {
         let mut xml = String::from("<CompleteMultipartUpload>");
-        for (number, etag) in parts {
-            let etag = etag.replace('&', "&amp;").replace('<', "&lt;");
+        for part in parts {
+            let etag = part.etag.replace('&', "&amp;").replace('<', "&lt;");
             xml.push_str(&format!(
-                "<Part><PartNumber>{number}</PartNumber><ETag>{etag}</ETag></Part>"
+                "<Part><PartNumber>{}</PartNumber><ETag>{etag}</ETag>",
+                part.number
             ));
+            if let Some(Checksum::Crc64Nvme(crc)) = part.checksum {
+                xml.push_str(&format!(
+                    "<ChecksumCRC64NVME>{}</ChecksumCRC64NVME>",
+                    Checksum::Crc64Nvme(crc).encode()
+                ));
+            }
+            xml.push_str("</Part>");
         }
         xml.push_str("</CompleteMultipartUpload>");
         let mut request = Request::new("POST", bucket, Some(key));
         request.query.push(("uploadId", upload_id.to_owned()));
+        if let Some(whole) = whole {
+            request.headers.push((whole.header(), whole.encode()));
+            request
+                .headers
+                .push((checksum::TYPE, "FULL_OBJECT".to_owned()));
+        }
         request.body = xml.as_bytes();
         let mut response = self.send(&request)?.success()?;
         // S3 may answer 200 with an error in the body.

@@ -12,6 +12,19 @@
 //!   several streams, each with buffers of its own, through a sink or from
 //!   a source (a file, or nothing), multipart above one chunk.
 //!
+//! Bytes are checked by default ([`Policy::verify`], `docs/protocol.md`,
+//! *Checksums*): a PUT or part from host memory carries the CRC-64/NVME of
+//! its bytes (`x-amz-checksum-crc64nvme`, which the server compares with
+//! the bytes it stores; a multipart upload declares a whole-object
+//! CRC-64/NVME and sends it on completion); an RDMA GET into host memory
+//! asks for the server's CRC of the bytes it wrote
+//! (`x-amz-checksum-mode: ENABLED`, answered with
+//! `x-amz-rdma-checksum-crc64nvme`) and compares it with the bytes in the
+//! buffer; a plain answer that holds the whole object is compared with the
+//! checksum it carries. GPU memory is neither checked nor checksummed: the
+//! client cannot read it without a copy. [`Moved::verified`] and
+//! [`Summary::verified`] say what was checked.
+//!
 //! A server answer without `x-amz-rdma-reply` is a server without RDMA: a
 //! 2xx is read as a decline (`501`), anything else as the S3 error it is.
 //! Only a decline (`501`: the server does not do RDMA for this request)
@@ -32,7 +45,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::{Request, Response, S3Error, S3};
+use super::checksum::{self, Checksum, Mismatch};
+use super::{CompletedPart, Request, Response, S3Error, S3};
 use crate::client::{Buffer, Client, ClientError, Route, S3Side};
 
 /// The header that carries the token.
@@ -62,6 +76,83 @@ pub struct Moved {
     pub bytes: u64,
     /// How.
     pub path: Path,
+    /// Whether its bytes were checked.
+    pub verified: Verified,
+}
+
+/// Whether a transfer's bytes were checked against a CRC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verified {
+    /// A GET's bytes matched the CRC the server sent; a PUT carried the
+    /// CRC of its bytes, which the server compares with what it stores.
+    Yes,
+    /// Not checked, and why.
+    No(Unchecked),
+}
+
+/// Why a transfer's bytes were not checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unchecked {
+    /// Verification is off ([`Policy::verify`]).
+    Off,
+    /// The buffer is GPU memory, which the client cannot read without a
+    /// copy: a GET into it is not compared, a PUT from it carries no CRC.
+    Device,
+    /// A plain-HTTP answer carried no checksum of its bytes (S3 sends one
+    /// only with a whole object, and only if the object was stored with
+    /// one).
+    NoChecksum,
+}
+
+impl std::fmt::Display for Unchecked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Unchecked::Off => "verification is off",
+            Unchecked::Device => {
+                "GPU memory is not verified (the client cannot read it without a copy)"
+            }
+            Unchecked::NoChecksum => {
+                "a plain-HTTP answer carried no checksum of its bytes (S3 sends one only with a whole object)"
+            }
+        })
+    }
+}
+
+/// What a transfer may do besides RDMA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// Whether a declined transfer goes over plain HTTP.
+    pub fallback: bool,
+    /// Whether bytes in host memory are checked: a PUT sends their
+    /// CRC-64/NVME, a GET compares them with the server's CRC and fails
+    /// when they differ, or when an RDMA reply carries none (a server that
+    /// does not send `x-amz-rdma-checksum-crc64nvme` needs this off).
+    pub verify: bool,
+}
+
+impl Default for Policy {
+    /// The fallback allowed, bytes verified.
+    fn default() -> Policy {
+        Policy {
+            fallback: true,
+            verify: true,
+        }
+    }
+}
+
+impl Policy {
+    /// The bytes of `span` of `buf` that a transfer checks, or why none. A
+    /// span outside the buffer checks no byte (the client refuses its
+    /// transfer before any request).
+    fn checked<'b>(&self, buf: &'b Buffer, span: Range<usize>) -> Result<&'b [u8], Unchecked> {
+        if !self.verify {
+            return Err(Unchecked::Off);
+        }
+        match buf.as_slice() {
+            Some(bytes) => Ok(bytes.get(span).unwrap_or_default()),
+            None => Err(Unchecked::Device),
+        }
+    }
 }
 
 /// A failed object transfer.
@@ -90,9 +181,40 @@ pub enum TransferError {
         /// The ETag an answer had, if it said.
         found: Option<String>,
     },
+    /// The bytes here are not the bytes the server says it sent: by RDMA,
+    /// the data did not arrive or arrived corrupted; over HTTP, the body
+    /// is not the object's.
+    #[error("{what}: {}", corrupt(.header, .mismatch))]
+    Corrupt {
+        /// The request.
+        what: String,
+        /// The header whose checksum the bytes did not match.
+        header: &'static str,
+        /// Both checksums.
+        mismatch: Mismatch,
+    },
+    /// Verification was asked for, and the server's RDMA reply carried no
+    /// checksum of the bytes it wrote.
+    #[error("{what}: the server's RDMA reply carries no {}, so the bytes it wrote cannot be verified; a server that does not send it needs verification off (the command's --no-verify, Policy::verify in the Rust API)", checksum::RDMA_CRC64NVME)]
+    Unverifiable {
+        /// The request.
+        what: String,
+    },
     /// The transfer was cancelled ([`Cancel::cancel`]).
     #[error("interrupted")]
     Cancelled,
+}
+
+fn corrupt(header: &str, m: &Mismatch) -> String {
+    let claim = if header == checksum::RDMA_CRC64NVME {
+        "the bytes in memory are not the bytes the server says it wrote by RDMA (the data did not arrive, or arrived corrupted)"
+    } else {
+        "the bytes received are not the bytes the server says it sent (corrupted on the way, or not the object's)"
+    };
+    format!(
+        "{claim}: the {} of the {} bytes here is {}, the server's {header} says {}",
+        m.algorithm, m.len, m.found, m.expected
+    )
 }
 
 impl TransferError {
@@ -192,6 +314,10 @@ pub enum Op<'a> {
 pub struct RdmaRequest<'a> {
     object: Object<'a>,
     op: Op<'a>,
+    /// A PUT's or part's checksum of its bytes.
+    checksum: Option<Checksum>,
+    /// A GET's `x-amz-checksum-mode: ENABLED`.
+    ask_checksum: bool,
     response: Option<Response>,
     error: Option<S3Error>,
 }
@@ -202,9 +328,25 @@ impl<'a> RdmaRequest<'a> {
         RdmaRequest {
             object,
             op,
+            checksum: None,
+            ask_checksum: false,
             response: None,
             error: None,
         }
+    }
+
+    /// A PUT or part that carries `checksum` of the bytes it stores (with
+    /// a token, of the bytes the server will READ).
+    pub fn with_checksum(mut self, checksum: Checksum) -> RdmaRequest<'a> {
+        self.checksum = Some(checksum);
+        self
+    }
+
+    /// A GET that asks for the server's checksum
+    /// (`x-amz-checksum-mode: ENABLED`): by RDMA, of the bytes it wrote.
+    pub fn asking_checksum(mut self) -> RdmaRequest<'a> {
+        self.ask_checksum = true;
+        self
     }
 
     /// The request, with `token` if given, and the body `body`.
@@ -223,12 +365,18 @@ impl<'a> RdmaRequest<'a> {
                 if let Some(etag) = self.object.etag {
                     request.headers.push(("if-match", etag.to_owned()));
                 }
+                if self.ask_checksum {
+                    request.headers.push((checksum::MODE, "ENABLED".to_owned()));
+                }
             }
             Op::Put => {}
             Op::Part { upload_id, number } => {
                 request.query.push(("partNumber", number.to_string()));
                 request.query.push(("uploadId", (*upload_id).to_owned()));
             }
+        }
+        if let (Op::Put | Op::Part { .. }, Some(c)) = (&self.op, self.checksum) {
+            request.headers.push((c.header(), c.encode()));
         }
         if let Some(token) = token {
             request.headers.push((TOKEN_HEADER, token.to_owned()));
@@ -383,18 +531,19 @@ impl<'a> Tick<'a> {
 }
 
 /// GETs `range` of `object` into `buf` from `at`, by RDMA, or (when
-/// `fallback`) over plain HTTP if the server declines.
+/// `policy.fallback`) over plain HTTP if the server declines; bytes in
+/// host memory verified when `policy.verify`.
 pub fn get(
     client: &Client,
     object: Object<'_>,
     range: Range<u64>,
     buf: &mut Buffer,
     at: usize,
-    fallback: bool,
+    policy: Policy,
 ) -> Result<Moved, TransferError> {
     let cancel = Cancel::new();
     let tick = Tick::new(&|_| {}, &cancel);
-    get_ticked(client, object, range, buf, at, fallback, &tick)
+    get_ticked(client, object, range, buf, at, policy, &tick)
 }
 
 fn get_ticked(
@@ -403,29 +552,38 @@ fn get_ticked(
     range: Range<u64>,
     buf: &mut Buffer,
     at: usize,
-    fallback: bool,
+    policy: Policy,
     tick: &Tick<'_>,
 ) -> Result<Moved, TransferError> {
     let len = range.end.saturating_sub(range.start);
     let span = at..at + usize::try_from(len).map_err(|_| TransferError::Io("size".into()))?;
     let mut request = RdmaRequest::new(object, Op::Get(range.clone()));
+    if policy.verify && buf.as_slice().is_some() {
+        request = request.asking_checksum();
+    }
     let what = request.request(None, &[]).what();
     let outcome = client.get(buf, span.clone(), &mut request);
     let status = match settle(outcome, &mut request, len).map_err(|e| object.changed(e))? {
         Ok(route) => {
+            let mut verified = Verified::No(Unchecked::Off);
             if let Some(response) = request.response() {
                 object.check_version(&what, response)?;
+                verified = match policy.checked(buf, span) {
+                    Ok(bytes) => verify_rdma(&what, response, bytes)?,
+                    Err(why) => Verified::No(why),
+                };
             }
             tick.upto(len);
             return Ok(Moved {
                 bytes: len,
                 path: Path::Rdma(route),
+                verified,
             });
         }
         Err(status) => status,
     };
     let why = declined(status);
-    if !fallback {
+    if !policy.fallback {
         return Err(TransferError::NoFallback(why));
     }
     // The server that declined a GET sent the object with the decline.
@@ -438,12 +596,62 @@ fn get_ticked(
             .map_err(|e| object.changed(e.into()))?,
     };
     object.check_version(&what, &response)?;
-    land(response, buf, span, tick)?;
+    let sent = checksum::whole_object(&response);
+    land(response, buf, span.clone(), tick)?;
+    let verified = match policy.checked(buf, span) {
+        Ok(bytes) => verify_body(&what, sent, bytes)?,
+        Err(why) => Verified::No(why),
+    };
     client.count_fallback(len);
     Ok(Moved {
         bytes: len,
         path: Path::Fallback(why),
+        verified,
     })
+}
+
+/// Checks the bytes an RDMA GET wrote into host memory against the CRC
+/// its server says it wrote (`x-amz-rdma-checksum-crc64nvme`, required),
+/// and, where the answer holds the whole object, the object's own
+/// checksum.
+fn verify_rdma(what: &str, response: &Response, bytes: &[u8]) -> Result<Verified, TransferError> {
+    let header = checksum::RDMA_CRC64NVME;
+    let value = response
+        .header(header)
+        .ok_or_else(|| TransferError::Unverifiable {
+            what: what.to_owned(),
+        })?;
+    let wrote = Checksum::parse(header, value).ok_or_else(|| S3Error::Response {
+        what: what.to_owned(),
+        why: format!("{header} {value:?} is not base64 of 8 bytes"),
+    })?;
+    checksum::check(wrote, bytes).map_err(|mismatch| TransferError::Corrupt {
+        what: what.to_owned(),
+        header,
+        mismatch,
+    })?;
+    if let Some(stored) = checksum::whole_object(response) {
+        verify_body(what, Some(stored), bytes)?;
+    }
+    Ok(Verified::Yes)
+}
+
+/// Checks bytes received over HTTP against the checksum their answer
+/// carried, if it carried one of them all.
+fn verify_body(
+    what: &str,
+    sent: Option<Checksum>,
+    bytes: &[u8],
+) -> Result<Verified, TransferError> {
+    let Some(sent) = sent else {
+        return Ok(Verified::No(Unchecked::NoChecksum));
+    };
+    checksum::check(sent, bytes).map_err(|mismatch| TransferError::Corrupt {
+        what: what.to_owned(),
+        header: sent.header(),
+        mismatch,
+    })?;
+    Ok(Verified::Yes)
 }
 
 /// Reads a plain GET's body into `span` of `buf`.
@@ -467,46 +675,82 @@ fn land(
 
 /// GETs `range` of `object` over plain HTTP into `out` (its length), with
 /// no library: what a fallback does, and a baseline to compare RDMA with.
+/// With `verify`, an answer that carries the whole object's checksum is
+/// compared with it.
 pub fn get_http(
     object: Object<'_>,
     range: Range<u64>,
     out: &mut [u8],
-) -> Result<(), TransferError> {
+    verify: bool,
+) -> Result<Verified, TransferError> {
     let cancel = Cancel::new();
-    get_plain(object, range, out, &Tick::new(&|_| {}, &cancel))
+    get_plain(object, range, out, verify, &Tick::new(&|_| {}, &cancel))
 }
 
 fn get_plain(
     object: Object<'_>,
     range: Range<u64>,
     out: &mut [u8],
+    verify: bool,
     tick: &Tick<'_>,
-) -> Result<(), TransferError> {
-    let request = RdmaRequest::new(object, Op::Get(range)).request(None, &[]);
+) -> Result<Verified, TransferError> {
+    let mut request = RdmaRequest::new(object, Op::Get(range));
+    if verify {
+        request = request.asking_checksum();
+    }
+    let request = request.request(None, &[]);
     let mut response = object
         .s3
         .send(&request)?
         .success()
         .map_err(|e| object.changed(e.into()))?;
     object.check_version(&request.what(), &response)?;
+    let sent = checksum::whole_object(&response);
     response.read_body_watched(out, &|n| tick.watch(n))?;
-    Ok(())
+    if !verify {
+        return Ok(Verified::No(Unchecked::Off));
+    }
+    verify_body(&request.what(), sent, out)
 }
 
-/// PUTs `bytes` as `object` over plain HTTP, with no library.
-pub fn put_http(object: Object<'_>, bytes: &[u8]) -> Result<(), TransferError> {
+/// PUTs `bytes` as `object` over plain HTTP, with no library; with
+/// `verify`, carrying their CRC-64/NVME.
+pub fn put_http(object: Object<'_>, bytes: &[u8], verify: bool) -> Result<Verified, TransferError> {
     let cancel = Cancel::new();
-    put_plain(object, Op::Put, bytes, &Tick::new(&|_| {}, &cancel)).map(|_| ())
+    let checksum = verify.then(|| Checksum::crc64nvme(bytes));
+    put_plain(
+        object,
+        Op::Put,
+        bytes,
+        checksum,
+        &Tick::new(&|_| {}, &cancel),
+    )?;
+    Ok(sent(checksum, Unchecked::Off))
 }
 
-/// PUTs (or uploads as a part) `bytes` over plain HTTP: the answer's ETag.
+/// Whether a PUT that carried `checksum` (or not, because `otherwise`) was
+/// verified.
+fn sent(checksum: Option<Checksum>, otherwise: Unchecked) -> Verified {
+    match checksum {
+        Some(_) => Verified::Yes,
+        None => Verified::No(otherwise),
+    }
+}
+
+/// PUTs (or uploads as a part) `bytes` over plain HTTP, with `checksum` of
+/// them if given: the answer's ETag.
 fn put_plain(
     object: Object<'_>,
     op: Op<'_>,
     bytes: &[u8],
+    checksum: Option<Checksum>,
     tick: &Tick<'_>,
 ) -> Result<Option<String>, TransferError> {
-    let request = RdmaRequest::new(object, op).request(None, bytes);
+    let mut request = RdmaRequest::new(object, op);
+    if let Some(c) = checksum {
+        request = request.with_checksum(c);
+    }
+    let request = request.request(None, bytes);
     let response = object
         .s3
         .send_watched(&request, &|n| tick.watch(n))?
@@ -529,20 +773,33 @@ fn host_bytes(
     }
 }
 
+/// What one PUT or part did: its outcome, the answer's ETag, and the
+/// checksum it carried.
+type Stored = (Moved, Option<String>, Option<Checksum>);
+
 /// PUTs `span` of `buf` as `object` (or as a part, `op`), by RDMA, or
-/// over plain HTTP if the server declines and `fallback`; the answer's
-/// ETag with the outcome.
+/// over plain HTTP if the server declines and `policy.fallback`; from host
+/// memory with the CRC-64/NVME of its bytes when `policy.verify`.
 fn put_op(
     client: &Client,
     object: Object<'_>,
     op: Op<'_>,
     buf: &Buffer,
     span: Range<usize>,
-    fallback: bool,
+    policy: Policy,
     tick: &Tick<'_>,
-) -> Result<(Moved, Option<String>), TransferError> {
+) -> Result<Stored, TransferError> {
     let len = span.len() as u64;
+    let checked = policy.checked(buf, span.clone()).map(Checksum::crc64nvme);
+    let checksum = checked.ok();
+    let verified = match checked {
+        Ok(_) => Verified::Yes,
+        Err(why) => Verified::No(why),
+    };
     let mut request = RdmaRequest::new(object, op.clone());
+    if let Some(c) = checksum {
+        request = request.with_checksum(c);
+    }
     let outcome = client.put(buf, span.clone(), &mut request);
     let status = match settle(outcome, &mut request, len)? {
         Ok(route) => {
@@ -552,26 +809,26 @@ fn put_op(
             let moved = Moved {
                 bytes: len,
                 path: Path::Rdma(route),
+                verified,
             };
             tick.upto(len);
-            return Ok((moved, etag));
+            return Ok((moved, etag, checksum));
         }
         Err(status) => status,
     };
     let why = declined(status);
-    if !fallback {
+    if !policy.fallback {
         return Err(TransferError::NoFallback(why));
     }
     let body = host_bytes(buf, span)?;
-    let etag = put_plain(object, op, &body, tick)?;
+    let etag = put_plain(object, op, &body, checksum, tick)?;
     client.count_fallback(len);
-    Ok((
-        Moved {
-            bytes: len,
-            path: Path::Fallback(why),
-        },
-        etag,
-    ))
+    let moved = Moved {
+        bytes: len,
+        path: Path::Fallback(why),
+        verified,
+    };
+    Ok((moved, etag, checksum))
 }
 
 /// PUTs `span` of `buf` as `object`.
@@ -580,15 +837,16 @@ pub fn put(
     object: Object<'_>,
     buf: &Buffer,
     span: Range<usize>,
-    fallback: bool,
+    policy: Policy,
 ) -> Result<Moved, TransferError> {
     let cancel = Cancel::new();
     let tick = Tick::new(&|_| {}, &cancel);
-    put_op(client, object, Op::Put, buf, span, fallback, &tick).map(|(moved, _)| moved)
+    put_op(client, object, Op::Put, buf, span, policy, &tick).map(|(moved, _, _)| moved)
 }
 
 /// Uploads `span` of `buf` as part `number` of `upload_id`: the outcome
-/// and the part's ETag.
+/// and the part as [`S3::complete_multipart_upload`] lists it (its ETag,
+/// and its checksum if it carried one).
 pub fn put_part(
     client: &Client,
     object: Object<'_>,
@@ -596,17 +854,33 @@ pub fn put_part(
     number: u32,
     buf: &Buffer,
     span: Range<usize>,
-    fallback: bool,
-) -> Result<(Moved, String), TransferError> {
+    policy: Policy,
+) -> Result<(Moved, CompletedPart), TransferError> {
     let op = Op::Part { upload_id, number };
     let cancel = Cancel::new();
     let tick = Tick::new(&|_| {}, &cancel);
-    let (moved, etag) = put_op(client, object, op, buf, span, fallback, &tick)?;
+    let (moved, etag, checksum) = put_op(client, object, op, buf, span, policy, &tick)?;
+    let part = completed(object, number, etag, checksum)?;
+    Ok((moved, part))
+}
+
+/// Part `number` as CompleteMultipartUpload lists it; an error if its
+/// answer had no ETag.
+fn completed(
+    object: Object<'_>,
+    number: u32,
+    etag: Option<String>,
+    checksum: Option<Checksum>,
+) -> Result<CompletedPart, TransferError> {
     let etag = etag.ok_or_else(|| S3Error::Response {
         what: format!("PUT {}/{} part {number}", object.bucket, object.key),
         why: "no ETag in the answer".to_owned(),
     })?;
-    Ok((moved, etag))
+    Ok(CompletedPart {
+        number,
+        etag,
+        checksum,
+    })
 }
 
 // ---------------------------------------------------------------- retries
@@ -691,6 +965,10 @@ pub struct Plan {
     pub device: bool,
     /// Whether a declined transfer goes over plain HTTP.
     pub fallback: bool,
+    /// Whether bytes in host memory are verified ([`Policy::verify`]); a
+    /// multipart upload from host memory then declares and sends the
+    /// whole object's CRC-64/NVME.
+    pub verify: bool,
     /// How many times a chunk's request is sent again after a failure a
     /// retry may cure ([`retrying`]); 0: never.
     pub retries: u32,
@@ -699,16 +977,27 @@ pub struct Plan {
 }
 
 impl Default for Plan {
-    /// 64 MiB chunks on 4 streams in host memory, the fallback allowed, 3
-    /// retries.
+    /// 64 MiB chunks on 4 streams in host memory, the fallback allowed,
+    /// bytes verified, 3 retries.
     fn default() -> Plan {
         Plan {
             chunk: 64 << 20,
             streams: 4,
             device: false,
             fallback: true,
+            verify: true,
             retries: 3,
             cancel: Cancel::new(),
+        }
+    }
+}
+
+impl Plan {
+    /// What each transfer may do.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            fallback: self.fallback,
+            verify: self.verify,
         }
     }
 }
@@ -732,12 +1021,17 @@ pub struct Summary {
     pub parts: u32,
     /// Requests sent again after a failure ([`Plan::retries`]).
     pub retries: u64,
+    /// Transfers whose bytes were checked ([`Verified::Yes`]).
+    pub verified: u64,
+    /// Why the first transfer that was not checked was not.
+    pub unverified_reason: Option<Unchecked>,
 }
 
 impl Summary {
     fn add(&mut self, moved: &Moved) {
         self.bytes += moved.bytes;
         self.transfers += 1;
+        self.count_verified(moved.verified);
         match &moved.path {
             Path::Rdma(Route::Direct) => self.direct += 1,
             Path::Rdma(Route::Staged) => self.staged += 1,
@@ -746,6 +1040,20 @@ impl Summary {
                 self.fallback_reason.get_or_insert_with(|| why.clone());
             }
         }
+    }
+
+    fn count_verified(&mut self, verified: Verified) {
+        match verified {
+            Verified::Yes => self.verified += 1,
+            Verified::No(why) => {
+                self.unverified_reason.get_or_insert(why);
+            }
+        }
+    }
+
+    /// Whether every transfer's bytes were checked (and there was one).
+    pub fn all_verified(&self) -> bool {
+        self.transfers > 0 && self.verified == self.transfers
     }
 }
 
@@ -922,14 +1230,16 @@ pub fn download(
         let moved = retrying(plan.retries, &plan.cancel, &retried, || {
             match (rdma, &mut *slot) {
                 (Rdma::On(client), Slot::Registered(buffer)) => {
-                    get_ticked(client, object, span.clone(), buffer, 0, plan.fallback, tick)
+                    get_ticked(client, object, span.clone(), buffer, 0, plan.policy(), tick)
                 }
                 (Rdma::Off(why), Slot::Plain(bytes)) => {
                     let why = unaided(why, plan.fallback)?;
-                    get_plain(object, span.clone(), &mut bytes[..len], tick)?;
+                    let verified =
+                        get_plain(object, span.clone(), &mut bytes[..len], plan.verify, tick)?;
                     Ok(Moved {
                         bytes: len as u64,
                         path: Path::Fallback(why),
+                        verified,
                     })
                 }
                 _ => unreachable!("a client's slots are registered, and only a client's"),
@@ -952,21 +1262,24 @@ fn put_slot(
     op: Op<'_>,
     slot: &Slot,
     len: usize,
-    fallback: bool,
+    policy: Policy,
     tick: &Tick<'_>,
-) -> Result<(Moved, Option<String>), TransferError> {
+) -> Result<Stored, TransferError> {
     match (rdma, slot) {
         (Rdma::On(client), Slot::Registered(buffer)) => {
-            put_op(client, object, op, buffer, 0..len, fallback, tick)
+            put_op(client, object, op, buffer, 0..len, policy, tick)
         }
         (Rdma::Off(why), Slot::Plain(bytes)) => {
-            let why = unaided(why, fallback)?;
-            let etag = put_plain(object, op, &bytes[..len], tick)?;
+            let why = unaided(why, policy.fallback)?;
+            let bytes = &bytes[..len];
+            let checksum = policy.verify.then(|| Checksum::crc64nvme(bytes));
+            let etag = put_plain(object, op, bytes, checksum, tick)?;
             let moved = Moved {
                 bytes: len as u64,
                 path: Path::Fallback(why),
+                verified: sent(checksum, Unchecked::Off),
             };
-            Ok((moved, etag))
+            Ok((moved, etag, checksum))
         }
         _ => unreachable!("a client's slots are registered, and only a client's"),
     }
@@ -974,7 +1287,10 @@ fn put_slot(
 
 /// Uploads `total` bytes from `source` as `object`: one PUT up to one
 /// chunk, a multipart upload of chunk-sized parts above (aborted if any
-/// part fails, or the plan is cancelled).
+/// part fails, or the plan is cancelled). With `plan.verify` from host
+/// memory, every request carries the CRC-64/NVME of its bytes, and a
+/// multipart upload declares and completes with the whole object's
+/// (`FULL_OBJECT`).
 pub fn upload(
     rdma: Rdma<'_>,
     object: Object<'_>,
@@ -988,14 +1304,17 @@ pub fn upload(
     if total == 0 {
         // RDMA moves no empty transfer: an empty object is a plain PUT.
         let tick = Tick::new(progress, &plan.cancel);
+        let checksum = plan.verify.then(|| Checksum::crc64nvme(&[]));
         retrying(plan.retries, &plan.cancel, &retried, || {
-            put_plain(object, Op::Put, &[], &tick)
+            put_plain(object, Op::Put, &[], checksum, &tick)
         })?;
-        return Ok(Summary {
+        let mut summary = Summary {
             transfers: 1,
             retries: retried.into_inner(),
             ..Summary::default()
-        });
+        };
+        summary.count_verified(sent(checksum, Unchecked::Off));
+        return Ok(summary);
     }
     if total <= plan.chunk as u64 {
         let single = Plan {
@@ -1006,9 +1325,9 @@ pub fn upload(
             let len = usize::try_from(total).unwrap_or(usize::MAX);
             slot.fill(source, 0, len)?;
             retrying(plan.retries, &plan.cancel, &retried, || {
-                put_slot(rdma, object, Op::Put, slot, len, plan.fallback, tick)
+                put_slot(rdma, object, Op::Put, slot, len, plan.policy(), tick)
             })
-            .map(|(moved, _)| moved)
+            .map(|(moved, _, _)| moved)
         };
         let mut summary = run_chunks(rdma, &single, total, &work, progress)?;
         summary.retries = retried.into_inner();
@@ -1027,8 +1346,11 @@ pub fn upload(
         )));
     }
     let (s3, bucket, key) = (object.s3, object.bucket, object.key);
-    let upload_id = s3.create_multipart_upload(bucket, key)?;
-    let etags = Mutex::new(Vec::new());
+    // GPU memory is not read for a CRC: its parts carry none, and the
+    // upload declares none.
+    let full_object = plan.verify && !plan.device;
+    let upload_id = s3.create_multipart_upload(bucket, key, full_object)?;
+    let parts = Mutex::new(Vec::new());
     let work = |slot: &mut Slot, index: u64, tick: &Tick<'_>| {
         let (offset, len) = chunk_span(plan, total, index);
         slot.fill(source, offset, len)?;
@@ -1037,20 +1359,23 @@ pub fn upload(
             upload_id: &upload_id,
             number,
         };
-        let (moved, etag) = retrying(plan.retries, &plan.cancel, &retried, || {
-            put_slot(rdma, object, op.clone(), slot, len, plan.fallback, tick)
+        let (moved, etag, checksum) = retrying(plan.retries, &plan.cancel, &retried, || {
+            put_slot(rdma, object, op.clone(), slot, len, plan.policy(), tick)
         })?;
-        let etag = etag.ok_or_else(|| S3Error::Response {
-            what: format!("PUT {bucket}/{key} part {number}"),
-            why: "no ETag in the answer".to_owned(),
-        })?;
-        etags.lock().push((number, etag));
+        let part = completed(object, number, etag, checksum)?;
+        parts.lock().push((part, len as u64));
         Ok(moved)
     };
     let outcome = run_chunks(rdma, plan, total, &work, progress).and_then(|mut summary| {
-        let mut parts = etags.lock().clone();
-        parts.sort();
-        s3.complete_multipart_upload(bucket, key, &upload_id, &parts)?;
+        let mut parts = parts.lock().clone();
+        parts.sort_by_key(|(part, _)| part.number);
+        let whole = if full_object {
+            whole_object_crc(&parts)
+        } else {
+            None
+        };
+        let parts: Vec<CompletedPart> = parts.into_iter().map(|(part, _)| part).collect();
+        s3.complete_multipart_upload(bucket, key, &upload_id, &parts, whole)?;
         summary.parts = u32::try_from(parts.len()).unwrap_or(u32::MAX);
         summary.retries = retried.load(Ordering::Relaxed);
         Ok(summary)
@@ -1060,4 +1385,20 @@ pub fn upload(
         let _ = s3.abort_multipart_upload(bucket, key, &upload_id);
     }
     outcome
+}
+
+/// The CRC-64/NVME of the object that `parts` (in order, with their
+/// lengths) make, from theirs; `None` if one has none.
+fn whole_object_crc(parts: &[(CompletedPart, u64)]) -> Option<Checksum> {
+    let mut whole: Option<u64> = None;
+    for (part, len) in parts {
+        let Some(Checksum::Crc64Nvme(crc)) = part.checksum else {
+            return None;
+        };
+        whole = Some(match whole {
+            None => crc,
+            Some(before) => checksum::crc64nvme_combine(before, crc, *len),
+        });
+    }
+    whole.map(Checksum::Crc64Nvme)
 }

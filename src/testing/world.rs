@@ -254,6 +254,9 @@ pub enum Behaviour {
     /// Does the transfer, then replies 500 (the request failed after the
     /// data moved).
     FailAfterData,
+    /// Connects properly, moves no byte, sends the final message and
+    /// replies 200: a server that says it wrote what it did not.
+    FinalWithoutData,
 }
 
 /// The S3 server of the tests: one object store (its registered memory),
@@ -411,6 +414,12 @@ impl TestServer {
             Behaviour::OriginalOrder => self
                 .original_order(&token, &local)
                 .map(|()| b"200".to_vec()),
+            Behaviour::FinalWithoutData => self
+                .side
+                .begin(&token, None, deadline)
+                .and_then(|session| session.finish())
+                .map(|()| b"200".to_vec())
+                .map_err(failed),
             Behaviour::Overreach => self
                 .side
                 .begin(&token, None, deadline)

@@ -17,7 +17,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use hipobj::client::{Buffer, Client};
-use hipobj::s3::objects::{self, Object, Path as Via};
+use hipobj::s3::objects::{self, Object, Path as Via, Policy, Unchecked};
 use hipobj::s3::S3;
 
 use crate::units::{human, mib_per_s, parse_size};
@@ -51,6 +51,11 @@ pub struct BenchArgs {
     /// without the library can measure).
     #[arg(long, conflicts_with_all = ["device", "no_fallback"])]
     http: bool,
+    /// Do not check the bytes (as get and put --no-verify): measures
+    /// without the CRC-64/NVME of each transfer, and against servers that
+    /// do not send theirs. GPU memory is never checked.
+    #[arg(long)]
+    no_verify: bool,
     /// The run as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -98,6 +103,9 @@ pub struct Run {
     pub http: bool,
     /// Why there was no RDMA, if there was none.
     pub library: Option<String>,
+    /// How each transfer's bytes were checked, or why they were not.
+    #[serde(default)]
+    pub verification: String,
     /// The cells.
     pub cells: Vec<Cell>,
 }
@@ -162,10 +170,13 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
                 Some(client) => {
                     let mut buf = buffer(client, common, len)?;
                     fill(&mut buf, len)?;
-                    objects::put(client, object, &buf, 0..len, !common.no_fallback)
+                    objects::put(client, object, &buf, 0..len, policy(args))
                         .map_err(|e| e.to_string())?;
                 }
-                None => objects::put_http(object, &pattern(len)).map_err(|e| e.to_string())?,
+                None => {
+                    objects::put_http(object, &pattern(len), !args.no_verify)
+                        .map_err(|e| e.to_string())?;
+                }
             }
         }
         for op in &args.ops {
@@ -176,7 +187,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
                     prefix: &prefix,
                     read_key: &read_key,
                 };
-                let mut cell = measure(client, &target, op, len, streams, args.count, common)?;
+                let mut cell = measure(client, &target, op, len, streams, args.count, args)?;
                 cell.ratio = reference.as_ref().and_then(|r| {
                     r.cells
                         .iter()
@@ -206,6 +217,11 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
         },
         http: args.http,
         library: library.as_ref().err().cloned(),
+        verification: match (args.no_verify, common.device) {
+            (true, _) => "not verified: --no-verify".to_owned(),
+            (false, Some(_)) => Unchecked::Device.to_string(),
+            (false, None) => "CRC-64/NVME of every GET and PUT".to_owned(),
+        },
         cells,
     };
     if args.json {
@@ -220,6 +236,15 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// What each transfer may do: the fallback unless --no-fallback, bytes
+/// verified unless --no-verify.
+fn policy(args: &BenchArgs) -> Policy {
+    Policy {
+        fallback: !args.common.no_fallback,
+        verify: !args.no_verify,
+    }
 }
 
 /// Where a cell's objects are.
@@ -261,9 +286,10 @@ fn measure(
     len: usize,
     streams: usize,
     count: usize,
-    common: &Common,
+    args: &BenchArgs,
 ) -> Result<Cell, Failure> {
-    let fallback = !common.no_fallback;
+    let common = &args.common;
+    let policy = policy(args);
     let started = Instant::now();
     let outcomes: Vec<Result<Vec<(u64, bool)>, String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..streams)
@@ -291,17 +317,17 @@ fn measure(
                         let t = Instant::now();
                         let by_rdma = match (&mut memory, client) {
                             (Memory::Registered(buf), Some(client)) => if op == "get" {
-                                objects::get(client, object, 0..len as u64, buf, 0, fallback)
+                                objects::get(client, object, 0..len as u64, buf, 0, policy)
                             } else {
-                                objects::put(client, object, buf, 0..len, fallback)
+                                objects::put(client, object, buf, 0..len, policy)
                             }
                             .map(|moved| matches!(moved.path, Via::Rdma(_))),
                             (Memory::Plain(bytes), _) => if op == "get" {
-                                objects::get_http(object, 0..len as u64, bytes)
+                                objects::get_http(object, 0..len as u64, bytes, policy.verify)
                             } else {
-                                objects::put_http(object, bytes)
+                                objects::put_http(object, bytes, policy.verify)
                             }
-                            .map(|()| false),
+                            .map(|_| false),
                             (Memory::Registered(_), None) => {
                                 unreachable!("a buffer needs a client")
                             }
@@ -357,14 +383,15 @@ fn table(run: &Run, with_ratio: bool) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "endpoint {}, {} memory{}",
+        "endpoint {}, {} memory{}, {}",
         run.endpoint,
         run.memory,
         if run.http {
             ", plain HTTP without the library (--http)"
         } else {
             ""
-        }
+        },
+        run.verification
     );
     let _ = write!(
         out,

@@ -12,7 +12,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use parking_lot::Mutex;
 
 use hipobj::client::{Client, ClientStats};
-use hipobj::s3::objects::{self, Cancel, Object, Plan, Rdma, Summary, TransferError};
+use hipobj::s3::objects::{self, Cancel, Object, Plan, Rdma, Summary, TransferError, Unchecked};
 
 use crate::units::{human, mib_per_s, rate};
 use crate::{client, interrupt, parse_s3_prefix, parse_s3_url, s3, Common, Failure, Transfer};
@@ -112,6 +112,7 @@ fn plan(common: &Common, transfer: &Transfer, cancel: Cancel) -> Result<Plan, Fa
         streams: transfer.streams,
         device: common.device.is_some(),
         fallback: !common.no_fallback,
+        verify: !transfer.no_verify,
         retries: transfer.retries,
         cancel,
     })
@@ -294,6 +295,9 @@ fn failure(e: TransferError, what: &str) -> Failure {
         TransferError::Cancelled => format!("interrupted: the {what} stopped").into(),
         TransferError::Changed { .. } => {
             format!("{e}; nothing was kept: run the command again to get the new version").into()
+        }
+        TransferError::Corrupt { .. } if what == "download" => {
+            format!("{e}; nothing was kept").into()
         }
         e => e.to_string().into(),
     }
@@ -571,6 +575,34 @@ fn paths(summary: &Summary) -> String {
     parts.join("; ")
 }
 
+/// Whether every transfer's bytes were checked, and what was (or why
+/// not), in words.
+fn verification(summary: &Summary, put: bool) -> (bool, String) {
+    let how = if put {
+        "CRC-64/NVME sent with the bytes, for the server to check"
+    } else {
+        "CRC-64/NVME of the bytes that arrived compared with the server's"
+    };
+    let why = match summary.unverified_reason {
+        Some(Unchecked::Off) => "--no-verify".to_owned(),
+        Some(why) => why.to_string(),
+        None => String::new(),
+    };
+    if summary.all_verified() {
+        (true, format!("verified ({how})"))
+    } else if summary.verified > 0 {
+        (
+            false,
+            format!(
+                "verified {} of {} transfers ({how}); not the others: {why}",
+                summary.verified, summary.transfers
+            ),
+        )
+    } else {
+        (false, format!("not verified: {why}"))
+    }
+}
+
 /// Prints the summary: a line (and the counters, or why there is no RDMA
 /// when the line did not say it) on standard error, or JSON.
 fn report(
@@ -581,6 +613,7 @@ fn report(
     transfer: &Transfer,
     stdout_taken: bool,
 ) {
+    let (verified, verification) = verification(summary, what.starts_with("put"));
     if transfer.json {
         let value = serde_json::json!({
             "operation": what,
@@ -594,6 +627,8 @@ fn report(
             "fallback_reason": summary.fallback_reason,
             "parts": summary.parts,
             "retries": summary.retries,
+            "verified": verified,
+            "verification": verification,
             "library": library.as_ref().err(),
             "counters": library.as_ref().ok().map(|c| counters_json(&c.stats())),
         });
@@ -610,7 +645,7 @@ fn report(
         String::new()
     };
     eprintln!(
-        "hipobj: {what}: {} in {seconds:.2} s ({}){multipart}; {}",
+        "hipobj: {what}: {} in {seconds:.2} s ({}){multipart}; {}; {verification}",
         human(summary.bytes),
         rate(summary.bytes, seconds),
         paths(summary)

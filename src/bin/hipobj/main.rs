@@ -112,6 +112,15 @@ pub struct Transfer {
     /// 0: never.
     #[arg(long, value_name = "N", default_value_t = 3)]
     retries: u32,
+    /// Do not check the bytes. By default a PUT from host memory carries
+    /// the CRC-64/NVME of its bytes (the server refuses bytes that do not
+    /// match it), and a GET into host memory asks for the server's CRC of
+    /// what it sent and compares it with what arrived (an RDMA reply
+    /// without one is an error: a server that does not send
+    /// x-amz-rdma-checksum-crc64nvme needs --no-verify). GPU memory
+    /// (--device) is never checked: it cannot be read without a copy.
+    #[arg(long)]
+    no_verify: bool,
     /// No progress bar.
     #[arg(long)]
     no_progress: bool,

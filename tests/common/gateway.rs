@@ -1,0 +1,134 @@
+//! The RDMA S3 server of this repository (`hipobj::gateway`, what
+//! `hipobj-s3-server` runs) in this process, with RDMA on the fake
+//! fabric's server device, serving S3 over real HTTP on 127.0.0.1: the
+//! client's RDMA paths end to end on a host without an RDMA device.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hipobj::gateway::local::Local;
+use hipobj::gateway::rdma::Rdma;
+use hipobj::gateway::s3::{Peer, RdmaS3};
+use hipobj::testing::world::{World, SERVER_NIC};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder as ConnBuilder;
+use s3s::auth::SimpleAuth;
+use s3s::service::S3ServiceBuilder;
+
+use crate::s3server::{ACCESS_KEY, BUCKET, SECRET_KEY};
+
+/// A running gateway and its temporary root; stops when dropped.
+pub struct Gateway {
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+    root: PathBuf,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Gateway {
+    /// The gateway over a fresh root holding [`BUCKET`], its RDMA on
+    /// `world`'s server device, dialing the fake client's network (the
+    /// HTTP requests come from 127.0.0.1, not from the fabric).
+    pub fn start(world: &World) -> Gateway {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let root =
+            std::env::temp_dir().join(format!("hipobj-gateway-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(root.join(BUCKET)).unwrap();
+        let root_s = root.display().to_string();
+        let args: Vec<String> = [
+            "--root",
+            &root_s,
+            "--listen",
+            "127.0.0.1:0",
+            "--access-key",
+            ACCESS_KEY,
+            "--secret-key",
+            SECRET_KEY,
+            "--rdma-allow",
+            "192.0.2.0/24",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        let options = hipobj::gateway::cli::parse(&args)
+            .expect("the gateway's options")
+            .expect("not --help");
+        let fabric = &world.platform.fabric;
+        let ctx = fabric.verbs(&[SERVER_NIC]).open(SERVER_NIC).unwrap();
+        let rdma = Rdma::on(
+            fabric.cm(&[SERVER_NIC]),
+            ctx,
+            Duration::from_secs(5),
+            Duration::ZERO,
+            options.limits(),
+        )
+        .expect("RDMA on the fake server device");
+        let s3 = RdmaS3::new(
+            Arc::new(Local::open(&root).unwrap()),
+            Ok(Arc::new(rdma)),
+            "us-east-1".to_owned(),
+        );
+        let mut builder = S3ServiceBuilder::new(s3);
+        builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
+        let service = builder.build();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let local: SocketAddr = listener.local_addr().unwrap();
+        runtime.spawn(async move {
+            let http = ConnBuilder::new(TokioExecutor::new());
+            while let Ok((socket, peer)) = listener.accept().await {
+                let service = service.clone();
+                let with_peer = hyper::service::service_fn(
+                    move |mut req: http::Request<hyper::body::Incoming>| {
+                        // The dial policy compares a token with the peer.
+                        req.extensions_mut().insert(Peer(peer));
+                        hyper::service::Service::call(&service, req)
+                    },
+                );
+                let conn = http
+                    .serve_connection(TokioIo::new(socket), with_peer)
+                    .into_owned();
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+        });
+        Gateway {
+            endpoint: format!("http://{local}"),
+            root,
+            runtime: Some(runtime),
+        }
+    }
+
+    /// The object `BUCKET/key`'s file, if stored.
+    pub fn stored(&self, key: &str) -> Option<Vec<u8>> {
+        std::fs::read(self.root.join(BUCKET).join(key)).ok()
+    }
+
+    /// The root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(Duration::from_secs(1));
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
