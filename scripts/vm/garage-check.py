@@ -196,6 +196,7 @@ def main():
         c = client(endpoint)
         step(f"node 2 down: PUT and GET through node {i}", lambda c=c, i=i: put_get(c, bucket, f"degraded{i}", os.urandom(200_000)))
     step("node 2 down: multipart", lambda: multipart(s3, bucket, "multi-degraded", [5 * MIB, MIB], 4))
+
     def read_back():
         assert s3.get_object(Bucket=bucket, Key="small")["Body"].read() == small, "small: differs"
         get_compare(s3, bucket, "multi", Pattern(11 * MIB, 2))
