@@ -91,7 +91,12 @@ case ${1:-} in
         pid=$(node_pid "$2")
         [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null || fail "kill-node: node $2 is not running"
         # Its parent (the cluster's shell) reaps it; gone or a zombie is dead.
-        while [[ -e /proc/$pid && $(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null) != Z ]]; do sleep 0.1; done
+        for _ in $(seq 300); do
+            [[ -e /proc/$pid && $(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null) != Z ]] || break
+            sleep 0.1
+        done
+        [[ -e /proc/$pid && $(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null) != Z ]] &&
+            fail "kill-node: node $2 (pid $pid) still runs 30 s after SIGKILL (state $(awk '{ print $3 }' "/proc/$pid/stat"))"
         echo "garage-guest: node $2 (pid $pid) killed"
         exit 0
         ;;
