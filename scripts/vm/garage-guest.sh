@@ -92,11 +92,12 @@ case ${1:-} in
         [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null || fail "kill-node: node $2 is not running"
         # Its parent (the cluster's shell) reaps it; gone or a zombie is dead.
         for _ in $(seq 300); do
-            [[ -e /proc/$pid && $(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null) != Z ]] || break
+            # One read of the state: the process may go between two.
+            state=$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null || true)
+            [[ -n "$state" && "$state" != Z ]] || break
             sleep 0.1
         done
-        [[ -e /proc/$pid && $(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null) != Z ]] &&
-            fail "kill-node: node $2 (pid $pid) still runs 30 s after SIGKILL (state $(awk '{ print $3 }' "/proc/$pid/stat"))"
+        [[ -n "$state" && "$state" != Z ]] && fail "kill-node: node $2 (pid $pid) still runs 30 s after SIGKILL (state $state)"
         echo "garage-guest: node $2 (pid $pid) killed"
         exit 0
         ;;
