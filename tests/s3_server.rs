@@ -1,7 +1,10 @@
 //! `hipobj-s3-server` from the outside, on the host (no RDMA needed): plain
 //! S3 through `curl --aws-sigv4`, byte-exact against the files of its root;
 //! SigV4 enforced; tokens it cannot serve declined with 501 as
-//! `docs/protocol.md` says; its first line; SIGTERM.
+//! `docs/protocol.md` says; its first line; SIGTERM. What a deployment
+//! needs: the config file, secrets from the environment or a file,
+//! `--version` and the short usage, TLS, the log of refused requests,
+//! `/metrics`, and the drain on SIGTERM.
 //!
 //! curl 7.88 signs but does not send `x-amz-content-sha256`, which s3s
 //! requires on every SigV4 request; each request here sends it (as
@@ -60,9 +63,12 @@ struct Request<'a> {
     url: String,
     headers: Vec<String>,
     body: Option<&'a [u8]>,
+    access: &'a str,
     secret: &'a str,
     region: &'a str,
     sign: bool,
+    /// The CA certificate that https is checked against.
+    ca: Option<&'a Path>,
 }
 
 impl<'a> Request<'a> {
@@ -72,9 +78,11 @@ impl<'a> Request<'a> {
             url,
             headers: Vec::new(),
             body: None,
+            access: ACCESS_KEY,
             secret: SECRET_KEY,
             region: "us-east-1",
             sign: true,
+            ca: None,
         }
     }
 
@@ -113,8 +121,11 @@ impl<'a> Request<'a> {
             cmd.arg("--aws-sigv4")
                 .arg(format!("aws:amz:{}:s3", self.region))
                 .arg("--user")
-                .arg(format!("{ACCESS_KEY}:{}", self.secret))
+                .arg(format!("{}:{}", self.access, self.secret))
                 .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"]);
+        }
+        if let Some(ca) = self.ca {
+            cmd.arg("--cacert").arg(ca);
         }
         for h in &self.headers {
             cmd.args(["-H", h]);
@@ -584,4 +595,536 @@ fn buckets_named_on_the_command_line_are_created() {
         names.contains("<Name>second</Name>") && names.contains(&format!("<Name>{BUCKET}</Name>")),
         "{names}"
     );
+}
+
+// What a deployment needs.
+
+/// The server with no keys or arguments yet, and none of the key
+/// variables from the test's own environment.
+fn bare() -> Command {
+    let mut command = Command::new(binary());
+    command
+        .env_remove("HIPOBJ_ACCESS_KEY")
+        .env_remove("HIPOBJ_SECRET_KEY");
+    command
+}
+
+/// The server with the test keys as a deployment gives them: the access
+/// key on the command line, the secret key in the environment.
+fn keyed() -> Command {
+    let mut command = bare();
+    command
+        .args(["--access-key", ACCESS_KEY])
+        .env("HIPOBJ_SECRET_KEY", SECRET_KEY);
+    command
+}
+
+/// A file of the test's own in the temporary directory, with `mode`.
+fn scratch(name: &str, contents: &[u8], mode: u32) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "hipobj-s3-test-{}-{}-{name}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&path, contents).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    path
+}
+
+/// Starts `command` on a fresh root with `extra` arguments, its standard
+/// error written to a file: the server and that file.
+fn start_logged_by(command: Command, extra: &[&str]) -> (S3Server, PathBuf) {
+    let log = scratch("stderr", b"", 0o600);
+    let file = std::fs::File::create(&log).expect("the log file");
+    let server = S3Server::start_command(command, "127.0.0.1", extra, Stdio::from(file));
+    (server, log)
+}
+
+fn text(path: &Path) -> &str {
+    path.to_str().expect("temporary paths are UTF-8")
+}
+
+fn read_log(log: &Path) -> String {
+    std::fs::read_to_string(log).unwrap_or_else(|e| panic!("{}: {e}", log.display()))
+}
+
+#[test]
+fn a_config_file_sets_options_and_the_command_line_overrides_them() {
+    let config = scratch(
+        "config.toml",
+        b"# a deployment's settings\n\
+          region = \"eu-west-1\"\n\
+          bucket = [\"fromfile\", \"another\"]\n\
+          rdma-max-requests = 16\n\
+          no-rdma = true\n",
+        0o644,
+    );
+    let server = start(&["--config", text(&config)]);
+    // From the file: --no-rdma and the region.
+    assert!(
+        server
+            .banner
+            .ends_with("(rdma: off: disabled by --no-rdma)"),
+        "{}",
+        server.banner
+    );
+    let mut eu = Request::new("PUT", server.url("here")).body(b"x");
+    eu.region = "eu-west-1";
+    assert_eq!(eu.send(&server).status, 200);
+    let us = Request::new("GET", server.url("here")).send(&server);
+    assert_eq!(us.status, 400, "signed for us-east-1: {us:?}");
+    // The command line's --bucket replaces the file's list.
+    assert!(!server.root().join("fromfile").exists());
+    drop(server);
+    let server = start(&[
+        "--config",
+        text(&config),
+        "--region",
+        "us-east-1",
+        "--no-rdma=false",
+    ]);
+    assert!(
+        !server.banner.contains("disabled by --no-rdma"),
+        "{}",
+        server.banner
+    );
+    let reply = Request::new("PUT", server.url("there"))
+        .body(b"y")
+        .send(&server);
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let _ = std::fs::remove_file(&config);
+}
+
+#[test]
+fn a_config_file_with_an_unknown_key_or_a_bad_value_is_refused_naming_the_file() {
+    let typo = scratch("typo.toml", b"lisen = \"127.0.0.1:0\"\n", 0o644);
+    let out = keyed()
+        .args(["--root", "/dev/null/root", "--listen", "127.0.0.1:0"])
+        .args(["--config", text(&typo)])
+        .output()
+        .expect("the server runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty(), "nothing on stdout");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!(
+            "the config file {}: unknown key \"lisen\"",
+            typo.display()
+        )),
+        "{said}"
+    );
+    let bad = scratch("bad.toml", b"listen = 9000\n", 0o644);
+    let out = keyed()
+        .args(["--root", "/dev/null/root", "--config", text(&bad)])
+        .output()
+        .expect("the server runs");
+    assert_eq!(out.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!("{}: --listen 9000: ", bad.display())),
+        "{said}"
+    );
+    let _ = std::fs::remove_file(&typo);
+    let _ = std::fs::remove_file(&bad);
+}
+
+#[test]
+fn the_keys_come_from_the_environment_or_files_never_needing_the_command_line() {
+    // The environment alone.
+    let mut from_env = bare();
+    from_env
+        .env("HIPOBJ_ACCESS_KEY", ACCESS_KEY)
+        .env("HIPOBJ_SECRET_KEY", SECRET_KEY);
+    let (server, log) = start_logged_by(from_env, &[]);
+    put(&server, "from-env", b"1");
+    let pid = server.pid().expect("running");
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("its command line");
+    assert!(
+        !String::from_utf8_lossy(&cmdline).contains(SECRET_KEY),
+        "the secret key is on the command line"
+    );
+    drop(server);
+    assert!(!read_log(&log).contains("warning"), "{}", read_log(&log));
+    // A file of one line, its newline trimmed.
+    let secret = scratch("secret", format!("{SECRET_KEY}\n").as_bytes(), 0o600);
+    let mut from_file = bare();
+    from_file.args([
+        "--access-key",
+        ACCESS_KEY,
+        "--secret-key-file",
+        text(&secret),
+    ]);
+    let (server, log) = start_logged_by(from_file, &[]);
+    put(&server, "from-file", b"2");
+    drop(server);
+    assert!(!read_log(&log).contains("warning"), "{}", read_log(&log));
+    // A file others may read: a warning.
+    let open = scratch("open-secret", SECRET_KEY.as_bytes(), 0o644);
+    let mut readable = bare();
+    readable.args(["--access-key", ACCESS_KEY, "--secret-key-file", text(&open)]);
+    let (server, log) = start_logged_by(readable, &[]);
+    put(&server, "from-open-file", b"3");
+    drop(server);
+    let said = read_log(&log);
+    assert!(
+        said.contains(&format!(
+            "warning: the secret key file {} can be read by other users (mode 0644)",
+            open.display()
+        )),
+        "{said}"
+    );
+    // On the command line it still works, with a warning.
+    let mut visible = bare();
+    visible.args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY]);
+    let (server, log) = start_logged_by(visible, &[]);
+    put(&server, "from-command-line", b"4");
+    drop(server);
+    let said = read_log(&log);
+    assert!(
+        said.contains("warning: --secret-key on the command line is visible to every user"),
+        "{said}"
+    );
+    for path in [secret, open] {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+#[test]
+fn a_credentials_file_gives_one_access_key_per_tenant() {
+    let tenants = scratch(
+        "credentials",
+        b"# tenant  secret\ntenant-a secret-of-a\n\ntenant-b   secret-of-b\n",
+        0o600,
+    );
+    let mut command = bare();
+    command.args(["--credentials-file", text(&tenants)]);
+    let (server, _log) = start_logged_by(command, &[]);
+    for (access, secret) in [("tenant-a", "secret-of-a"), ("tenant-b", "secret-of-b")] {
+        let mut request = Request::new("PUT", server.url(access)).body(b"mine");
+        (request.access, request.secret) = (access, secret);
+        assert_eq!(request.send(&server).status, 200, "{access}");
+    }
+    let mut crossed = Request::new("PUT", server.url("crossed")).body(b"x");
+    (crossed.access, crossed.secret) = ("tenant-a", "secret-of-b");
+    assert_eq!(crossed.send(&server).status, 403);
+    let _ = std::fs::remove_file(&tenants);
+}
+
+#[test]
+fn version_names_the_release_and_what_the_build_holds() {
+    let out = bare().arg("--version").output().expect("the server runs");
+    assert_eq!(out.status.code(), Some(0));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.starts_with(&format!(
+            "hipobj-s3-server {} (rdma, s3s 0.14.1, ",
+            env!("CARGO_PKG_VERSION")
+        )) && said.contains("rustls")
+            && said.ends_with(")\n"),
+        "{said}"
+    );
+}
+
+#[test]
+fn a_bad_argument_prints_its_error_and_one_usage_line_and_exits_2() {
+    let out = keyed()
+        .args(["--root", "/dev/null/root", "--lisen", "127.0.0.1:0"])
+        .output()
+        .expect("the server runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty(), "nothing on stdout");
+    let said = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = said.lines().collect();
+    assert_eq!(lines.len(), 2, "{said}");
+    assert_eq!(lines[0], "hipobj-s3-server: unknown argument --lisen");
+    assert!(
+        lines[1].starts_with("usage: hipobj-s3-server --root DIR --listen ADDR:PORT")
+            && lines[1].ends_with("; --help for all options"),
+        "{said}"
+    );
+    let help = bare().arg("--help").output().expect("the server runs");
+    assert_eq!(help.status.code(), Some(0));
+    let usage = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        usage.lines().count() > 20 && usage.contains("--tls-cert PEM"),
+        "{usage}"
+    );
+}
+
+#[test]
+fn listening_beyond_loopback_without_tls_warns_that_s3_goes_in_clear_text() {
+    let log = scratch("stderr", b"", 0o600);
+    let file = std::fs::File::create(&log).expect("the log file");
+    let server = S3Server::start_command(keyed(), "0.0.0.0", &[], Stdio::from(file));
+    drop(server);
+    let said = read_log(&log);
+    assert!(
+        said.contains("warning: --listen 0.0.0.0:0 without --tls-cert:")
+            && said.contains("clear text"),
+        "{said}"
+    );
+}
+
+/// A self-signed certificate for 127.0.0.1: its PEM file (the CA a client
+/// trusts, too) and its key's.
+fn self_signed() -> (PathBuf, PathBuf) {
+    let rcgen::CertifiedKey { cert, signing_key } =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .expect("a certificate");
+    (
+        scratch("cert.pem", cert.pem().as_bytes(), 0o644),
+        scratch("key.pem", signing_key.serialize_pem().as_bytes(), 0o600),
+    )
+}
+
+#[test]
+fn https_serves_put_and_get_and_plain_http_to_its_port_fails_cleanly() {
+    let (cert, key) = self_signed();
+    let (server, log) = start_logged_by(
+        keyed(),
+        &["--tls-cert", text(&cert), "--tls-key", text(&key)],
+    );
+    assert!(
+        server.endpoint.starts_with("https://127.0.0.1:"),
+        "{}",
+        server.banner
+    );
+    let data = pattern(300_000, 6);
+    let mut request = Request::new("PUT", server.url("secure")).body(&data);
+    request.ca = Some(&cert);
+    assert_eq!(request.send(&server).status, 200);
+    let get = |server: &S3Server| {
+        let mut request = Request::new("GET", server.url("secure"));
+        request.ca = Some(&cert);
+        request.send(server)
+    };
+    let reply = get(&server);
+    assert_eq!(reply.status, 200);
+    assert!(reply.body == data, "the object came back whole");
+    // Plain HTTP to the TLS port: the client fails, the server goes on.
+    let plain = server.endpoint.replacen("https://", "http://", 1);
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10"])
+        .arg(format!("{plain}/{BUCKET}/secure"))
+        .output()
+        .expect("curl runs");
+    assert!(!out.status.success(), "plain HTTP got an answer: {out:?}");
+    // A client that does not trust the certificate is refused by itself.
+    let untrusted = Command::new("curl")
+        .args(["-sS", "--max-time", "10"])
+        .arg(server.url("secure"))
+        .output()
+        .expect("curl runs");
+    assert!(!untrusted.status.success(), "{untrusted:?}");
+    assert_eq!(get(&server).status, 200, "still serving");
+    drop(server);
+    let said = read_log(&log);
+    assert!(
+        said.contains("TLS handshake with 127.0.0.1:"),
+        "the failed handshakes are logged: {said}"
+    );
+    for path in [cert, key, log] {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+#[test]
+fn a_refused_request_is_logged_once_with_its_reason_and_never_a_secret() {
+    let (server, log) = start_logged_by(keyed(), &[]);
+    let wrong = "wrong-secret-1234";
+    let mut forged = Request::new("PUT", server.url("forged")).body(b"forged");
+    forged.secret = wrong;
+    assert_eq!(forged.send(&server).status, 403);
+    let mut stranger = Request::new("GET", server.url("forged"));
+    stranger.access = "stranger";
+    assert_eq!(stranger.send(&server).status, 403);
+    let mut unsigned = Request::new("GET", server.url("forged"));
+    unsigned.sign = false;
+    assert_eq!(unsigned.send(&server).status, 403);
+    drop(server);
+    let said = read_log(&log);
+    let lines = |code: &str| -> Vec<&str> { said.lines().filter(|l| l.contains(code)).collect() };
+    let bad_signature = lines("SignatureDoesNotMatch");
+    assert_eq!(bad_signature.len(), 1, "{said}");
+    let line = bad_signature[0];
+    for part in [
+        "PUT /bucket/forged (PutObject) from 127.0.0.1:",
+        &format!("with access key {ACCESS_KEY}"),
+        "403 SignatureDoesNotMatch, authentication refused: the signature does not match",
+    ] {
+        assert!(line.contains(part), "{part:?} is not in {line:?}");
+    }
+    let unknown = lines("with access key stranger");
+    assert_eq!(unknown.len(), 1, "{said}");
+    assert!(unknown[0].contains("unknown access key"), "{}", unknown[0]);
+    let anonymous = lines("unsigned");
+    assert_eq!(anonymous.len(), 1, "{said}");
+    assert!(
+        anonymous[0].contains("403 AccessDenied"),
+        "{}",
+        anonymous[0]
+    );
+    for secret in [SECRET_KEY, wrong, "Signature="] {
+        assert!(!said.contains(secret), "{secret:?} is in the log: {said}");
+    }
+    let _ = std::fs::remove_file(&log);
+}
+
+/// The metrics' text from `url`.
+fn scrape(url: &str) -> String {
+    let out = Command::new("curl")
+        .args(["-sS", "--fail", url])
+        .output()
+        .expect("curl runs");
+    assert!(out.status.success(), "GET {url}: {out:?}");
+    String::from_utf8(out.stdout).expect("the metrics are text")
+}
+
+/// The value of the series `series` (name and labels as printed), 0 when
+/// absent.
+fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.trim().parse().expect("a number"))
+}
+
+#[test]
+fn metrics_count_requests_and_bytes_by_path_and_operation() {
+    let server = start(&["--no-rdma", "--metrics-listen", "127.0.0.1:0"]);
+    let line = server.next_line();
+    let url = line
+        .strip_prefix("hipobj-s3-server metrics on ")
+        .unwrap_or_else(|| panic!("the metrics line: {line:?}"))
+        .to_owned();
+    assert!(url.starts_with("http://127.0.0.1:") && url.ends_with("/metrics"));
+    let before = scrape(&url);
+    let data = pattern(1000, 2);
+    put(&server, "counted", &data);
+    assert_eq!(
+        Request::new("GET", server.url("counted"))
+            .send(&server)
+            .body,
+        data
+    );
+    let declined = Request::new("GET", server.url("counted"))
+        .token(&token_hex(Transport::RcCm))
+        .send(&server);
+    assert_eq!(declined.header("x-amz-rdma-reply"), Some("501"));
+    let after = scrape(&url);
+    let moved = |series: &str| sample(&after, series) - sample(&before, series);
+    let requests =
+        |op: &str| format!("hipobj_s3_requests_total{{path=\"http\",op=\"{op}\",status=\"200\"}}");
+    assert_eq!(moved(&requests("PutObject")), 1.0, "{after}");
+    assert_eq!(moved(&requests("GetObject")), 2.0, "{after}");
+    assert_eq!(
+        moved("hipobj_s3_bytes_total{path=\"http\",op=\"PutObject\"}"),
+        1000.0
+    );
+    assert_eq!(
+        moved("hipobj_s3_bytes_total{path=\"http\",op=\"GetObject\"}"),
+        2000.0
+    );
+    assert_eq!(
+        moved("hipobj_s3_rdma_refusals_total{op=\"GetObject\",reason=\"declined\"}"),
+        1.0
+    );
+    assert_eq!(
+        moved("hipobj_s3_request_duration_seconds_count{path=\"http\",op=\"GetObject\"}"),
+        2.0
+    );
+    assert_eq!(
+        sample(
+            &after,
+            "hipobj_s3_requests_total{path=\"rdma\",op=\"GetObject\",status=\"200\"}"
+        ),
+        0.0,
+        "nothing went by RDMA"
+    );
+    assert!(
+        after.contains("\nhipobj_s3_rdma_memory_in_use_bytes 0\n"),
+        "{after}"
+    );
+    let elsewhere = Command::new("curl")
+        .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}"])
+        .arg(url.replace("/metrics", "/other"))
+        .output()
+        .expect("curl runs");
+    assert_eq!(String::from_utf8_lossy(&elsewhere.stdout), "404");
+}
+
+/// Waits up to 10 s for connections to `addr` to be refused.
+fn refused_soon(addr: &str) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        match std::net::TcpStream::connect(addr) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return true,
+            _ => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
+    false
+}
+
+#[test]
+fn sigterm_lets_a_request_in_progress_finish_refuses_new_ones_and_stops_the_metrics() {
+    let mut server = start(&[
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--shutdown-grace-ms",
+        "60000",
+    ]);
+    let metrics = server.next_line();
+    let metrics = metrics
+        .strip_prefix("hipobj-s3-server metrics on http://")
+        .and_then(|m| m.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("the metrics line: {metrics:?}"))
+        .to_owned();
+    let data = pattern(24 << 20, 1);
+    put(&server, "big", &data);
+    // More than the sockets' buffers hold, at 6 MB/s: the GET is still
+    // being sent seconds after it began.
+    let download = scratch("download", b"", 0o600);
+    let mut slow = Command::new("curl")
+        .args(["-sS", "--fail", "--limit-rate", "6M", "-o"])
+        .arg(&download)
+        .arg("--aws-sigv4")
+        .arg("aws:amz:us-east-1:s3")
+        .arg("--user")
+        .arg(format!("{ACCESS_KEY}:{SECRET_KEY}"))
+        .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"])
+        .arg(server.url("big"))
+        .spawn()
+        .expect("curl runs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::metadata(&download).map_or(0, |m| m.len()) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the GET never began");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let pid = server.pid().expect("running").to_string();
+    let kill = Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(kill.is_ok_and(|s| s.success()));
+    let s3 = server.endpoint.trim_start_matches("http://").to_owned();
+    assert!(refused_soon(&s3), "the S3 port still accepts after SIGTERM");
+    assert!(
+        refused_soon(&metrics),
+        "the metrics port still accepts after SIGTERM"
+    );
+    assert!(
+        slow.try_wait().expect("curl's status").is_none(),
+        "the GET ended before the test could see the drain"
+    );
+    assert!(server.running(), "the server left before its request ended");
+    let got = slow.wait().expect("curl ends");
+    assert!(got.success(), "the GET in progress failed: {got}");
+    assert!(
+        std::fs::read(&download).expect("the download") == data,
+        "the GET in progress came whole"
+    );
+    // (terminate's SIGTERM, a second one, changes nothing of the drain.)
+    let status = server.terminate();
+    assert_eq!(status.code(), Some(0), "{status}");
+    let _ = std::fs::remove_file(&download);
 }

@@ -1,23 +1,55 @@
-//! The command line.
+//! The command line, and the config file that holds the same options.
+//!
+//! One parser reads both: the config file (`--config FILE`, TOML) is turned
+//! into the option list the command line would give (`listen =
+//! "0.0.0.0:9000"` is `--listen=0.0.0.0:9000`, `bucket = ["a", "b"]` is
+//! `--bucket=a --bucket=b`, `no-rdma = true` is `--no-rdma=true`), so every
+//! option works in both, with the same checks and messages. What the
+//! command line gives overrides the file (a repeatable option given on
+//! the command line replaces the file's list); the access key and the
+//! secret key may also come from the environment, which comes between the
+//! two, as the AWS tools order their sources.
+//!
+//! Secrets need never be on the command line, where every user of the
+//! machine reads them (`ps`): the secret key comes from a file
+//! (`--secret-key-file`), from `HIPOBJ_SECRET_KEY`, or from the config
+//! file; more access keys from `--credentials-file`. `--secret-key` on the
+//! command line still works, with a warning.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// What `--help` prints.
 pub const USAGE: &str = "\
-usage: hipobj-s3-server --root DIR --listen ADDR:PORT --access-key AK --secret-key SK
+usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE]
+                        [--access-key AK] [--secret-key-file PATH] [--credentials-file PATH]
+                        [--tls-cert PEM --tls-key PEM] [--metrics-listen ADDR:PORT]
                         [--region REGION] [--bucket NAME]... [--device NAME] [--no-rdma]
                         [--rdma-timeout-ms N] [--rdma-connect-timeout-ms N]
                         [--delay-final-ms N] [--rdma-allow CIDR]...
                         [--rdma-max-bytes N] [--rdma-memory-bytes N] [--rdma-max-requests N]
                         [--rdma-max-connections N] [--rdma-max-connections-per-client N]
-                        [--rdma-chunk-bytes N] [--rdma-chunks N]
+                        [--rdma-chunk-bytes N] [--rdma-chunks N] [--shutdown-grace-ms N]
+       hipobj-s3-server --help | --version
 
   --root DIR            where buckets and objects are stored (created if missing)
-  --listen ADDR:PORT    HTTP address; port 0 picks a free port
-  --access-key AK       the one access key SigV4 requests must be signed with
-  --secret-key SK       its secret key
+  --listen ADDR:PORT    S3 address; port 0 picks a free port
+  --config FILE         a TOML file of these options, each named without its dashes
+                        (listen = \"0.0.0.0:9000\", bucket = [\"a\", \"b\"], no-rdma = true);
+                        the command line overrides it
+  --access-key AK       the access key SigV4 requests are signed with (or HIPOBJ_ACCESS_KEY)
+  --secret-key-file PATH
+                        a file holding its secret key, one line (or HIPOBJ_SECRET_KEY)
+  --secret-key SK       the secret key itself: on the command line, every user of the machine
+                        sees it (ps); prefer the file, the environment or the config file
+  --credentials-file PATH
+                        more access keys (one per tenant, say): a line \"AK SK\" each; blank
+                        lines and lines starting with # are skipped
+  --tls-cert PEM        serve https: the certificate chain (PEM, the server's first)
+  --tls-key PEM         the certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1)
+  --metrics-listen ADDR:PORT
+                        serve Prometheus metrics at http://ADDR:PORT/metrics
   --region REGION       the region requests must be signed for (default us-east-1)
   --bucket NAME         creates this bucket (a directory of the root) if missing; repeatable
   --device NAME         RDMA device (default: the first one with an active port)
@@ -52,7 +84,105 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT --access-key AK --secret-k
   --rdma-max-connections-per-client N
                         RDMA connections held for one access key to one client address,
                         dials in progress included (default 1024)
+  --shutdown-grace-ms N on SIGTERM or SIGINT, how long the requests in progress may take to
+                        finish (default --rdma-timeout-ms + --delay-final-ms + 1000)
+  --version             print the version and what the build holds
 ";
+
+/// What a bad command line prints after its error, instead of [`USAGE`].
+pub const SHORT_USAGE: &str = "usage: hipobj-s3-server --root DIR --listen ADDR:PORT \
+     [--config FILE] [OPTION]...; --help for all options";
+
+/// The environment variable holding the access key of the server's own
+/// clients. Not `AWS_ACCESS_KEY_ID`: a backend in front of another store
+/// reads the AWS variables as its own credentials for that store.
+pub const ACCESS_KEY_ENV: &str = "HIPOBJ_ACCESS_KEY";
+/// The environment variable holding that access key's secret key.
+pub const SECRET_KEY_ENV: &str = "HIPOBJ_SECRET_KEY";
+
+/// The s3s version this server is built on (Cargo.toml pins it; a unit
+/// test keeps the two equal).
+const S3S_VERSION: &str = "0.14.1";
+
+/// What `--version` prints: the crate's version and what the build holds.
+pub fn version() -> String {
+    format!(
+        "hipobj-s3-server {} (rdma, s3s {S3S_VERSION}, tls: rustls 0.23 with ring, \
+         metrics: prometheus-client 0.26)",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// How an option takes its value; the config file's values are checked
+/// against it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// No value on the command line (`--no-rdma`, or `--no-rdma=true|false`);
+    /// `true` or `false` in the file.
+    Flag,
+    /// One value: a string or a whole number in the file.
+    Value,
+    /// A value each time it is given: an array in the file.
+    Repeated,
+}
+
+/// Every option the config file may hold, with how it takes its value.
+/// An option added to the parser (`apply`) and to [`USAGE`] goes here too
+/// (a unit test compares the three).
+const OPTIONS: &[(&str, Kind)] = &[
+    ("--root", Kind::Value),
+    ("--listen", Kind::Value),
+    ("--access-key", Kind::Value),
+    ("--secret-key", Kind::Value),
+    ("--secret-key-file", Kind::Value),
+    ("--credentials-file", Kind::Value),
+    ("--tls-cert", Kind::Value),
+    ("--tls-key", Kind::Value),
+    ("--metrics-listen", Kind::Value),
+    ("--region", Kind::Value),
+    ("--bucket", Kind::Repeated),
+    ("--device", Kind::Value),
+    ("--no-rdma", Kind::Flag),
+    ("--rdma-timeout-ms", Kind::Value),
+    ("--rdma-connect-timeout-ms", Kind::Value),
+    ("--delay-final-ms", Kind::Value),
+    ("--rdma-allow", Kind::Repeated),
+    ("--rdma-max-bytes", Kind::Value),
+    ("--rdma-memory-bytes", Kind::Value),
+    ("--rdma-max-requests", Kind::Value),
+    ("--rdma-max-connections", Kind::Value),
+    ("--rdma-max-connections-per-client", Kind::Value),
+    ("--rdma-chunk-bytes", Kind::Value),
+    ("--rdma-chunks", Kind::Value),
+    ("--shutdown-grace-ms", Kind::Value),
+];
+
+/// An access key requests may be signed with, and its secret key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credential {
+    /// The access key.
+    pub access_key: String,
+    /// Its secret key.
+    pub secret_key: String,
+}
+
+impl std::fmt::Debug for Credential {
+    /// The access key only: settings are printed in messages and logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credential")
+            .field("access_key", &self.access_key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `--tls-cert` and `--tls-key`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tls {
+    /// The certificate chain's PEM file.
+    pub cert: PathBuf,
+    /// The private key's PEM file.
+    pub key: PathBuf,
+}
 
 /// The server's settings.
 #[derive(Debug)]
@@ -61,10 +191,13 @@ pub struct Options {
     pub root: PathBuf,
     /// `--listen`.
     pub listen: SocketAddr,
-    /// `--access-key`.
-    pub access_key: String,
-    /// `--secret-key`.
-    pub secret_key: String,
+    /// The access keys and their secret keys: `--access-key`'s (from
+    /// wherever its secret key came) first, then `--credentials-file`'s.
+    pub credentials: Vec<Credential>,
+    /// `--tls-cert` and `--tls-key`: https, else plain http.
+    pub tls: Option<Tls>,
+    /// `--metrics-listen`.
+    pub metrics_listen: Option<SocketAddr>,
     /// `--region`.
     pub region: String,
     /// `--bucket`, each.
@@ -95,6 +228,8 @@ pub struct Options {
     pub rdma_chunk_bytes: usize,
     /// `--rdma-chunks`.
     pub rdma_chunks: usize,
+    /// `--shutdown-grace-ms`, or its default.
+    pub shutdown_grace: Duration,
 }
 
 impl Options {
@@ -114,29 +249,192 @@ impl Options {
     }
 }
 
-/// Parses the arguments (without the program name): the settings, or
-/// `None` for `--help`. Options take their value as the next argument or
-/// after `=`.
+/// What the command line asks for.
+#[derive(Debug)]
+pub enum Command {
+    /// Serve with these settings, after printing the warnings (each a
+    /// sentence, on standard error).
+    Run {
+        /// The settings (boxed: the other variants are empty).
+        options: Box<Options>,
+        /// What is allowed but unsafe: a secret on the command line or in
+        /// a file others may read, S3 in clear text on a network.
+        warnings: Vec<String>,
+    },
+    /// `--help`.
+    Help,
+    /// `--version`.
+    Version,
+}
+
+/// Parses the arguments (without the program name), the config file they
+/// name, and the environment's secrets (`env` looks a variable up). An
+/// error is a sentence naming the option, key or file at fault.
+pub fn command(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Command, String> {
+    let mut given = Given::new(Source::CommandLine);
+    match apply(&mut given, args)? {
+        Flow::Help => return Ok(Command::Help),
+        Flow::Version => return Ok(Command::Version),
+        Flow::Go => {}
+    }
+    if let Some(path) = given.config.clone() {
+        // The file first, then the command line again over it.
+        let from_file = file_args(&path)?;
+        given = Given::new(Source::File);
+        apply(&mut given, &from_file).map_err(|e| format!("{}: {e}", path.display()))?;
+        given.source = Source::CommandLine;
+        apply(&mut given, args)?;
+    }
+    let mut warnings = Vec::new();
+    let options = finish(given, env, &mut warnings)?;
+    Ok(Command::Run {
+        options: Box::new(options),
+        warnings,
+    })
+}
+
+/// [`command`] without an environment: the settings, or `None` for
+/// `--help` or `--version`.
 pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
-    let mut root = None;
-    let mut listen = None;
-    let mut access_key = None;
-    let mut secret_key = None;
-    let mut region = "us-east-1".to_owned();
-    let mut buckets = Vec::new();
-    let mut device = None;
-    let mut no_rdma = false;
-    let mut rdma_timeout = Duration::from_millis(10_000);
-    let mut rdma_connect_timeout = Duration::from_millis(2_000);
-    let mut delay_final = Duration::ZERO;
-    let mut rdma_allow = Vec::new();
-    let mut rdma_max_bytes: Option<u64> = None;
-    let mut rdma_memory_bytes: u64 = 1 << 30;
-    let mut rdma_max_requests = 128;
-    let mut rdma_max_connections = 4096;
-    let mut rdma_max_connections_per_client = 1024;
-    let mut rdma_chunk_bytes: Option<usize> = None;
-    let mut rdma_chunks = 4;
+    match command(args, &|_| None)? {
+        Command::Run { options, .. } => Ok(Some(*options)),
+        Command::Help | Command::Version => Ok(None),
+    }
+}
+
+/// Where a value was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    /// The config file.
+    File,
+    /// The command line.
+    CommandLine,
+}
+
+/// A secret key as given: the key itself, or the file holding it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Secret {
+    /// `--secret-key`, `secret-key` or `HIPOBJ_SECRET_KEY`.
+    Key(String),
+    /// `--secret-key-file`.
+    File(PathBuf),
+}
+
+/// The values of a repeatable option, and where they were given: the
+/// command line's replace the file's.
+#[derive(Debug)]
+struct Listed<T> {
+    items: Vec<T>,
+    from: Option<Source>,
+}
+
+impl<T> Listed<T> {
+    fn new() -> Listed<T> {
+        Listed {
+            items: Vec::new(),
+            from: None,
+        }
+    }
+
+    fn push(&mut self, from: Source, item: T) {
+        if self.from != Some(from) {
+            self.items.clear();
+            self.from = Some(from);
+        }
+        self.items.push(item);
+    }
+}
+
+/// What the arguments gave, before the environment and the checks that
+/// span several options.
+struct Given {
+    /// Where the arguments being applied come from.
+    source: Source,
+    config: Option<PathBuf>,
+    root: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    access_key: Option<(String, Source)>,
+    secret: Option<(Secret, Source)>,
+    credentials_file: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    metrics_listen: Option<SocketAddr>,
+    region: String,
+    buckets: Listed<String>,
+    device: Option<String>,
+    no_rdma: bool,
+    rdma_timeout: Duration,
+    rdma_connect_timeout: Duration,
+    delay_final: Duration,
+    rdma_allow: Listed<ipnet::IpNet>,
+    rdma_max_bytes: Option<u64>,
+    rdma_memory_bytes: u64,
+    rdma_max_requests: usize,
+    rdma_max_connections: usize,
+    rdma_max_connections_per_client: usize,
+    rdma_chunk_bytes: Option<usize>,
+    rdma_chunks: usize,
+    shutdown_grace: Option<Duration>,
+}
+
+impl Given {
+    /// The defaults.
+    fn new(source: Source) -> Given {
+        Given {
+            source,
+            config: None,
+            root: None,
+            listen: None,
+            access_key: None,
+            secret: None,
+            credentials_file: None,
+            tls_cert: None,
+            tls_key: None,
+            metrics_listen: None,
+            region: "us-east-1".to_owned(),
+            buckets: Listed::new(),
+            device: None,
+            no_rdma: false,
+            rdma_timeout: Duration::from_millis(10_000),
+            rdma_connect_timeout: Duration::from_millis(2_000),
+            delay_final: Duration::ZERO,
+            rdma_allow: Listed::new(),
+            rdma_max_bytes: None,
+            rdma_memory_bytes: 1 << 30,
+            rdma_max_requests: 128,
+            rdma_max_connections: 4096,
+            rdma_max_connections_per_client: 1024,
+            rdma_chunk_bytes: None,
+            rdma_chunks: 4,
+            shutdown_grace: None,
+        }
+    }
+
+    /// `--secret-key` or `--secret-key-file`: one of the two in each
+    /// source.
+    fn set_secret(&mut self, secret: Secret) -> Result<(), String> {
+        if let Some((old, from)) = &self.secret {
+            if *from == self.source
+                && std::mem::discriminant(old) != std::mem::discriminant(&secret)
+            {
+                return Err("--secret-key and --secret-key-file both given: give one".into());
+            }
+        }
+        self.secret = Some((secret, self.source));
+        Ok(())
+    }
+}
+
+/// What the arguments ask for besides settings.
+enum Flow {
+    Go,
+    Help,
+    Version,
+}
+
+/// Applies the arguments to `g`. Options take their value as the next
+/// argument or after `=`; a flag takes none, or `=true`/`=false`.
+fn apply(g: &mut Given, args: &[String]) -> Result<Flow, String> {
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let (name, inline) = match arg.split_once('=') {
@@ -149,78 +447,351 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
                 None => it.next().cloned().ok_or(format!("{name} needs a value")),
             }
         };
+        let source = g.source;
         match name {
-            "--help" | "-h" => return Ok(None),
-            "--root" => root = Some(PathBuf::from(value()?)),
-            "--listen" => {
-                let v = value()?;
-                listen = Some(
-                    v.parse::<SocketAddr>()
-                        .map_err(|e| format!("--listen {v}: {e} (expected IP:PORT)"))?,
-                );
-            }
-            "--access-key" => access_key = Some(value()?),
-            "--secret-key" => secret_key = Some(value()?),
-            "--region" => region = value()?,
-            "--bucket" => buckets.push(bucket_name(value()?)?),
-            "--device" => device = Some(value()?),
-            "--no-rdma" if inline.is_none() => no_rdma = true,
-            "--rdma-timeout-ms" => rdma_timeout = millis(name, &value()?, 1)?,
-            "--rdma-connect-timeout-ms" => rdma_connect_timeout = millis(name, &value()?, 1)?,
-            "--delay-final-ms" => delay_final = millis(name, &value()?, 0)?,
+            "--help" | "-h" => return Ok(Flow::Help),
+            "--version" | "-V" => return Ok(Flow::Version),
+            "--config" => g.config = Some(PathBuf::from(value()?)),
+            "--root" => g.root = Some(PathBuf::from(value()?)),
+            "--listen" => g.listen = Some(address(name, &value()?)?),
+            "--access-key" => g.access_key = Some((value()?, source)),
+            "--secret-key" => g.set_secret(Secret::Key(value()?))?,
+            "--secret-key-file" => g.set_secret(Secret::File(PathBuf::from(value()?)))?,
+            "--credentials-file" => g.credentials_file = Some(PathBuf::from(value()?)),
+            "--tls-cert" => g.tls_cert = Some(PathBuf::from(value()?)),
+            "--tls-key" => g.tls_key = Some(PathBuf::from(value()?)),
+            "--metrics-listen" => g.metrics_listen = Some(address(name, &value()?)?),
+            "--region" => g.region = value()?,
+            "--bucket" => g.buckets.push(source, bucket_name(value()?)?),
+            "--device" => g.device = Some(value()?),
+            "--no-rdma" => g.no_rdma = flag(name, inline.as_deref())?,
+            "--rdma-timeout-ms" => g.rdma_timeout = millis(name, &value()?, 1)?,
+            "--rdma-connect-timeout-ms" => g.rdma_connect_timeout = millis(name, &value()?, 1)?,
+            "--delay-final-ms" => g.delay_final = millis(name, &value()?, 0)?,
             "--rdma-allow" => {
                 let v = value()?;
-                rdma_allow.push(
-                    v.parse::<ipnet::IpNet>()
-                        .map_err(|e| format!("--rdma-allow {v}: {e} (expected ADDR/PREFIX)"))?,
-                );
+                let net = v
+                    .parse::<ipnet::IpNet>()
+                    .map_err(|e| format!("--rdma-allow {v}: {e} (expected ADDR/PREFIX)"))?;
+                g.rdma_allow.push(source, net);
             }
-            "--rdma-max-bytes" => rdma_max_bytes = Some(count(name, &value()?)?),
-            "--rdma-memory-bytes" => rdma_memory_bytes = count(name, &value()?)?,
-            "--rdma-max-requests" => rdma_max_requests = count(name, &value()?)?,
-            "--rdma-max-connections" => rdma_max_connections = count(name, &value()?)?,
+            "--rdma-max-bytes" => g.rdma_max_bytes = Some(count(name, &value()?)?),
+            "--rdma-memory-bytes" => g.rdma_memory_bytes = count(name, &value()?)?,
+            "--rdma-max-requests" => g.rdma_max_requests = count(name, &value()?)?,
+            "--rdma-max-connections" => g.rdma_max_connections = count(name, &value()?)?,
             "--rdma-max-connections-per-client" => {
-                rdma_max_connections_per_client = count(name, &value()?)?
+                g.rdma_max_connections_per_client = count(name, &value()?)?
             }
-            "--rdma-chunk-bytes" => rdma_chunk_bytes = Some(count(name, &value()?)?),
-            "--rdma-chunks" => rdma_chunks = count(name, &value()?)?,
+            "--rdma-chunk-bytes" => g.rdma_chunk_bytes = Some(count(name, &value()?)?),
+            "--rdma-chunks" => g.rdma_chunks = count(name, &value()?)?,
+            "--shutdown-grace-ms" => g.shutdown_grace = Some(millis(name, &value()?, 0)?),
             _ => return Err(format!("unknown argument {arg}")),
         }
     }
-    let missing = |what: &str| format!("{what} is required");
-    let access_key = access_key.ok_or_else(|| missing("--access-key"))?;
-    let secret_key = secret_key.ok_or_else(|| missing("--secret-key"))?;
-    if access_key.is_empty() || secret_key.is_empty() {
-        return Err("--access-key and --secret-key must not be empty".into());
+    Ok(Flow::Go)
+}
+
+/// The config file as the arguments the command line would give: each key
+/// is an option of [`OPTIONS`] without its dashes.
+fn file_args(path: &Path) -> Result<Vec<String>, String> {
+    let shown = path.display();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("reading the config file {shown}: {e}"))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e| format!("the config file {shown} is not TOML: {e}"))?;
+    let mut args = Vec::new();
+    for (key, value) in &table {
+        let name = format!("--{key}");
+        let Some(&(_, kind)) = OPTIONS.iter().find(|(option, _)| *option == name) else {
+            return Err(format!(
+                "the config file {shown}: unknown key {key:?} (its keys are the options of \
+                 --help without their dashes; config, help and version are not among them)"
+            ));
+        };
+        // Values are never echoed: one may be a secret key.
+        let scalar = |v: &toml::Value| match v {
+            toml::Value::String(s) => Ok(s.clone()),
+            toml::Value::Integer(n) => Ok(n.to_string()),
+            other => Err(format!(
+                "the config file {shown}: {key} is {} {}: expected a string or a whole number",
+                article(other.type_str()),
+                other.type_str()
+            )),
+        };
+        match (kind, value) {
+            (Kind::Flag, toml::Value::Boolean(b)) => args.push(format!("{name}={b}")),
+            (Kind::Flag, other) => {
+                return Err(format!(
+                    "the config file {shown}: {key} is {} {}: expected true or false",
+                    article(other.type_str()),
+                    other.type_str()
+                ))
+            }
+            (Kind::Repeated, toml::Value::Array(items)) => {
+                for item in items {
+                    args.push(format!("{name}={}", scalar(item)?));
+                }
+            }
+            (Kind::Value | Kind::Repeated, value) => {
+                args.push(format!("{name}={}", scalar(value)?))
+            }
+        }
     }
-    let rdma_chunk_bytes = chunk_bytes(rdma_chunk_bytes, rdma_memory_bytes)?;
-    let rdma_max_bytes = rdma_max_bytes.unwrap_or(DEFAULT_MAX_BYTES);
-    if rdma_max_requests > MAX_REQUESTS {
+    Ok(args)
+}
+
+/// "a" or "an" before a TOML type's name.
+fn article(type_name: &str) -> &'static str {
+    if type_name.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
+    }
+}
+
+/// Where a value in effect came from, for messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    CommandLine,
+    Environment,
+    File,
+}
+
+/// The command line's value, else the environment's, else the file's.
+fn pick<T>(given: Option<(T, Source)>, env: Option<T>) -> Option<(T, Origin)> {
+    match (given, env) {
+        (Some((v, Source::CommandLine)), _) => Some((v, Origin::CommandLine)),
+        (_, Some(v)) => Some((v, Origin::Environment)),
+        (Some((v, Source::File)), None) => Some((v, Origin::File)),
+        (None, None) => None,
+    }
+}
+
+/// The settings from what was given, the environment's keys and the
+/// files of secrets; what is unsafe goes to `warnings`.
+fn finish(
+    g: Given,
+    env: &dyn Fn(&str) -> Option<String>,
+    warnings: &mut Vec<String>,
+) -> Result<Options, String> {
+    let missing = |what: &str| format!("{what} is required");
+    let env = |name: &str| env(name).filter(|v| !v.is_empty());
+    let access_key = pick(g.access_key, env(ACCESS_KEY_ENV));
+    let secret = pick(g.secret, env(SECRET_KEY_ENV).map(Secret::Key));
+    let secret_key = match secret {
+        None => None,
+        Some((Secret::Key(key), origin)) => {
+            match origin {
+                Origin::CommandLine => warnings.push(format!(
+                    "--secret-key on the command line is visible to every user of this machine \
+                     (ps, /proc/PID/cmdline): use --secret-key-file, {SECRET_KEY_ENV} or the \
+                     config file instead"
+                )),
+                Origin::File => {
+                    if let Some(config) = &g.config {
+                        warnings.extend(readable_by_others(
+                            config,
+                            "the config file, which holds secret-key,",
+                        ));
+                    }
+                }
+                Origin::Environment => {}
+            }
+            Some(key)
+        }
+        Some((Secret::File(path), _)) => {
+            warnings.extend(readable_by_others(&path, "the secret key file"));
+            Some(read_secret(&path)?)
+        }
+    };
+    let mut credentials = Vec::new();
+    match (access_key, secret_key) {
+        (Some((access_key, _)), Some(secret_key)) => credentials.push(Credential {
+            access_key,
+            secret_key,
+        }),
+        (Some(_), None) => {
+            return Err(format!(
+                "--access-key has no secret key: give --secret-key-file PATH, {SECRET_KEY_ENV} \
+                 in the environment, or secret-key-file in the config file"
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(format!(
+                "a secret key without its access key: give --access-key (or {ACCESS_KEY_ENV})"
+            ))
+        }
+        (None, None) => {}
+    }
+    if let Some(path) = &g.credentials_file {
+        warnings.extend(readable_by_others(path, "the credentials file"));
+        for credential in read_credentials(path)? {
+            if credentials
+                .iter()
+                .any(|c| c.access_key == credential.access_key)
+            {
+                return Err(format!(
+                    "access key {} is given twice ({} holds it again)",
+                    credential.access_key,
+                    path.display()
+                ));
+            }
+            credentials.push(credential);
+        }
+    }
+    if credentials.is_empty() {
         return Err(format!(
-            "--rdma-max-requests {rdma_max_requests}: at most {MAX_REQUESTS}"
+            "--access-key is required, with its secret key (--secret-key-file, \
+             {SECRET_KEY_ENV}, or the config file), or --credentials-file"
         ));
     }
-    Ok(Some(Options {
-        root: root.ok_or_else(|| missing("--root"))?,
-        listen: listen.ok_or_else(|| missing("--listen"))?,
-        access_key,
-        secret_key,
-        region,
-        buckets,
-        device,
-        no_rdma,
-        rdma_timeout,
-        rdma_connect_timeout,
-        delay_final,
-        rdma_allow,
+    if credentials
+        .iter()
+        .any(|c| c.access_key.is_empty() || c.secret_key.is_empty())
+    {
+        return Err("--access-key and --secret-key must not be empty".into());
+    }
+    let tls = match (g.tls_cert, g.tls_key) {
+        (Some(cert), Some(key)) => {
+            warnings.extend(readable_by_others(&key, "the TLS private key"));
+            Some(Tls { cert, key })
+        }
+        (None, None) => None,
+        _ => return Err("--tls-cert and --tls-key go together: give both, or neither".into()),
+    };
+    let listen = g.listen.ok_or_else(|| missing("--listen"))?;
+    if tls.is_none() && !listen.ip().is_loopback() {
+        warnings.push(format!(
+            "--listen {listen} without --tls-cert: S3 requests, their signatures and the \
+             objects' bytes sent over HTTP cross the network in clear text (a signed request \
+             can be replayed for 15 minutes); give --tls-cert and --tls-key, or listen on \
+             127.0.0.1 behind a TLS proxy"
+        ));
+    }
+    let rdma_chunk_bytes = chunk_bytes(g.rdma_chunk_bytes, g.rdma_memory_bytes)?;
+    let rdma_max_bytes = g.rdma_max_bytes.unwrap_or(DEFAULT_MAX_BYTES);
+    if g.rdma_max_requests > MAX_REQUESTS {
+        return Err(format!(
+            "--rdma-max-requests {}: at most {MAX_REQUESTS}",
+            g.rdma_max_requests
+        ));
+    }
+    let shutdown_grace = g
+        .shutdown_grace
+        .unwrap_or(g.rdma_timeout + g.delay_final + Duration::from_secs(1));
+    Ok(Options {
+        root: g.root.ok_or_else(|| missing("--root"))?,
+        listen,
+        credentials,
+        tls,
+        metrics_listen: g.metrics_listen,
+        region: g.region,
+        buckets: g.buckets.items,
+        device: g.device,
+        no_rdma: g.no_rdma,
+        rdma_timeout: g.rdma_timeout,
+        rdma_connect_timeout: g.rdma_connect_timeout,
+        delay_final: g.delay_final,
+        rdma_allow: g.rdma_allow.items,
         rdma_max_bytes,
-        rdma_memory_bytes,
-        rdma_max_requests,
-        rdma_max_connections,
-        rdma_max_connections_per_client,
+        rdma_memory_bytes: g.rdma_memory_bytes,
+        rdma_max_requests: g.rdma_max_requests,
+        rdma_max_connections: g.rdma_max_connections,
+        rdma_max_connections_per_client: g.rdma_max_connections_per_client,
         rdma_chunk_bytes,
-        rdma_chunks,
-    }))
+        rdma_chunks: g.rdma_chunks,
+        shutdown_grace,
+    })
+}
+
+/// A warning if `path`, which holds a secret, may be read by users other
+/// than its owner. (A warning, not a refusal: mounted secrets, such as
+/// Kubernetes', are often 0644 inside a directory only the service sees.)
+fn readable_by_others(path: &Path, what: &str) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o7777;
+    (mode & 0o044 != 0).then(|| {
+        format!(
+            "{what} {} can be read by other users (mode {mode:04o}): chmod 600 it",
+            path.display()
+        )
+    })
+}
+
+/// The secret key in `path`: its one line, without the newline ending it.
+fn read_secret(path: &Path) -> Result<String, String> {
+    let shown = path.display();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("reading the secret key file {shown}: {e}"))?;
+    let key = text
+        .strip_suffix('\n')
+        .map_or(text.as_str(), |t| t.strip_suffix('\r').unwrap_or(t));
+    if key.is_empty() {
+        return Err(format!("the secret key file {shown} is empty"));
+    }
+    if key.contains(['\n', '\r']) {
+        return Err(format!(
+            "the secret key file {shown} holds more than one line: it must hold the secret key \
+             alone"
+        ));
+    }
+    Ok(key.to_owned())
+}
+
+/// The access keys in a credentials file: `AK SK` a line, blank lines and
+/// `#` comments skipped. A bad line is named by its number, never shown.
+fn read_credentials(path: &Path) -> Result<Vec<Credential>, String> {
+    let shown = path.display();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("reading the credentials file {shown}: {e}"))?;
+    let mut credentials: Vec<Credential> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        let (Some(access_key), Some(secret_key), None) = (words.next(), words.next(), words.next())
+        else {
+            return Err(format!(
+                "the credentials file {shown}, line {}: expected an access key and its secret \
+                 key, separated by spaces",
+                i + 1
+            ));
+        };
+        if credentials.iter().any(|c| c.access_key == access_key) {
+            return Err(format!(
+                "the credentials file {shown}, line {}: access key {access_key} is given twice",
+                i + 1
+            ));
+        }
+        credentials.push(Credential {
+            access_key: access_key.to_owned(),
+            secret_key: secret_key.to_owned(),
+        });
+    }
+    if credentials.is_empty() {
+        return Err(format!("the credentials file {shown} holds no access key"));
+    }
+    Ok(credentials)
+}
+
+/// `IP:PORT`.
+fn address(name: &str, text: &str) -> Result<SocketAddr, String> {
+    text.parse::<SocketAddr>()
+        .map_err(|e| format!("{name} {text}: {e} (expected IP:PORT)"))
+}
+
+/// A flag: given alone, or `=true`/`=false` (as the config file gives it).
+fn flag(name: &str, inline: Option<&str>) -> Result<bool, String> {
+    match inline {
+        None | Some("true") => Ok(true),
+        Some("false") => Ok(false),
+        Some(other) => Err(format!(
+            "{name}={other}: a flag takes no value, or true or false"
+        )),
+    }
 }
 
 /// The most RDMA requests served at once: each may hold a blocking thread,
@@ -461,8 +1032,229 @@ pub(crate) mod tests {
         assert!(with(&["--rdma-memory-bytes", "4095"]).is_err());
         assert!(with(&["--rdma-chunks", "0"]).is_err());
     }
+
     #[test]
     fn help_wins() {
         assert!(matches!(parse(&args(&["--help"])), Ok(None)));
+    }
+
+    /// The required options but the secret key.
+    fn access_key_alone() -> Vec<String> {
+        args(&[
+            "--root",
+            "/r",
+            "--listen",
+            "127.0.0.1:0",
+            "--access-key",
+            "a",
+        ])
+    }
+
+    /// A file of this test's own, removed when dropped.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str, contents: &str) -> Scratch {
+            let path =
+                std::env::temp_dir().join(format!("hipobj-cli-{}-{name}", std::process::id()));
+            std::fs::write(&path, contents).expect("a scratch file");
+            Scratch(path)
+        }
+
+        fn arg(&self) -> &str {
+            self.0.to_str().expect("UTF-8")
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    #[test]
+    fn the_option_table_the_usage_and_the_parser_name_the_same_options() {
+        let in_usage: std::collections::BTreeSet<&str> = USAGE
+            .split(|c: char| c.is_whitespace() || "[]|".contains(c))
+            .filter(|w| w.starts_with("--"))
+            .map(|w| w.split('=').next().unwrap_or(w))
+            .filter(|w| !matches!(*w, "--help" | "--version" | "--config"))
+            .collect();
+        let in_table: std::collections::BTreeSet<&str> =
+            OPTIONS.iter().map(|(name, _)| *name).collect();
+        assert_eq!(in_usage, in_table);
+        for (name, kind) in OPTIONS {
+            let list = match kind {
+                Kind::Flag => args(&[name]),
+                Kind::Value | Kind::Repeated => args(&[name, "x"]),
+            };
+            let said = apply(&mut Given::new(Source::CommandLine), &list).err();
+            assert!(
+                !said
+                    .as_deref()
+                    .unwrap_or("")
+                    .starts_with("unknown argument"),
+                "{name} is in the table but not in the parser"
+            );
+        }
+    }
+
+    #[test]
+    fn the_version_names_the_s3s_that_cargo_toml_pins() {
+        let manifest = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
+        assert!(
+            manifest.contains(&format!("s3s = {{ version = \"={S3S_VERSION}\"")),
+            "Cargo.toml pins another s3s than {S3S_VERSION}"
+        );
+        assert!(version().contains(&format!("s3s {S3S_VERSION}")));
+    }
+
+    #[test]
+    fn the_command_line_beats_the_environment_which_beats_the_config_file() {
+        let config = Scratch::new(
+            "precedence.toml",
+            "access-key = \"file-ak\"\nsecret-key = \"file-sk\"\nregion = \"eu-west-1\"\n\
+             bucket = [\"from-file\"]\nrdma-allow = \"192.0.2.0/24\"\nno-rdma = true\n",
+        );
+        let base = [
+            "--root",
+            "/r",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            config.arg(),
+        ];
+        let run = |extra: &[&str], env: &[(&str, &str)]| {
+            let mut list = args(&base);
+            list.extend(args(extra));
+            let env: Vec<(String, String)> = env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            match command(&list, &|name| {
+                env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+            }) {
+                Ok(Command::Run { options, warnings }) => (*options, warnings),
+                other => panic!("{other:?}"),
+            }
+        };
+        let (o, _) = run(&[], &[]);
+        assert_eq!(
+            (
+                o.credentials[0].access_key.as_str(),
+                o.credentials[0].secret_key.as_str()
+            ),
+            ("file-ak", "file-sk")
+        );
+        assert_eq!(o.region, "eu-west-1");
+        assert_eq!(o.buckets, ["from-file"]);
+        assert_eq!(o.rdma_allow.len(), 1);
+        assert!(o.no_rdma);
+        let (o, warnings) = run(
+            &[],
+            &[(ACCESS_KEY_ENV, "env-ak"), (SECRET_KEY_ENV, "env-sk")],
+        );
+        assert_eq!(
+            (
+                o.credentials[0].access_key.as_str(),
+                o.credentials[0].secret_key.as_str()
+            ),
+            ("env-ak", "env-sk")
+        );
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let (o, warnings) = run(
+            &[
+                "--access-key",
+                "cli-ak",
+                "--secret-key",
+                "cli-sk",
+                "--bucket",
+                "from-cli",
+                "--no-rdma=false",
+            ],
+            &[(ACCESS_KEY_ENV, "env-ak"), (SECRET_KEY_ENV, "env-sk")],
+        );
+        assert_eq!(
+            (
+                o.credentials[0].access_key.as_str(),
+                o.credentials[0].secret_key.as_str()
+            ),
+            ("cli-ak", "cli-sk")
+        );
+        assert_eq!(
+            o.buckets,
+            ["from-cli"],
+            "the command line's list replaces the file's"
+        );
+        assert_eq!(
+            o.rdma_allow.len(),
+            1,
+            "a list the command line does not give stays"
+        );
+        assert!(!o.no_rdma);
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("--secret-key on the command line")),
+            "{warnings:?}"
+        );
+    }
+
+    #[test]
+    fn config_values_of_the_wrong_shape_are_refused_without_showing_them() {
+        for (contents, said) in [
+            (
+                "no-rdma = \"yes\"",
+                "no-rdma is a string: expected true or false",
+            ),
+            (
+                "secret-key = 1.5",
+                "secret-key is a float: expected a string or a whole number",
+            ),
+            (
+                "bucket = [[\"a\"]]",
+                "bucket is an array: expected a string or a whole number",
+            ),
+            ("config = \"other.toml\"", "unknown key \"config\""),
+            ("listen = ", "is not TOML"),
+        ] {
+            let config = Scratch::new("shape.toml", contents);
+            let mut list = args(&required());
+            list.extend(args(&["--config", config.arg()]));
+            let e = parse(&list).unwrap_err();
+            assert!(e.contains(said), "{contents}: {e}");
+            assert!(!e.contains("1.5"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_secret_key_file_holds_one_line_its_newline_trimmed() {
+        for (contents, key) in [("sk\n", "sk"), ("sk\r\n", "sk"), ("s k", "s k")] {
+            let file = Scratch::new("secret", contents);
+            assert_eq!(read_secret(&file.0).as_deref(), Ok(key));
+        }
+        for contents in ["", "\n", "one\ntwo\n"] {
+            let file = Scratch::new("secret", contents);
+            assert!(read_secret(&file.0).is_err(), "{contents:?}");
+        }
+        let mut both = access_key_alone();
+        both.extend(args(&["--secret-key", "s", "--secret-key-file", "/f"]));
+        assert!(parse(&both).unwrap_err().contains("give one"));
+    }
+
+    #[test]
+    fn keys_and_tls_files_must_come_in_pairs() {
+        let only_key = access_key_alone();
+        assert!(parse(&only_key)
+            .unwrap_err()
+            .contains("--access-key has no secret key"));
+        let mut half_tls = args(&required());
+        half_tls.extend(args(&["--tls-cert", "/c.pem"]));
+        assert!(parse(&half_tls).unwrap_err().contains("go together"));
+        let credentials = Scratch::new("credentials", "# none\nak\n");
+        let mut bad_line = args(&required());
+        bad_line.extend(args(&["--credentials-file", credentials.arg()]));
+        let e = parse(&bad_line).unwrap_err();
+        assert!(e.contains("line 2") && !e.contains("ak\n"), "{e}");
     }
 }

@@ -343,7 +343,6 @@ impl Rdma {
     }
 
     /// RDMA requests in progress.
-    #[cfg(test)]
     pub fn requests_in_progress(&self) -> usize {
         self.gate.held.load(Ordering::Acquire)
     }

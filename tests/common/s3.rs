@@ -1,6 +1,7 @@
 //! Starts the built `hipobj-s3-server` for a test: a fresh temporary root
-//! holding [`BUCKET`], the test keys, a listener on port 0, and the endpoint
-//! read from the server's first line.
+//! holding [`BUCKET`], the test keys (the access key on the command line,
+//! the secret key in the environment, as a deployment gives it), a
+//! listener on port 0, and the endpoint read from the server's first line.
 //!
 //! The root is made under `std::env::temp_dir()` (so `TMPDIR` decides where;
 //! inside the VM lane point it at a writable directory such as
@@ -9,11 +10,11 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The access key the server is started with.
@@ -28,7 +29,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A running `hipobj-s3-server` and its temporary root.
 pub struct S3Server {
-    /// `http://IP:PORT`, as the server printed it.
+    /// `http://IP:PORT` (or `https://`), as the server printed it.
     pub endpoint: String,
     /// Whether the server serves tokens (`rdma: DEVICE`) or declines them
     /// (`rdma: off: ...`).
@@ -36,6 +37,8 @@ pub struct S3Server {
     /// The server's whole first line.
     pub banner: String,
     child: Option<Child>,
+    /// The lines the server printed after its first.
+    later: Mutex<mpsc::Receiver<std::io::Result<String>>>,
     root: PathBuf,
     /// Whether the root is this server's to remove (not one lent by
     /// [`S3Server::start_at`]).
@@ -117,31 +120,56 @@ impl S3Server {
         extra: &[&str],
         stderr: Stdio,
     ) -> S3Server {
+        let mut command = Command::new(binary);
+        command
+            .args(["--access-key", ACCESS_KEY])
+            .env("HIPOBJ_SECRET_KEY", SECRET_KEY);
+        S3Server::launch_command(command, ip, root, owns_root, extra, stderr)
+    }
+
+    /// Starts `command` (the server, with whatever keys, environment and
+    /// arguments it already has) on a fresh temporary root holding
+    /// [`BUCKET`], listening on `ip` (port 0), with `extra` arguments and
+    /// its standard error to `stderr`.
+    pub fn start_command(command: Command, ip: &str, extra: &[&str], stderr: Stdio) -> S3Server {
+        S3Server::launch_command(command, ip, S3Server::new_root(), true, extra, stderr)
+    }
+
+    fn launch_command(
+        mut command: Command,
+        ip: &str,
+        root: PathBuf,
+        owns_root: bool,
+        extra: &[&str],
+        stderr: Stdio,
+    ) -> S3Server {
         let listen = format!("{ip}:0");
-        let mut child = Command::new(binary)
+        let program = PathBuf::from(command.get_program());
+        let mut child = command
             .arg("--root")
             .arg(&root)
             .args(["--listen", &listen])
-            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
             .args(["--bucket", BUCKET])
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()));
+            .unwrap_or_else(|e| panic!("starting {}: {e}", program.display()));
         let stdout = child.stdout.take().expect("stdout is piped");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut line = String::new();
-            let read = reader.read_line(&mut line).map(|_| line);
-            let _ = tx.send(read);
-            // Anything after the first line goes to the test's output.
-            let mut rest = String::new();
-            let _ = reader.read_to_string(&mut rest);
-            if !rest.is_empty() {
-                print!("{rest}");
+            // Every line goes to the test (the first is the banner); those
+            // after the first also to its output.
+            let mut first = true;
+            for line in BufReader::new(stdout).lines() {
+                if let (false, Ok(line)) = (first, &line) {
+                    println!("{line}");
+                }
+                first = false;
+                if tx.send(line).is_err() {
+                    break;
+                }
             }
         });
         let mut server = S3Server {
@@ -149,17 +177,20 @@ impl S3Server {
             rdma: false,
             banner: String::new(),
             child: Some(child),
+            later: Mutex::new(mpsc::channel().1),
             root,
             owns_root,
         };
         let line = match rx.recv_timeout(START_TIMEOUT) {
             Ok(Ok(line)) if !line.is_empty() => line,
-            Ok(Ok(_)) => {
+            Ok(Ok(_)) | Err(mpsc::RecvTimeoutError::Disconnected) => {
                 let status = server.terminate();
                 panic!("hipobj-s3-server exited without its first line: {status}");
             }
             Ok(Err(e)) => panic!("reading hipobj-s3-server's first line: {e}"),
-            Err(_) => panic!("hipobj-s3-server printed nothing in {START_TIMEOUT:?}"),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                panic!("hipobj-s3-server printed nothing in {START_TIMEOUT:?}")
+            }
         };
         let line = line.trim_end().to_string();
         let (endpoint, rdma) = parse_banner(&line)
@@ -167,7 +198,19 @@ impl S3Server {
         server.endpoint = endpoint;
         server.rdma = rdma;
         server.banner = line;
+        server.later = Mutex::new(rx);
         server
+    }
+
+    /// The next line the server prints on standard output after its first
+    /// (`hipobj-s3-server metrics on ...`), waiting up to `START_TIMEOUT`.
+    pub fn next_line(&self) -> String {
+        let later = self.later.lock().expect("not poisoned");
+        match later.recv_timeout(START_TIMEOUT) {
+            Ok(Ok(line)) => line,
+            Ok(Err(e)) => panic!("reading hipobj-s3-server's output: {e}"),
+            Err(e) => panic!("no further line from hipobj-s3-server: {e}"),
+        }
     }
 
     /// The server's root: the object `BUCKET/key` is the file
@@ -184,6 +227,13 @@ impl S3Server {
     /// The server's process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the server has not exited yet.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
     }
 
     /// Kills the server (SIGKILL) and reaps it.
@@ -252,13 +302,14 @@ pub fn curl(url: &str, args: &[&str]) -> std::io::Result<std::process::Output> {
         .output()
 }
 
-/// `(endpoint, rdma)` from `hipobj-s3-server listening on http://IP:PORT
-/// (rdma: DEVICE|off: REASON)`.
+/// `(endpoint, rdma)` from `hipobj-s3-server listening on
+/// http[s]://IP:PORT (rdma: DEVICE|off: REASON)`.
 pub fn parse_banner(line: &str) -> Option<(String, bool)> {
     let rest = line.strip_prefix("hipobj-s3-server listening on ")?;
     let (endpoint, rdma) = rest.split_once(" (rdma: ")?;
     let rdma = rdma.strip_suffix(')')?;
-    if !endpoint.starts_with("http://") || rdma.is_empty() {
+    let web = endpoint.starts_with("http://") || endpoint.starts_with("https://");
+    if !web || rdma.is_empty() {
         return None;
     }
     Some((endpoint.to_string(), !rdma.starts_with("off")))

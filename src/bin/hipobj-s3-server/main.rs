@@ -8,18 +8,27 @@ use hipobj::gateway::{self, cli};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let options = match cli::parse(&args) {
-        Ok(Some(options)) => options,
-        Ok(None) => {
+    let options = match cli::command(&args, &|name| std::env::var(name).ok()) {
+        Ok(cli::Command::Run { options, warnings }) => {
+            for warning in warnings {
+                eprintln!("hipobj-s3-server: warning: {warning}");
+            }
+            options
+        }
+        Ok(cli::Command::Help) => {
             print!("{}", cli::USAGE);
             return ExitCode::SUCCESS;
         }
+        Ok(cli::Command::Version) => {
+            println!("{}", cli::version());
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
-            eprintln!("hipobj-s3-server: {e}\n\n{}", cli::USAGE);
+            eprintln!("hipobj-s3-server: {e}\n{}", cli::SHORT_USAGE);
             return ExitCode::from(2);
         }
     };
-    match gateway::run(options) {
+    match gateway::run(*options) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("hipobj-s3-server: {e}");
