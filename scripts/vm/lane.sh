@@ -5,12 +5,16 @@
 # against the installed library, boots the VM and runs every test binary
 # there against the kernel's rdma_rxe at path MTU 4096, and the Python
 # package's lane tests, then tests/rxe.rs again at 1024, then the fault
-# soak's short form (scripts/vm/soak.sh).
+# soak's short form (scripts/vm/soak.sh). The first boot also starts the
+# three-node Garage cluster (scripts/garage.sh builds Garage once per
+# machine, into a cache outside the tree) and checks it over S3
+# (scripts/vm/garage-check.sh, short form).
 # Fails if any test fails or the VM cannot start.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 bash scripts/vm/setup.sh
+garage=$(bash scripts/garage.sh)
 bash scripts/build-examples.sh
 mapfile -t binaries < <(
     cargo test --locked --features vm-lane,s3-server,cli --test rxe --test e2e --no-run \
@@ -38,7 +42,13 @@ fi
 target="${CARGO_TARGET_DIR:-target}"
 case "$target" in /*) ;; *) target="$root/$target" ;; esac
 python="bash scripts/vm/python-guest.sh $(printf %q "$target/demo-prefix/lib/libhipobj.so.0") $(printf %q "$target/debug/hipobj-s3-server")"
-each='status=0; for test in "$@"; do echo "== $test"; timeout -k 10 1800 "$test" --test-threads=1 || { status=1; dmesg | grep -i rxe | tail -20; }; done; echo "== python/tests/test_lane.py"; timeout -k 10 900 '"$python"' || status=1; exit $status'
+tests='status=0; for test in "$@"; do echo "== $test"; timeout -k 10 1800 "$test" --test-threads=1 || { status=1; dmesg | grep -i rxe | tail -20; }; done; echo "== python/tests/test_lane.py"; timeout -k 10 900 '"$python"' || status=1'
+each="$tests"'; exit $status'
+# The first boot then checks the Garage cluster (docs/reliability.md, "The
+# lane's Garage cluster"), with a 64 MiB object where the long form streams
+# 3 GiB.
+garage_check="env HIPOBJ_GARAGE=$(printf %q "$garage") bash scripts/vm/garage-check.sh 64"
+first="$tests"'; echo "== scripts/vm/garage-check.sh"; timeout -k 10 900 '"$garage_check"' || status=1; exit $status'
 # One boot at a RoCE fabric's path MTU (4096, a 9000-byte netdev) runs them
 # all; a second at 1024 (a 1500-byte netdev) runs tests/rxe.rs again, so
 # that both paths stay tested. The lane fails if any test fails.
@@ -46,7 +56,7 @@ echo "== Soft-RoCE lane, path MTU 4096: ${binaries[*]}"
 status=0
 # A boot is bounded as a whole too (timeout kills QEMU): a process stuck in
 # the guest's kernel outlives any timeout inside it.
-timeout -k 30 2700 bash scripts/vm/run.sh --mtu 9000 bash -c "$each" lane "${binaries[@]}" || status=1
+timeout -k 30 3600 bash scripts/vm/run.sh --mtu 9000 bash -c "$first" lane "${binaries[@]}" || status=1
 rxe=$(printf '%s\n' "${binaries[@]}" | grep '/rxe-')
 echo "== Soft-RoCE lane, path MTU 1024: $rxe"
 timeout -k 30 1200 bash scripts/vm/run.sh --mtu 1500 bash -c "$each" lane "$rxe" || status=1
