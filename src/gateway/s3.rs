@@ -273,12 +273,15 @@ impl RdmaS3 {
     /// in the reply when the request asks for checksums.
     async fn get_by_rdma(
         &self,
-        req: S3Request<GetObjectInput>,
+        mut req: S3Request<GetObjectInput>,
         job: Job,
         what: String,
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let arrived = Instant::now();
         let verify = wants_checksum(&req.headers);
+        // The backend's stored checksum, whatever the client asked: the
+        // bytes of a whole object are checked against it on their way.
+        req.input.checksum_mode = Some(ChecksumMode::from_static(ChecksumMode::ENABLED));
         let (token, rdma, source) = (job.token, job.rdma.clone(), job.source);
         let file = self.backend.object_file(&req.input.bucket, &req.input.key);
         let mut resp = self.backend_get(req).await.map_err(echo_status)?;
@@ -296,6 +299,7 @@ impl RdmaS3 {
         }
         let want = usize::try_from(len)
             .map_err(|_| failed(format!("{len} bytes do not fit this machine's memory")))?;
+        let stored = Stored::of(&resp.output, len == length);
         // The backend's body comes in 4 KiB reads, each a trip through the
         // runtime's blocking pool: under load, seconds for a few MiB. A
         // backend that keeps the object in a file of its own has it read in
@@ -335,7 +339,11 @@ impl RdmaS3 {
                 stream::write_chunks(&rdma, &token, len, &label, &chunk_rx, &free_tx)
             }
         });
-        let filling = fill_chunks(&job, bytes_from, want, verify, chunk_tx, &mut free_rx);
+        let sums = Sums {
+            crc: verify,
+            stored,
+        };
+        let filling = fill_chunks(&job, bytes_from, want, sums, chunk_tx, &mut free_rx);
         let (written, filled) = tokio::join!(writing, filling);
         // Buffers the writer handed back: to the pool.
         free_rx.close();
@@ -347,6 +355,18 @@ impl RdmaS3 {
             Err(Fill::NoBuffer(e)) => return Err(take_failed(e)),
             Err(Fill::Failed(why)) => {
                 return Err(failed(format!("reading {what} from the backend: {why}")))
+            }
+            Err(Fill::Corrupt {
+                header,
+                stored,
+                read,
+            }) => {
+                let why = format!(
+                    "the backend's bytes of {what} do not match its {header}: stored {stored}, \
+                     read {read}; the transfer was not completed"
+                );
+                eprintln!("hipobj-s3-server: GET {what}: {why}");
+                return Err(failed(why));
             }
             // The writer ended first: its outcome says why.
             Err(Fill::WriterGone) => None,
@@ -500,30 +520,105 @@ enum Fill {
     NoBuffer(TakeError),
     /// The backend's bytes failed or ended short.
     Failed(String),
+    /// The backend's bytes do not match the checksum it stored with them.
+    Corrupt {
+        header: &'static str,
+        stored: String,
+        read: String,
+    },
     /// The writer ended (its outcome says why).
     WriterGone,
+}
+
+/// A whole object's checksum as the backend stored it: one algorithm
+/// (the first the answer carries of S3's five), and its value (base64).
+struct Stored {
+    header: &'static str,
+    value: String,
+}
+
+impl Stored {
+    /// The checksum of `output` that describes its bytes, if `whole` (the
+    /// answer holds the whole object and the transfer moves all of it) and
+    /// it is a full object's (a composite checksum of a multipart upload's
+    /// parts, `COMPOSITE` or `VALUE-N`, describes no bytes).
+    fn of(output: &GetObjectOutput, whole: bool) -> Option<Stored> {
+        let composite = output
+            .checksum_type
+            .as_ref()
+            .is_some_and(|t| t.as_str() == ChecksumType::COMPOSITE);
+        if !whole || output.content_range.is_some() || composite {
+            return None;
+        }
+        [
+            ("x-amz-checksum-crc64nvme", &output.checksum_crc64nvme),
+            ("x-amz-checksum-crc32c", &output.checksum_crc32c),
+            ("x-amz-checksum-crc32", &output.checksum_crc32),
+            ("x-amz-checksum-sha256", &output.checksum_sha256),
+            ("x-amz-checksum-sha1", &output.checksum_sha1),
+        ]
+        .into_iter()
+        .find_map(|(header, value)| {
+            let value = value.as_ref()?;
+            (!value.contains('-')).then(|| Stored {
+                header,
+                value: value.clone(),
+            })
+        })
+    }
+
+    /// A hasher for this algorithm (and CRC64/NVME if `crc`).
+    fn hasher(stored: Option<&Stored>, crc: bool) -> s3s::checksum::ChecksumHasher {
+        let is = |h: &str| stored.is_some_and(|s| s.header == h);
+        s3s::checksum::ChecksumHasher {
+            crc64nvme: (crc || is("x-amz-checksum-crc64nvme")).then(Default::default),
+            crc32c: is("x-amz-checksum-crc32c").then(Default::default),
+            crc32: is("x-amz-checksum-crc32").then(Default::default),
+            sha256: is("x-amz-checksum-sha256").then(Default::default),
+            sha1: is("x-amz-checksum-sha1").then(Default::default),
+        }
+    }
+
+    /// This algorithm's value in `sums`.
+    fn read<'a>(&self, sums: &'a Checksum) -> Option<&'a String> {
+        match self.header {
+            "x-amz-checksum-crc64nvme" => sums.checksum_crc64nvme.as_ref(),
+            "x-amz-checksum-crc32c" => sums.checksum_crc32c.as_ref(),
+            "x-amz-checksum-crc32" => sums.checksum_crc32.as_ref(),
+            "x-amz-checksum-sha256" => sums.checksum_sha256.as_ref(),
+            _ => sums.checksum_sha1.as_ref(),
+        }
+    }
+}
+
+/// What a GET computes over the bytes it hands to the writer: the
+/// CRC64/NVME the client asked for, and the check against the backend's
+/// stored checksum.
+struct Sums {
+    crc: bool,
+    stored: Option<Stored>,
 }
 
 /// Fills chunks of `want` bytes from `source` into buffers of the budget
 /// (new ones while fewer than `--rdma-chunks` are held, else those the
 /// writer hands back through `free`) and hands each to the writer, then
 /// [`Chunk::Done`](stream::Chunk::Done). Returns the CRC64/NVME of the
-/// bytes (base64, as S3 writes it) when `verify`.
+/// bytes (base64, as S3 writes it) when `sums.crc`. Where the backend
+/// stored a checksum of them all, the bytes must match it before `Done`
+/// goes: a mismatch ends the transfer without its final message.
 async fn fill_chunks(
     job: &Job,
     mut source: Source,
     want: usize,
-    verify: bool,
+    sums: Sums,
     writer: std::sync::mpsc::Sender<stream::Chunk>,
     free: &mut tokio::sync::mpsc::UnboundedReceiver<RegBuf>,
 ) -> Result<Option<String>, Fill> {
     let rdma = &job.rdma;
     let chunk = rdma.chunk_bytes();
     let depth = rdma.chunks();
-    let mut hasher = verify.then(|| s3s::checksum::ChecksumHasher {
-        crc64nvme: Some(Default::default()),
-        ..Default::default()
-    });
+    let mut hasher =
+        (sums.crc || sums.stored.is_some()).then(|| Stored::hasher(sums.stored.as_ref(), sums.crc));
     let mut held = 0usize;
     let mut offset = 0usize;
     while offset < want {
@@ -564,10 +659,23 @@ async fn fill_chunks(
         }
         offset += n;
     }
+    let computed = hasher.map(|h| h.finalize());
+    if let (Some(stored), Some(computed)) = (&sums.stored, &computed) {
+        let read = stored.read(computed).cloned().unwrap_or_default();
+        if read != stored.value {
+            return Err(Fill::Corrupt {
+                header: stored.header,
+                stored: stored.value.clone(),
+                read,
+            });
+        }
+    }
     writer
         .send(stream::Chunk::Done)
         .map_err(|_| Fill::WriterGone)?;
-    Ok(hasher.and_then(|h| h.finalize().checksum_crc64nvme))
+    Ok(computed
+        .filter(|_| sums.crc)
+        .and_then(|c| c.checksum_crc64nvme))
 }
 
 /// A chunk filled, how, and where the next one comes from.
@@ -1300,6 +1408,62 @@ mod tests {
         assert_eq!(headers.get(REPLY).unwrap(), "206");
         assert_eq!(&buf[..30_000], &object[1000..31_000]);
         assert!(headers.get(RDMA_CRC64NVME).is_none());
+        assert_eq!(fake.rdma.memory_in_use(), 0, "every chunk given back");
+        assert_eq!(fake.rdma.requests_in_progress(), 0);
+    }
+
+    /// A whole object's bytes are checked, on their way to the client,
+    /// against the checksum the backend stored with them: bytes that went
+    /// bad in the store fail the GET (no final message), naming the header
+    /// and both values. A range cannot be checked and moves as it is.
+    #[test]
+    fn a_get_of_bytes_that_do_not_match_the_stored_checksum_fails() {
+        use crate::core::args::Direction;
+        let fake = Fake::new("stored-sum", small_budget(), Duration::from_secs(10));
+        let rt = runtime();
+        let object: Vec<u8> = (0..20_000u32).map(|i| (i * 13 % 241) as u8).collect();
+        let mut crc = s3s::checksum::ChecksumHasher {
+            crc32c: Some(Default::default()),
+            ..Default::default()
+        };
+        crc.update(&object);
+        let mut req = put("kept", &object, None);
+        req.input.checksum_crc32c = crc.finalize().checksum_crc32c;
+        rt.block_on(fake.s3.put_object(req))
+            .expect("stored with its CRC32C");
+        let (current, buf) = client(&fake.world, 32 << 10, 0x11);
+        let (moved, _) = transfer(&current, &buf, Direction::Get, |token| {
+            rt.block_on(fake.s3.get_object(get("kept", Some(&token))))
+        });
+        moved.expect("intact bytes pass the check");
+        assert_eq!(&buf[..object.len()], &object[..]);
+        // The store's copy goes bad.
+        let path = fake.root.join(BUCKET).join("kept");
+        let mut bad = std::fs::read(&path).unwrap();
+        bad[12_345] ^= 0x40;
+        std::fs::write(&path, &bad).unwrap();
+        let (moved, answer) = transfer(&current, &buf, Direction::Get, |token| {
+            rt.block_on(fake.s3.get_object(get("kept", Some(&token))))
+        });
+        moved.expect_err("the client is never told the transfer completed");
+        let e = answer.unwrap().expect_err("answered 500");
+        assert_eq!(*e.code(), s3s::S3ErrorCode::InternalError, "{e:?}");
+        let why = e.message().unwrap_or_default();
+        assert!(
+            why.contains("do not match its x-amz-checksum-crc32c"),
+            "{why}"
+        );
+        // A range has no checksum of its own.
+        let (moved, _) = transfer(&current, &buf, Direction::Get, |token| {
+            let mut req = get("kept", Some(&token));
+            req.input.range = Some(Range::Int {
+                first: 10_000,
+                last: Some(14_999),
+            });
+            rt.block_on(fake.s3.get_object(req))
+        });
+        moved.expect("the ranged GET");
+        assert_eq!(&buf[..5000], &bad[10_000..15_000]);
         assert_eq!(fake.rdma.memory_in_use(), 0, "every chunk given back");
         assert_eq!(fake.rdma.requests_in_progress(), 0);
     }
