@@ -12,7 +12,7 @@ echo "== disk: $(df -h --output=avail "${CARGO_TARGET_DIR:-target}" 2>/dev/null 
 echo "== format, lints, docs"
 cargo fmt --check
 cargo fmt --check --manifest-path fuzz/Cargo.toml
-cargo clippy --locked --all-targets --features vm-lane,s3-server,cuda-device,cli -- -D warnings
+cargo clippy --locked --all-targets --features vm-lane,s3-server,cuda-device,cli,garage-lane -- -D warnings
 cargo clippy --locked --all-targets --manifest-path fuzz/Cargo.toml -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --features cli,fake-platform,s3-server
 
@@ -26,6 +26,9 @@ HIPOBJ_TEST_SANITIZE=address,undefined cargo test --locked --test c_api
 
 echo "== tests (with the S3 server: its own tests and the examples' HTTP paths)"
 cargo test --locked --features s3-server,cli
+
+echo "== the gateway in front of a three-node Garage cluster (Garage built once per machine, cached outside the tree)"
+bash scripts/garage-test.sh
 
 echo "== the Python package: installed with pip into target/pyvenv, its unit tests on the fake library"
 bash scripts/python-test.sh

@@ -280,11 +280,31 @@ impl RdmaS3 {
         let arrived = Instant::now();
         let verify = wants_checksum(&req.headers);
         // The backend's stored checksum, whatever the client asked: the
-        // bytes of a whole object are checked against it on their way.
+        // bytes of a whole object are checked against it on their way. A
+        // store answers a range (which clients send for a whole object too:
+        // they do not know its length) without it, so where the range may
+        // be all of it, a HEAD asks for it meanwhile.
         req.input.checksum_mode = Some(ChecksumMode::from_static(ChecksumMode::ENABLED));
+        let probe = may_be_whole(req.input.range.as_ref()).then(|| {
+            crate::gateway::backend::sibling(
+                &req,
+                HeadObjectInput {
+                    bucket: req.input.bucket.clone(),
+                    key: req.input.key.clone(),
+                    checksum_mode: req.input.checksum_mode.clone(),
+                    ..HeadObjectInput::default()
+                },
+            )
+        });
         let (token, rdma, source) = (job.token, job.rdma.clone(), job.source);
         let file = self.backend.object_file(&req.input.bucket, &req.input.key);
-        let mut resp = self.backend_get(req).await.map_err(echo_status)?;
+        let (got, head) = tokio::join!(self.backend_get(req), async {
+            match probe {
+                Some(head) => self.backend.head_object(head).await.ok(),
+                None => None,
+            }
+        });
+        let mut resp = got.map_err(echo_status)?;
         let length = resp
             .output
             .content_length
@@ -299,13 +319,21 @@ impl RdmaS3 {
         }
         let want = usize::try_from(len)
             .map_err(|_| failed(format!("{len} bytes do not fit this machine's memory")))?;
-        let stored = Stored::of(&resp.output, len == length);
+        let (first, total) = span(&resp.output, length);
+        let whole = first == 0 && len == total;
+        let stored = if resp.output.content_range.is_none() {
+            Stored::of(&Sums::of_get(&resp.output), whole)
+        } else {
+            // A range that is the whole object: the HEAD's checksum, if
+            // it describes the same version (its ETag).
+            head.filter(|h| h.output.e_tag.is_some() && h.output.e_tag == resp.output.e_tag)
+                .and_then(|h| Stored::of(&Sums::of_head(&h.output), whole))
+        };
         // The backend's body comes in 4 KiB reads, each a trip through the
         // runtime's blocking pool: under load, seconds for a few MiB. A
         // backend that keeps the object in a file of its own has it read in
         // chunk-sized blocking calls instead, where its answer (length,
         // range) says which bytes it holds.
-        let (first, total) = span(&resp.output, length);
         let bytes_from = match (file, resp.output.body.take()) {
             (Some(path), _) => Source::File {
                 path,
@@ -339,7 +367,7 @@ impl RdmaS3 {
                 stream::write_chunks(&rdma, &token, len, &label, &chunk_rx, &free_tx)
             }
         });
-        let sums = Sums {
+        let sums = Wanted {
             crc: verify,
             stored,
         };
@@ -538,27 +566,18 @@ struct Stored {
 }
 
 impl Stored {
-    /// The checksum of `output` that describes its bytes, if `whole` (the
-    /// answer holds the whole object and the transfer moves all of it) and
-    /// it is a full object's (a composite checksum of a multipart upload's
-    /// parts, `COMPOSITE` or `VALUE-N`, describes no bytes).
-    fn of(output: &GetObjectOutput, whole: bool) -> Option<Stored> {
+    /// The checksum of an answer that describes the object's bytes, if
+    /// `whole` (the transfer moves all of the object) and it is a full
+    /// object's (a composite checksum of a multipart upload's parts,
+    /// `COMPOSITE` or `VALUE-N`, describes no bytes).
+    fn of(output: &Sums<'_>, whole: bool) -> Option<Stored> {
         let composite = output
-            .checksum_type
-            .as_ref()
+            .kind
             .is_some_and(|t| t.as_str() == ChecksumType::COMPOSITE);
-        if !whole || output.content_range.is_some() || composite {
+        if !whole || composite {
             return None;
         }
-        [
-            ("x-amz-checksum-crc64nvme", &output.checksum_crc64nvme),
-            ("x-amz-checksum-crc32c", &output.checksum_crc32c),
-            ("x-amz-checksum-crc32", &output.checksum_crc32),
-            ("x-amz-checksum-sha256", &output.checksum_sha256),
-            ("x-amz-checksum-sha1", &output.checksum_sha1),
-        ]
-        .into_iter()
-        .find_map(|(header, value)| {
+        output.values.into_iter().find_map(|(header, value)| {
             let value = value.as_ref()?;
             (!value.contains('-')).then(|| Stored {
                 header,
@@ -591,10 +610,55 @@ impl Stored {
     }
 }
 
+/// The checksums an answer (GetObject's or HeadObject's) carries, by
+/// header, and their type.
+struct Sums<'a> {
+    kind: Option<&'a ChecksumType>,
+    values: [(&'static str, &'a Option<String>); 5],
+}
+
+impl<'a> Sums<'a> {
+    fn of_get(o: &'a GetObjectOutput) -> Sums<'a> {
+        Sums {
+            kind: o.checksum_type.as_ref(),
+            values: [
+                ("x-amz-checksum-crc64nvme", &o.checksum_crc64nvme),
+                ("x-amz-checksum-crc32c", &o.checksum_crc32c),
+                ("x-amz-checksum-crc32", &o.checksum_crc32),
+                ("x-amz-checksum-sha256", &o.checksum_sha256),
+                ("x-amz-checksum-sha1", &o.checksum_sha1),
+            ],
+        }
+    }
+
+    fn of_head(o: &'a HeadObjectOutput) -> Sums<'a> {
+        Sums {
+            kind: o.checksum_type.as_ref(),
+            values: [
+                ("x-amz-checksum-crc64nvme", &o.checksum_crc64nvme),
+                ("x-amz-checksum-crc32c", &o.checksum_crc32c),
+                ("x-amz-checksum-crc32", &o.checksum_crc32),
+                ("x-amz-checksum-sha256", &o.checksum_sha256),
+                ("x-amz-checksum-sha1", &o.checksum_sha1),
+            ],
+        }
+    }
+}
+
+/// Whether a GET of `range` may be answered with the whole object: no
+/// range, or one from its first byte.
+fn may_be_whole(range: Option<&Range>) -> bool {
+    match range {
+        None => true,
+        Some(Range::Int { first, .. }) => *first == 0,
+        Some(Range::Suffix { .. }) => false,
+    }
+}
+
 /// What a GET computes over the bytes it hands to the writer: the
 /// CRC64/NVME the client asked for, and the check against the backend's
 /// stored checksum.
-struct Sums {
+struct Wanted {
     crc: bool,
     stored: Option<Stored>,
 }
@@ -610,7 +674,7 @@ async fn fill_chunks(
     job: &Job,
     mut source: Source,
     want: usize,
-    sums: Sums,
+    sums: Wanted,
     writer: std::sync::mpsc::Sender<stream::Chunk>,
     free: &mut tokio::sync::mpsc::UnboundedReceiver<RegBuf>,
 ) -> Result<Option<String>, Fill> {

@@ -10,9 +10,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use hipobj::gateway::backend::Backend;
 use hipobj::gateway::local::Local;
 use hipobj::gateway::rdma::Rdma;
 use hipobj::gateway::s3::{Peer, RdmaS3};
+use hipobj::gateway::upstream::Upstream;
 use hipobj::testing::world::{World, SERVER_NIC};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
@@ -21,11 +23,12 @@ use s3s::service::S3ServiceBuilder;
 
 use crate::s3server::{ACCESS_KEY, BUCKET, SECRET_KEY};
 
-/// A running gateway and its temporary root; stops when dropped.
+/// A running gateway and its temporary root, if it has one; stops when
+/// dropped.
 pub struct Gateway {
     /// `http://127.0.0.1:PORT`.
     pub endpoint: String,
-    root: PathBuf,
+    root: Option<PathBuf>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -42,21 +45,33 @@ impl Gateway {
             std::env::temp_dir().join(format!("hipobj-gateway-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(root.join(BUCKET)).unwrap();
         let root_s = root.display().to_string();
-        let args: Vec<String> = [
-            "--root",
-            &root_s,
-            "--listen",
-            "127.0.0.1:0",
-            "--access-key",
-            ACCESS_KEY,
-            "--secret-key",
-            SECRET_KEY,
-            "--rdma-allow",
-            "192.0.2.0/24",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
+        Gateway::with(world, &["--root", &root_s], Some(root))
+    }
+
+    /// The gateway in front of the S3 store at `upstream` (`--upstream`,
+    /// with `extra` options: region, time-outs...), signing for it with the
+    /// credentials of this process's environment.
+    pub fn upstream(world: &World, upstream: &str, extra: &[&str]) -> Gateway {
+        let mut args = vec!["--upstream", upstream];
+        args.extend_from_slice(extra);
+        Gateway::with(world, &args, None)
+    }
+
+    fn with(world: &World, backend: &[&str], root: Option<PathBuf>) -> Gateway {
+        let args: Vec<String> = backend
+            .iter()
+            .chain(&[
+                "--listen",
+                "127.0.0.1:0",
+                "--access-key",
+                ACCESS_KEY,
+                "--secret-key",
+                SECRET_KEY,
+                "--rdma-allow",
+                "192.0.2.0/24",
+            ])
+            .map(|s| (*s).to_owned())
+            .collect();
         let options = hipobj::gateway::cli::parse(&args)
             .expect("the gateway's options")
             .expect("not --help");
@@ -70,19 +85,24 @@ impl Gateway {
             options.limits(),
         )
         .expect("RDMA on the fake server device");
-        let s3 = RdmaS3::new(
-            Arc::new(Local::open(&root).unwrap()),
-            Ok(Arc::new(rdma)),
-            "us-east-1".to_owned(),
-        );
-        let mut builder = S3ServiceBuilder::new(s3);
-        builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
-        let service = builder.build();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
+        let backend: Arc<dyn Backend> = match (&options.upstream, &root) {
+            (Some(settings), _) => Arc::new(
+                runtime
+                    .block_on(Upstream::connect(settings))
+                    .expect("the upstream's client"),
+            ),
+            (None, Some(root)) => Arc::new(Local::open(root).unwrap()),
+            (None, None) => unreachable!("a root or an upstream"),
+        };
+        let s3 = RdmaS3::new(backend, Ok(Arc::new(rdma)), options.region.clone());
+        let mut builder = S3ServiceBuilder::new(s3);
+        builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
+        let service = builder.build();
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
@@ -115,12 +135,13 @@ impl Gateway {
 
     /// The object `BUCKET/key`'s file, if stored.
     pub fn stored(&self, key: &str) -> Option<Vec<u8>> {
-        std::fs::read(self.root.join(BUCKET).join(key)).ok()
+        let root = self.root.as_ref().expect("a gateway over a root");
+        std::fs::read(root.join(BUCKET).join(key)).ok()
     }
 
     /// The root.
     pub fn root(&self) -> &Path {
-        &self.root
+        self.root.as_ref().expect("a gateway over a root")
     }
 }
 
@@ -129,6 +150,8 @@ impl Drop for Gateway {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_timeout(Duration::from_secs(1));
         }
-        let _ = std::fs::remove_dir_all(&self.root);
+        if let Some(root) = &self.root {
+            let _ = std::fs::remove_dir_all(root);
+        }
     }
 }
