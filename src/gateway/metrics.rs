@@ -76,6 +76,13 @@ pub fn upstream_observed(op: &str, seconds: f64, outcome: &str) {
         .observe(seconds);
 }
 
+/// Records an RDMA GET's first chunk WRITTEN to its client, `seconds`
+/// after the request arrived: what chunking buys (the first bytes reach
+/// the client before the last are fetched).
+pub fn rdma_first_byte(seconds: f64) {
+    METRICS.rdma_first_byte.observe(seconds);
+}
+
 /// The RDMA limits the gauges in use are measured against
 /// (`--rdma-memory-bytes`, `--rdma-max-requests`), set once RDMA is on.
 pub fn rdma_limits(memory_bytes: u64, max_requests: usize) {
@@ -468,6 +475,7 @@ struct Metrics {
     rdma_memory_limit: Gauge,
     rdma_requests_limit: Gauge,
     upstream: Family<UpstreamLabels, Histogram, fn() -> Histogram>,
+    rdma_first_byte: Histogram,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -487,6 +495,7 @@ impl Metrics {
             rdma_memory_limit: Gauge::default(),
             rdma_requests_limit: Gauge::default(),
             upstream: Family::new_with_constructor(latency),
+            rdma_first_byte: latency(),
             registry: Registry::default(),
         };
         registry.register(
@@ -548,6 +557,12 @@ impl Metrics {
             "Requests to the store behind the server, by operation and outcome",
             prometheus_client::registry::Unit::Seconds,
             m.upstream.clone(),
+        );
+        registry.register_with_unit(
+            "rdma_get_first_byte",
+            "Time from an RDMA GET's arrival to its first chunk written to the client",
+            prometheus_client::registry::Unit::Seconds,
+            m.rdma_first_byte.clone(),
         );
         registry.register(
             "build",

@@ -267,6 +267,66 @@ impl RdmaS3 {
         Ask::Decline(why)
     }
 
+    /// The backend's answer to an RDMA GET. A range from the object's
+    /// first byte that reaches its last (what clients send for a whole
+    /// object: they do not know its length) is asked of the backend as the
+    /// whole object, at the version a HEAD found (`If-Match` its ETag), and
+    /// its answer given the Content-Range the client's range asks for:
+    /// stores answer a range without the object's stored checksum, and
+    /// some serve it by a slower path (Garage: 40 ms more before the first
+    /// byte). Any other request, or a HEAD that does not answer, goes as it
+    /// came.
+    async fn get_for_rdma(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        let Some(Range::Int { first: 0, last }) = req.input.range else {
+            return self.backend_get(req).await;
+        };
+        let head = crate::gateway::backend::sibling(
+            &req,
+            HeadObjectInput {
+                bucket: req.input.bucket.clone(),
+                key: req.input.key.clone(),
+                version_id: req.input.version_id.clone(),
+                ..HeadObjectInput::default()
+            },
+        );
+        let found = self.backend.head_object(head).await.ok().and_then(|h| {
+            let n = h
+                .output
+                .content_length
+                .and_then(|n| u64::try_from(n).ok())?;
+            Some((n, h.output.e_tag?))
+        });
+        let Some((n, etag)) = found else {
+            return self.backend_get(req).await;
+        };
+        if n == 0 || last.is_some_and(|last| last < n - 1) {
+            return self.backend_get(req).await;
+        }
+        let mut input = req.input.clone();
+        input.range = None;
+        let pinned = input.if_match.is_none();
+        if pinned {
+            input.if_match = Some(ETagCondition::ETag(etag));
+        }
+        match self
+            .backend_get(crate::gateway::backend::sibling(&req, input))
+            .await
+        {
+            Ok(mut resp) => {
+                resp.output.content_range = Some(format!("bytes 0-{}/{n}", n - 1));
+                Ok(resp)
+            }
+            // The object changed since the HEAD: asked again as it came.
+            Err(e) if pinned && e.status_code().is_some_and(|s| s.as_u16() == 412) => {
+                self.backend_get(req).await
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// GetObject with a usable token: the backend's answer (or range),
     /// WRITTEN to the client in chunks as the backend gives them
     /// ([`stream::write_chunks`]), with the CRC64/NVME of the bytes written
@@ -280,31 +340,11 @@ impl RdmaS3 {
         let arrived = Instant::now();
         let verify = wants_checksum(&req.headers);
         // The backend's stored checksum, whatever the client asked: the
-        // bytes of a whole object are checked against it on their way. A
-        // store answers a range (which clients send for a whole object too:
-        // they do not know its length) without it, so where the range may
-        // be all of it, a HEAD asks for it meanwhile.
+        // bytes of a whole object are checked against it on their way.
         req.input.checksum_mode = Some(ChecksumMode::from_static(ChecksumMode::ENABLED));
-        let probe = may_be_whole(req.input.range.as_ref()).then(|| {
-            crate::gateway::backend::sibling(
-                &req,
-                HeadObjectInput {
-                    bucket: req.input.bucket.clone(),
-                    key: req.input.key.clone(),
-                    checksum_mode: req.input.checksum_mode.clone(),
-                    ..HeadObjectInput::default()
-                },
-            )
-        });
         let (token, rdma, source) = (job.token, job.rdma.clone(), job.source);
         let file = self.backend.object_file(&req.input.bucket, &req.input.key);
-        let (got, head) = tokio::join!(self.backend_get(req), async {
-            match probe {
-                Some(head) => self.backend.head_object(head).await.ok(),
-                None => None,
-            }
-        });
-        let mut resp = got.map_err(echo_status)?;
+        let mut resp = self.get_for_rdma(req).await.map_err(echo_status)?;
         let length = resp
             .output
             .content_length
@@ -321,14 +361,7 @@ impl RdmaS3 {
             .map_err(|_| failed(format!("{len} bytes do not fit this machine's memory")))?;
         let (first, total) = span(&resp.output, length);
         let whole = first == 0 && len == total;
-        let stored = if resp.output.content_range.is_none() {
-            Stored::of(&Sums::of_get(&resp.output), whole)
-        } else {
-            // A range that is the whole object: the HEAD's checksum, if
-            // it describes the same version (its ETag).
-            head.filter(|h| h.output.e_tag.is_some() && h.output.e_tag == resp.output.e_tag)
-                .and_then(|h| Stored::of(&Sums::of_head(&h.output), whole))
-        };
+        let stored = Stored::of(&resp.output, whole);
         // The backend's body comes in 4 KiB reads, each a trip through the
         // runtime's blocking pool: under load, seconds for a few MiB. A
         // backend that keeps the object in a file of its own has it read in
@@ -566,18 +599,26 @@ struct Stored {
 }
 
 impl Stored {
-    /// The checksum of an answer that describes the object's bytes, if
+    /// The checksum of a GET's answer that describes the object's bytes, if
     /// `whole` (the transfer moves all of the object) and it is a full
     /// object's (a composite checksum of a multipart upload's parts,
     /// `COMPOSITE` or `VALUE-N`, describes no bytes).
-    fn of(output: &Sums<'_>, whole: bool) -> Option<Stored> {
-        let composite = output
-            .kind
+    fn of(o: &GetObjectOutput, whole: bool) -> Option<Stored> {
+        let composite = o
+            .checksum_type
+            .as_ref()
             .is_some_and(|t| t.as_str() == ChecksumType::COMPOSITE);
         if !whole || composite {
             return None;
         }
-        output.values.into_iter().find_map(|(header, value)| {
+        let values = [
+            ("x-amz-checksum-crc64nvme", &o.checksum_crc64nvme),
+            ("x-amz-checksum-crc32c", &o.checksum_crc32c),
+            ("x-amz-checksum-crc32", &o.checksum_crc32),
+            ("x-amz-checksum-sha256", &o.checksum_sha256),
+            ("x-amz-checksum-sha1", &o.checksum_sha1),
+        ];
+        values.into_iter().find_map(|(header, value)| {
             let value = value.as_ref()?;
             (!value.contains('-')).then(|| Stored {
                 header,
@@ -607,51 +648,6 @@ impl Stored {
             "x-amz-checksum-sha256" => sums.checksum_sha256.as_ref(),
             _ => sums.checksum_sha1.as_ref(),
         }
-    }
-}
-
-/// The checksums an answer (GetObject's or HeadObject's) carries, by
-/// header, and their type.
-struct Sums<'a> {
-    kind: Option<&'a ChecksumType>,
-    values: [(&'static str, &'a Option<String>); 5],
-}
-
-impl<'a> Sums<'a> {
-    fn of_get(o: &'a GetObjectOutput) -> Sums<'a> {
-        Sums {
-            kind: o.checksum_type.as_ref(),
-            values: [
-                ("x-amz-checksum-crc64nvme", &o.checksum_crc64nvme),
-                ("x-amz-checksum-crc32c", &o.checksum_crc32c),
-                ("x-amz-checksum-crc32", &o.checksum_crc32),
-                ("x-amz-checksum-sha256", &o.checksum_sha256),
-                ("x-amz-checksum-sha1", &o.checksum_sha1),
-            ],
-        }
-    }
-
-    fn of_head(o: &'a HeadObjectOutput) -> Sums<'a> {
-        Sums {
-            kind: o.checksum_type.as_ref(),
-            values: [
-                ("x-amz-checksum-crc64nvme", &o.checksum_crc64nvme),
-                ("x-amz-checksum-crc32c", &o.checksum_crc32c),
-                ("x-amz-checksum-crc32", &o.checksum_crc32),
-                ("x-amz-checksum-sha256", &o.checksum_sha256),
-                ("x-amz-checksum-sha1", &o.checksum_sha1),
-            ],
-        }
-    }
-}
-
-/// Whether a GET of `range` may be answered with the whole object: no
-/// range, or one from its first byte.
-fn may_be_whole(range: Option<&Range>) -> bool {
-    match range {
-        None => true,
-        Some(Range::Int { first, .. }) => *first == 0,
-        Some(Range::Suffix { .. }) => false,
     }
 }
 
@@ -1458,6 +1454,13 @@ mod tests {
         moved.expect("the GET");
         let headers = answer.unwrap().expect("answered 200");
         assert_eq!(headers.get(RDMA_CRC64NVME).unwrap(), "rosUhgp5mIg=");
+        let first_bytes = crate::gateway::metrics::render(None);
+        assert!(
+            first_bytes.lines().any(|l| l
+                .starts_with("hipobj_s3_rdma_get_first_byte_seconds_count ")
+                && !l.ends_with(" 0")),
+            "{first_bytes}"
+        );
         // A range, and no checksum unasked.
         let (moved, answer) = transfer(&current, &buf, Direction::Get, |token| {
             let mut req = get("big", Some(&token));
@@ -1501,6 +1504,23 @@ mod tests {
         });
         moved.expect("intact bytes pass the check");
         assert_eq!(&buf[..object.len()], &object[..]);
+        // A range from the first byte past the last, as clients ask for a
+        // whole object: answered as a range (206).
+        let all = |token: &str| {
+            let mut req = get("kept", Some(token));
+            req.input.range = Some(Range::Int {
+                first: 0,
+                last: Some(31_999),
+            });
+            req
+        };
+        let (moved, answer) = transfer(&current, &buf, Direction::Get, |token| {
+            rt.block_on(fake.s3.get_object(all(&token)))
+        });
+        moved.expect("intact bytes pass the check");
+        let headers = answer.unwrap().expect("answered");
+        assert_eq!(headers.get(REPLY).unwrap(), "206");
+        assert_eq!(headers.get(BYTES).unwrap(), "20000");
         // The store's copy goes bad.
         let path = fake.root.join(BUCKET).join("kept");
         let mut bad = std::fs::read(&path).unwrap();
@@ -1516,6 +1536,15 @@ mod tests {
         assert!(
             why.contains("do not match its x-amz-checksum-crc32c"),
             "{why}"
+        );
+        let (moved, answer) = transfer(&current, &buf, Direction::Get, |token| {
+            rt.block_on(fake.s3.get_object(all(&token)))
+        });
+        moved.expect_err("a range that is the whole object is checked too");
+        let e = answer.unwrap().expect_err("answered 500");
+        assert!(
+            e.message().unwrap_or_default().contains("do not match"),
+            "{e:?}"
         );
         // A range has no checksum of its own.
         let (moved, _) = transfer(&current, &buf, Direction::Get, |token| {

@@ -75,6 +75,11 @@ pub fn write_chunks(
                     let n = len as u64;
                     match session.write(&buf.local(), 0, offset, n) {
                         Ok(()) => {
+                            if written == 0 {
+                                crate::gateway::metrics::rdma_first_byte(
+                                    label.arrived.elapsed().as_secs_f64(),
+                                );
+                            }
                             written += n;
                             // Each chunk has the whole timeout: a long
                             // object fails only where it stops moving.
