@@ -682,7 +682,14 @@ async fn fill_chunks(
     let mut held = 0usize;
     let mut offset = 0usize;
     while offset < want {
-        let n = (want - offset).min(chunk);
+        // The first chunk is an eighth of the others (at least 64 KiB): the
+        // client's first bytes wait for it, not for a whole chunk.
+        let size = if offset == 0 {
+            (chunk / 8).max(64 << 10).min(chunk)
+        } else {
+            chunk
+        };
+        let n = (want - offset).min(size);
         let buf = match free.try_recv() {
             Ok(buf) => buf,
             Err(_) if held < depth => {
@@ -784,8 +791,18 @@ async fn fill_one(
             let mut got = Ok(());
             while filled < n {
                 if pending.is_empty() {
+                    let t0 = Instant::now();
                     match body.next().await {
-                        Some(Ok(piece)) => pending = piece,
+                        Some(Ok(piece)) => {
+                            if offset == 0 && (filled < (1 << 20) || t0.elapsed().as_millis() > 2) {
+                                eprintln!(
+                                    "DEBUG piece {} at {filled} waited {:?}",
+                                    piece.len(),
+                                    t0.elapsed()
+                                );
+                            }
+                            pending = piece
+                        }
                         Some(Err(e)) => {
                             got = Err(e.to_string());
                             break;
