@@ -4,8 +4,11 @@
 # the C examples against it, the hipobj command and the RDMA-enabled S3
 # server, then boots the VM and runs real PUTs and GETs over the kernel's
 # rdma_rxe through the library (scripts/vm/demo-guest.sh): the command
-# first, then the C examples. Each transfer prints its bytes, its time and
-# whether RDMA or the HTTP fallback carried it.
+# first, then the C examples, then the server as a gateway in front of a
+# three-node Garage cluster (Garage built once per machine by
+# scripts/garage.sh: about ten minutes the first time). Each transfer
+# prints its bytes, its time and whether RDMA or the HTTP fallback carried
+# it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,5 +25,8 @@ command="$target/release/hipobj"
 echo "== installing libhipobj.so and building the C examples against it"
 bash scripts/build-examples.sh
 
+echo "== Garage, the distributed S3 store the gateway part of the demo fronts"
+garage=$(bash scripts/garage.sh)
+
 echo "== booting the VM (Soft-RoCE; software emulation, about 15 s)"
-bash scripts/vm/run.sh bash scripts/vm/demo-guest.sh "$server" "$target/examples" "$command"
+bash scripts/vm/run.sh bash scripts/vm/demo-guest.sh "$server" "$target/examples" "$command" "$garage"

@@ -2,10 +2,12 @@
 # The demo, inside the VM (scripts/demo.sh boots it): starts the RDMA S3
 # server on rxe0; the hipobj command diagnoses the host, then PUTs and GETs
 # an object (checked byte for byte); the C examples PUT and GET objects
-# through libhipobj.so; last, a server that declines RDMA shows the HTTP
-# fallback. Each transfer prints its bytes, its time and what carried them.
+# through libhipobj.so; a server that declines RDMA shows the HTTP
+# fallback; last, with GARAGE_BINARY, the server as a gateway in front of a
+# three-node Garage cluster (scripts/vm/gateway-guest.sh). Each transfer
+# prints its bytes, its time and what carried them.
 #
-# Usage: demo-guest.sh SERVER_BINARY EXAMPLES_DIR HIPOBJ_BINARY
+# Usage: demo-guest.sh SERVER_BINARY EXAMPLES_DIR HIPOBJ_BINARY [GARAGE_BINARY]
 set -euo pipefail
 server_bin="$1"
 examples="$2"
@@ -81,4 +83,8 @@ echo "\$ hipobj put data s3://demo/command/plain"
 run "$examples/put-object" --nic rxe0 --size $((16 << 20)) --pattern 9 demo plain
 run "$examples/get-object" --nic rxe0 --size $((16 << 20)) --pattern 9 demo plain
 stop_server
+if [[ -n "${4:-}" ]]; then
+    echo "== the server as a gateway in front of Garage (three nodes, replication factor 3)"
+    HIPOBJ_GARAGE="$4" bash scripts/vm/garage-guest.sh bash scripts/vm/gateway-guest.sh "$server_bin" "$hipobj" 16
+fi
 echo "== demo done"

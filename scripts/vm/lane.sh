@@ -7,8 +7,9 @@
 # package's lane tests, then tests/rxe.rs again at 1024, then the fault
 # soak's short form (scripts/vm/soak.sh). The first boot also starts the
 # three-node Garage cluster (scripts/garage.sh builds Garage once per
-# machine, into a cache outside the tree) and checks it over S3
-# (scripts/vm/garage-check.sh, short form).
+# machine, into a cache outside the tree), checks it over S3
+# (scripts/vm/garage-check.sh, short form) and puts two gateways in front
+# of it (scripts/vm/gateway-guest.sh).
 # Fails if any test fails or the VM cannot start.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -45,10 +46,13 @@ python="bash scripts/vm/python-guest.sh $(printf %q "$target/demo-prefix/lib/lib
 tests='status=0; for test in "$@"; do echo "== $test"; timeout -k 10 1800 "$test" --test-threads=1 || { status=1; dmesg | grep -i rxe | tail -20; }; done; echo "== python/tests/test_lane.py"; timeout -k 10 900 '"$python"' || status=1'
 each="$tests"'; exit $status'
 # The first boot then checks the Garage cluster (docs/reliability.md, "The
-# lane's Garage cluster"), with a 64 MiB object where the long form streams
-# 3 GiB.
-garage_check="env HIPOBJ_GARAGE=$(printf %q "$garage") bash scripts/vm/garage-check.sh 64"
-first="$tests"'; echo "== scripts/vm/garage-check.sh"; timeout -k 10 900 '"$garage_check"' || status=1; exit $status'
+# lane's Garage cluster"), with a 16 MiB object where the long form streams
+# 3 GiB, and the gateway in front of it over rxe0: two gateways, the hipobj
+# command by RDMA through each and through haproxy while one is killed
+# (scripts/vm/gateway-guest.sh).
+garage_check="env HIPOBJ_GARAGE=$(printf %q "$garage") bash scripts/vm/garage-check.sh 16"
+gateway_check="env HIPOBJ_GARAGE=$(printf %q "$garage") bash scripts/vm/garage-guest.sh bash scripts/vm/gateway-guest.sh $(printf %q "$target/debug/hipobj-s3-server") $(printf %q "$target/debug/hipobj") 16"
+first="$tests"'; echo "== scripts/vm/garage-check.sh"; timeout -k 10 900 '"$garage_check"' || status=1; echo "== scripts/vm/gateway-guest.sh"; timeout -k 10 900 '"$gateway_check"' || status=1; exit $status'
 # One boot at a RoCE fabric's path MTU (4096, a 9000-byte netdev) runs them
 # all; a second at 1024 (a 1500-byte netdev) runs tests/rxe.rs again, so
 # that both paths stay tested. The lane fails if any test fails.

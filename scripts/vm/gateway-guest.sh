@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Inside the VM, inside scripts/vm/garage-guest.sh's cluster: the gateway in
+# front of the three Garage nodes over real verbs (rdma_rxe). Two gateways
+# (`hipobj-s3-server --upstream`, Garage's node 0 and node 1) serve the
+# hipobj command by RDMA:
+#
+#   1. PUT through one gateway, GET (whole and a range) through the other,
+#      a multipart PUT, all with --no-fallback (RDMA or an error), checked
+#      byte for byte, and the objects read back from Garage itself over
+#      HTTP (what the gateways stored is in the cluster).
+#   2. haproxy in front of both; GETs and PUTs of a larger object go on
+#      through it while one gateway is killed (SIGKILL): every command ends
+#      within its bound (none hangs) and either succeeds byte for byte or
+#      fails with an error; what Garage holds under a PUT's key is never a
+#      part: the whole object or nothing. Then GETs through haproxy go on
+#      on the gateway that is left.
+#
+#   gateway-guest.sh SERVER_BINARY HIPOBJ_BINARY [MIB]
+#
+# MIB (default 16) is the size of the objects. Fails on the first check
+# that does not hold.
+set -euo pipefail
+server_bin="$1"
+hipobj="$2"
+mib="${3:-16}"
+[[ -n "${HIPOBJ_GARAGE_ENDPOINT:-}" ]] || { echo "gateway-guest: run inside scripts/vm/garage-guest.sh" >&2; exit 1; }
+work=$(mktemp -d)
+pids=()
+haproxy_pid=""
+cleanup() {
+    for pid in "${pids[@]}" $haproxy_pid; do kill -KILL "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "gateway-guest: FAILED: $*" >&2; exit 1; }
+
+# The gateways' clients sign with these; Garage's own key (in AWS_*) is the
+# gateways' for the upstream, and the checks' for reading Garage directly.
+client_key=gateway-demo
+client_secret=gateway-demo-secret
+garage_key="$AWS_ACCESS_KEY_ID"
+garage_secret="$AWS_SECRET_ACCESS_KEY"
+bucket="$HIPOBJ_GARAGE_BUCKET"
+read -r -a garage_endpoints <<<"$HIPOBJ_GARAGE_ENDPOINTS"
+
+# Starts a gateway on rxe0 in front of Garage's endpoint $1, on port $2.
+start_gateway() {
+    local n=${#pids[@]}
+    "$server_bin" --upstream "$1" --upstream-region "$HIPOBJ_GARAGE_REGION" \
+        --listen "192.0.2.1:$2" --device rxe0 \
+        --access-key "$client_key" --secret-key "$client_secret" \
+        --upstream-timeout-ms 60000 >"$work/gateway$n.out" 2>"$work/gateway$n.log" &
+    pids+=($!)
+    local deadline=$((SECONDS + 60))
+    until grep -q "listening" "$work/gateway$n.out" 2>/dev/null || grep -q "http://" "$work/gateway$n.out" 2>/dev/null; do
+        ((SECONDS < deadline)) || { cat "$work/gateway$n.log" >&2; fail "gateway $n did not start"; }
+        kill -0 "${pids[$n]}" 2>/dev/null || { cat "$work/gateway$n.log" >&2; fail "gateway $n exited"; }
+        sleep 0.2
+    done
+    echo "   gateway $n: $(head -1 "$work/gateway$n.out")"
+}
+
+# hipobj as a client of the gateway at $1, then its arguments (a script,
+# so that background jobs run it too).
+{
+    echo '#!/usr/bin/env bash'
+    echo 'endpoint="$1"; shift'
+    echo "export AWS_ACCESS_KEY_ID=$client_key AWS_SECRET_ACCESS_KEY=$client_secret AWS_REGION=us-east-1"
+    echo "AWS_ENDPOINT_URL=\"\$endpoint\" exec $(printf %q "$hipobj") \"\$@\" --no-progress"
+} >"$work/via"
+chmod +x "$work/via"
+via() { "$work/via" "$@"; }
+
+# hipobj as a client of Garage itself (plain HTTP: Garage has no RDMA).
+direct() {
+    AWS_ENDPOINT_URL="$HIPOBJ_GARAGE_ENDPOINT" AWS_ACCESS_KEY_ID="$garage_key" \
+        AWS_SECRET_ACCESS_KEY="$garage_secret" AWS_REGION="$HIPOBJ_GARAGE_REGION" "$hipobj" "$@" --no-progress
+}
+
+a=http://192.0.2.1:9101
+b=http://192.0.2.1:9102
+start_gateway "${garage_endpoints[0]}" 9101
+start_gateway "${garage_endpoints[1]}" 9102
+
+echo "== 1. by RDMA through the gateways, into Garage and back"
+head -c $((mib << 20)) /dev/urandom >"$work/data"
+echo "\$ hipobj put data s3://$bucket/gw/data --no-fallback   (gateway 0)"
+via "$a" put "$work/data" "s3://$bucket/gw/data" --no-fallback
+echo "\$ hipobj get s3://$bucket/gw/data back --no-fallback   (gateway 1)"
+via "$b" get "s3://$bucket/gw/data" "$work/back" --no-fallback
+cmp "$work/data" "$work/back" || fail "GET through gateway 1: bytes differ"
+echo "   byte-exact"
+echo "\$ hipobj get s3://$bucket/gw/data part --range 1000003-3000002 --no-fallback"
+via "$b" get "s3://$bucket/gw/data" "$work/part" --range 1000003-3000002 --no-fallback
+cmp "$work/part" <(tail -c +1000004 "$work/data" | head -c 2000000) || fail "ranged GET: bytes differ"
+echo "   byte-exact"
+echo "\$ hipobj put data s3://$bucket/gw/parts --chunk 5MiB --no-fallback   (multipart)"
+via "$a" put "$work/data" "s3://$bucket/gw/parts" --chunk 5MiB --no-fallback
+echo "\$ hipobj get s3://$bucket/gw/parts (from Garage itself, plain HTTP)"
+direct get "s3://$bucket/gw/parts" "$work/parts"
+cmp "$work/data" "$work/parts" || fail "the multipart object in Garage differs"
+direct get "s3://$bucket/gw/data" "$work/stored"
+cmp "$work/data" "$work/stored" || fail "the object in Garage differs"
+echo "   Garage holds both, byte-exact"
+
+echo "== 2. haproxy in front of both gateways; gateway 0 killed mid-run"
+cat >"$work/haproxy.cfg" <<EOF
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 300s
+    timeout server 300s
+frontend s3
+    bind 192.0.2.1:9100
+    default_backend gateways
+backend gateways
+    balance roundrobin
+    server g0 192.0.2.1:9101 check inter 500ms fall 1 rise 2
+    server g1 192.0.2.1:9102 check inter 500ms fall 1 rise 2
+EOF
+haproxy -f "$work/haproxy.cfg" -db >"$work/haproxy.log" 2>&1 &
+haproxy_pid=$!
+sleep 1
+lb=http://192.0.2.1:9100
+head -c $((mib << 20)) /dev/urandom >"$work/big"
+via "$lb" put "$work/big" "s3://$bucket/gw/big" --no-fallback
+# Three GETs and three PUTs at once, each bounded; gateway 0 dies under
+# them.
+jobs=3
+for ((i = 0; i < jobs; i++)); do
+    (
+        rc=0
+        timeout 600 "$work/via" "$lb" get "s3://$bucket/gw/big" "$work/got$i" >"$work/get$i.log" 2>&1 || rc=$?
+        echo $rc >"$work/get$i.rc"
+    ) &
+    (
+        rc=0
+        timeout 600 "$work/via" "$lb" put "$work/big" "s3://$bucket/gw/put$i" >"$work/put$i.log" 2>&1 || rc=$?
+        echo $rc >"$work/put$i.rc"
+    ) &
+done
+sleep 2
+echo "   killing gateway 0 (pid ${pids[0]}) with transfers in flight"
+kill -KILL "${pids[0]}"
+wait_start=$SECONDS
+while (($(ls "$work"/*.rc 2>/dev/null | wc -l) < 2 * jobs)); do
+    ((SECONDS - wait_start < 660)) || fail "a transfer did not end within its bound"
+    sleep 1
+done
+ok=0
+failed=0
+for ((i = 0; i < jobs; i++)); do
+    rc=$(cat "$work/get$i.rc")
+    ((rc != 124)) || fail "GET $i hung (timed out): $(tail -3 "$work/get$i.log")"
+    if ((rc == 0)); then
+        cmp "$work/big" "$work/got$i" || fail "GET $i succeeded with other bytes"
+        ok=$((ok + 1))
+    else
+        echo "   GET $i failed cleanly: $(tail -1 "$work/get$i.log")"
+        failed=$((failed + 1))
+    fi
+    rc=$(cat "$work/put$i.rc")
+    ((rc != 124)) || fail "PUT $i hung (timed out): $(tail -3 "$work/put$i.log")"
+    # Whatever the PUT's outcome, Garage holds the whole object or nothing.
+    if direct get "s3://$bucket/gw/put$i" "$work/stored$i" >/dev/null 2>&1; then
+        cmp "$work/big" "$work/stored$i" || fail "PUT $i left a partial object in Garage"
+        ((rc == 0)) || echo "   PUT $i failed, yet its object is whole in Garage (stored before the kill reached it)"
+    else
+        ((rc != 0)) || fail "PUT $i succeeded but Garage does not hold its object"
+    fi
+    if ((rc == 0)); then ok=$((ok + 1)); else
+        echo "   PUT $i failed cleanly: $(tail -1 "$work/put$i.log")"
+        failed=$((failed + 1))
+    fi
+done
+for ((i = 0; i < jobs; i++)); do
+    grep -h "^hipobj: \(get\|put\) " "$work/get$i.log" "$work/put$i.log" | sed 's/^/   /' || true
+done
+echo "   $ok transfers succeeded, $failed failed cleanly, none hung, nothing partial in Garage"
+for i in 0 1; do
+    via "$lb" get "s3://$bucket/gw/big" "$work/after$i" --no-fallback >/dev/null
+    cmp "$work/big" "$work/after$i" || fail "GET after the kill: bytes differ"
+done
+echo "   GETs through haproxy go on on gateway 1"
+echo "== gateway checks passed"
