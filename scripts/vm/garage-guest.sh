@@ -57,6 +57,17 @@ cli() {
 
 node_pid() { cat "$dir/node$1/pid" 2>/dev/null || true; }
 
+# Whether process $1 runs. A killed node stays a zombie until its parent
+# reaps it, and a node that start-node restarted has outlived its shell: its
+# parent is then the machine's PID 1, which in a container may never reap.
+# `kill -0` succeeds on a zombie, so this reads the state (once: the process
+# may go between two reads).
+alive() {
+    local state
+    state=$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null || true)
+    [[ -n "$state" && "$state" != Z ]]
+}
+
 start_node() {
     local n=$1
     NO_COLOR=1 "$garage" -c "$dir/node$n/garage.toml" server >>"$dir/node$n/log" 2>&1 &
@@ -89,15 +100,12 @@ case ${1:-} in
         helper_dir kill-node
         node_arg "${2:-}"
         pid=$(node_pid "$2")
-        [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null || fail "kill-node: node $2 is not running"
-        # Its parent (the cluster's shell) reaps it; gone or a zombie is dead.
+        [[ -n "$pid" ]] && alive "$pid" && kill -KILL "$pid" 2>/dev/null || fail "kill-node: node $2 is not running"
         for _ in $(seq 300); do
-            # One read of the state: the process may go between two.
-            state=$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null || true)
-            [[ -n "$state" && "$state" != Z ]] || break
+            alive "$pid" || break
             sleep 0.1
         done
-        [[ -n "$state" && "$state" != Z ]] && fail "kill-node: node $2 (pid $pid) still runs 30 s after SIGKILL (state $state)"
+        alive "$pid" && fail "kill-node: node $2 (pid $pid) still runs 30 s after SIGKILL"
         echo "garage-guest: node $2 (pid $pid) killed"
         exit 0
         ;;
@@ -105,7 +113,7 @@ case ${1:-} in
         helper_dir start-node
         node_arg "${2:-}"
         pid=$(node_pid "$2")
-        [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && fail "start-node: node $2 is running (pid $pid)"
+        [[ -n "$pid" ]] && alive "$pid" && fail "start-node: node $2 is running (pid $pid)"
         start_node "$2"
         # Back in the cluster at once: node 0 connects to it as at the start
         # (left to itself, a restarted node waits for the others' reconnection
@@ -229,7 +237,7 @@ declare -a ids
 for ((n = 0; n < nodes; n++)); do
     for _ in $(seq 300); do
         ids[n]=$("$garage" -c "$dir/node$n/garage.toml" node id -q 2>/dev/null) && break
-        kill -0 "$(node_pid "$n")" 2>/dev/null || fail "node $n exited at start (log: $dir/node$n/log)"
+        alive "$(node_pid "$n")" || fail "node $n exited at start (log: $dir/node$n/log)"
         sleep 0.2
     done
     [[ -n "${ids[n]:-}" ]] || fail "node $n did not answer 'garage node id' within 60 s"
