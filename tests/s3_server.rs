@@ -619,8 +619,37 @@ fn keyed() -> Command {
     command
 }
 
+/// A file of the test's own in the temporary directory, removed when the
+/// value is dropped.
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// A file of the test's own in the temporary directory, with `mode`.
-fn scratch(name: &str, contents: &[u8], mode: u32) -> PathBuf {
+fn scratch(name: &str, contents: &[u8], mode: u32) -> Scratch {
     use std::os::unix::fs::PermissionsExt;
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let path = std::env::temp_dir().join(format!(
@@ -631,12 +660,12 @@ fn scratch(name: &str, contents: &[u8], mode: u32) -> PathBuf {
     std::fs::write(&path, contents).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    path
+    Scratch(path)
 }
 
 /// Starts `command` on a fresh root with `extra` arguments, its standard
 /// error written to a file: the server and that file.
-fn start_logged_by(command: Command, extra: &[&str]) -> (S3Server, PathBuf) {
+fn start_logged_by(command: Command, extra: &[&str]) -> (S3Server, Scratch) {
     let log = scratch("stderr", b"", 0o600);
     let file = std::fs::File::create(&log).expect("the log file");
     let server = S3Server::start_command(command, "127.0.0.1", extra, Stdio::from(file));
@@ -695,7 +724,6 @@ fn a_config_file_sets_options_and_the_command_line_overrides_them() {
         .body(b"y")
         .send(&server);
     assert_eq!(reply.status, 200, "{reply:?}");
-    let _ = std::fs::remove_file(&config);
 }
 
 #[test]
@@ -727,8 +755,6 @@ fn a_config_file_with_an_unknown_key_or_a_bad_value_is_refused_naming_the_file()
         said.contains(&format!("{}: --listen 9000: ", bad.display())),
         "{said}"
     );
-    let _ = std::fs::remove_file(&typo);
-    let _ = std::fs::remove_file(&bad);
 }
 
 #[test]
@@ -787,9 +813,6 @@ fn the_keys_come_from_the_environment_or_files_never_needing_the_command_line() 
         said.contains("warning: --secret-key on the command line is visible to every user"),
         "{said}"
     );
-    for path in [secret, open] {
-        let _ = std::fs::remove_file(path);
-    }
 }
 
 #[test]
@@ -810,7 +833,6 @@ fn a_credentials_file_gives_one_access_key_per_tenant() {
     let mut crossed = Request::new("PUT", server.url("crossed")).body(b"x");
     (crossed.access, crossed.secret) = ("tenant-a", "secret-of-b");
     assert_eq!(crossed.send(&server).status, 403);
-    let _ = std::fs::remove_file(&tenants);
 }
 
 #[test]
@@ -870,7 +892,7 @@ fn listening_beyond_loopback_without_tls_warns_that_s3_goes_in_clear_text() {
 
 /// A self-signed certificate for 127.0.0.1: its PEM file (the CA a client
 /// trusts, too) and its key's.
-fn self_signed() -> (PathBuf, PathBuf) {
+fn self_signed() -> (Scratch, Scratch) {
     let rcgen::CertifiedKey { cert, signing_key } =
         rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
             .expect("a certificate");
@@ -926,9 +948,6 @@ fn https_serves_put_and_get_and_plain_http_to_its_port_fails_cleanly() {
         said.contains("TLS handshake with 127.0.0.1:"),
         "the failed handshakes are logged: {said}"
     );
-    for path in [cert, key, log] {
-        let _ = std::fs::remove_file(path);
-    }
 }
 
 #[test]
@@ -970,7 +989,6 @@ fn a_refused_request_is_logged_once_with_its_reason_and_never_a_secret() {
     for secret in [SECRET_KEY, wrong, "Signature="] {
         assert!(!said.contains(secret), "{secret:?} is in the log: {said}");
     }
-    let _ = std::fs::remove_file(&log);
 }
 
 /// The metrics' text from `url`.
@@ -1126,5 +1144,4 @@ fn sigterm_lets_a_request_in_progress_finish_refuses_new_ones_and_stops_the_metr
     // (terminate's SIGTERM, a second one, changes nothing of the drain.)
     let status = server.terminate();
     assert_eq!(status.code(), Some(0), "{status}");
-    let _ = std::fs::remove_file(&download);
 }
