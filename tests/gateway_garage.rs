@@ -293,7 +293,7 @@ fn a_checksum_mismatch_is_refused_at_each_hop_and_nothing_is_stored() {
     // The gateway's hop to Garage: a relay flips a byte of the PUT's body
     // on its way; Garage checks the client's CRC (which the gateway
     // forwards) and refuses it.
-    let to_garage = Relay::start(&garage.endpoint, Flip::Up(300 << 10));
+    let to_garage = Relay::start(&garage.endpoint, Fault::Flip(Way::Up, 300 << 10));
     let gateway = gateway::Gateway::upstream(&world, &to_garage.url(), &garage.options(&[]));
     let s3 = via(&gateway);
     let key = unique("bad-upstream-put");
@@ -301,7 +301,7 @@ fn a_checksum_mismatch_is_refused_at_each_hop_and_nothing_is_stored() {
     let e = objects::put(&client, object, &buf, 0..data.len(), NO_FALLBACK)
         .expect_err("a PUT whose bytes changed on the way to Garage");
     eprintln!("refused on the way to Garage: {e}");
-    assert!(to_garage.flipped() >= 1, "the relay changed a byte");
+    assert!(to_garage.done() >= 1, "the relay changed a byte");
     assert!(!garage.holds(&key), "nothing stored");
 
     // Garage's hop back: a relay flips a byte of a GET's body; the
@@ -311,7 +311,7 @@ fn a_checksum_mismatch_is_refused_at_each_hop_and_nothing_is_stored() {
     let s3 = via(&gateway);
     let object = Object::new(&s3, bucket, &key);
     objects::put(&client, object, &buf, 0..data.len(), NO_FALLBACK).unwrap();
-    let from_garage = Relay::start(&garage.endpoint, Flip::Down(300 << 10));
+    let from_garage = Relay::start(&garage.endpoint, Fault::Flip(Way::Down, 300 << 10));
     let gateway = gateway::Gateway::upstream(&world, &from_garage.url(), &garage.options(&[]));
     let s3 = via(&gateway);
     let mut into = client.host_buffer(data.len()).unwrap();
@@ -327,11 +327,75 @@ fn a_checksum_mismatch_is_refused_at_each_hop_and_nothing_is_stored() {
     .expect_err("a GET whose bytes changed on the way from Garage");
     let text = e.to_string();
     eprintln!("refused on the way from Garage: {text}");
-    assert!(from_garage.flipped() >= 1, "the relay changed a byte");
+    assert!(from_garage.done() >= 1, "the relay changed a byte");
     assert!(
         text.contains("do not match its x-amz-checksum-crc64nvme"),
         "{text}"
     );
+}
+
+/// A store that pauses for longer than `--rdma-timeout-ms` (but less than
+/// `--upstream-timeout-ms`) in the middle of a PUT's body or of a GET's
+/// answer is waited for: the RDMA time-out bounds what the client does, not
+/// what the store does, so both transfers complete byte for byte.
+#[test]
+fn a_store_that_pauses_longer_than_the_rdma_timeout_is_waited_for() {
+    let garage = cluster();
+    let world = World::new();
+    let client = client(&world);
+    let bucket = garage.bucket.as_str();
+    // More than the sockets on the way hold, so that the pause reaches
+    // the gateway; chunks of 1 MiB, three held, 1 s of RDMA time-out each.
+    let data = pattern(24 << 20, 6);
+    let crc = Checksum::crc64nvme(&data);
+    let mut buf = client.register_host(data).unwrap();
+    let pause = Duration::from_millis(2500);
+    let options = [
+        "--rdma-timeout-ms",
+        "1000",
+        "--rdma-chunk-bytes",
+        "1048576",
+        "--rdma-chunks",
+        "3",
+        "--upstream-timeout-ms",
+        "20000",
+    ];
+    let key = unique("paused");
+    let to_garage = Relay::start(&garage.endpoint, Fault::Pause(Way::Up, 2 << 20, pause));
+    let gateway = gateway::Gateway::upstream(&world, &to_garage.url(), &garage.options(&options));
+    let s3 = via(&gateway);
+    let start = Instant::now();
+    let object = Object::new(&s3, bucket, &key);
+    let moved = objects::put(&client, object, &buf, 0..buf.len(), NO_FALLBACK)
+        .expect("a PUT whose store pauses");
+    eprintln!("PUT with Garage paused {pause:?}: {:?}", start.elapsed());
+    assert!(matches!(moved.path, Via::Rdma(_)), "{moved:?}");
+    assert_eq!(to_garage.done(), 1, "the store paused in the PUT's body");
+    assert_eq!(Checksum::crc64nvme(&garage.read(&key, buf.len())), crc);
+
+    let from_garage = Relay::start(&garage.endpoint, Fault::Pause(Way::Down, 2 << 20, pause));
+    let gateway = gateway::Gateway::upstream(&world, &from_garage.url(), &garage.options(&options));
+    let s3 = via(&gateway);
+    buf.as_mut_slice().unwrap().fill(0);
+    let start = Instant::now();
+    let object = Object::new(&s3, bucket, &key);
+    let moved = objects::get(
+        &client,
+        object,
+        0..buf.len() as u64,
+        &mut buf,
+        0,
+        NO_FALLBACK,
+    )
+    .expect("a GET whose store pauses");
+    eprintln!("GET with Garage paused {pause:?}: {:?}", start.elapsed());
+    assert!(matches!(moved.path, Via::Rdma(_)), "{moved:?}");
+    assert_eq!(moved.verified, Verified::Yes);
+    assert!(
+        from_garage.done() >= 1,
+        "the store paused in the GET's answer"
+    );
+    assert_eq!(Checksum::crc64nvme(buf.as_slice().unwrap()), crc);
 }
 
 #[test]
@@ -544,25 +608,42 @@ fn wait_until(done: impl Fn() -> bool, what: &str) {
     }
 }
 
-/// Which way a [`Relay`] flips a byte, at which offset of a connection's
-/// stream.
+/// What a [`Relay`] does to each connection's stream, one way, at one
+/// offset.
 #[derive(Clone, Copy)]
-enum Flip {
-    /// In what the gateway sends.
-    Up(u64),
-    /// In what Garage answers.
-    Down(u64),
+enum Fault {
+    /// Flips the byte at this offset.
+    Flip(Way, u64),
+    /// Stops passing bytes at this offset for a while, as a store that
+    /// pauses (a collection, a compaction, a slow disk).
+    Pause(Way, u64, Duration),
 }
 
-/// A TCP relay in front of Garage that flips one byte of each connection's
-/// stream in one direction.
+/// Which way: what the gateway sends (`Up`) or what Garage answers.
+#[derive(Clone, Copy, PartialEq)]
+enum Way {
+    Up,
+    Down,
+}
+
+impl Fault {
+    fn way(self) -> Way {
+        match self {
+            Fault::Flip(way, _) | Fault::Pause(way, ..) => way,
+        }
+    }
+}
+
+/// A TCP relay in front of Garage that does its [`Fault`] to each
+/// connection.
 struct Relay {
     addr: SocketAddr,
-    flips: Arc<AtomicUsize>,
+    /// How many times the fault was done.
+    done: Arc<AtomicUsize>,
 }
 
 impl Relay {
-    fn start(endpoint: &str, flip: Flip) -> Relay {
+    fn start(endpoint: &str, fault: Fault) -> Relay {
         let target: SocketAddr = endpoint
             .trim_start_matches("http://")
             .trim_end_matches('/')
@@ -570,8 +651,8 @@ impl Relay {
             .expect("Garage's endpoint is http://IP:PORT");
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let flips = Arc::new(AtomicUsize::new(0));
-        let counted = flips.clone();
+        let done = Arc::new(AtomicUsize::new(0));
+        let counted = done.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(down) = conn else { return };
@@ -579,30 +660,26 @@ impl Relay {
                     continue;
                 };
                 let (up2, down2) = (up.try_clone().unwrap(), down.try_clone().unwrap());
-                let (at_up, at_down) = match flip {
-                    Flip::Up(at) => (Some(at), None),
-                    Flip::Down(at) => (None, Some(at)),
-                };
-                let c1 = counted.clone();
-                let c2 = counted.clone();
-                std::thread::spawn(move || pump(down, up, at_up, &c1));
-                std::thread::spawn(move || pump(up2, down2, at_down, &c2));
+                let on = move |way| (fault.way() == way).then_some(fault);
+                let (c1, c2) = (counted.clone(), counted.clone());
+                std::thread::spawn(move || pump(down, up, on(Way::Up), &c1));
+                std::thread::spawn(move || pump(up2, down2, on(Way::Down), &c2));
             }
         });
-        Relay { addr, flips }
+        Relay { addr, done }
     }
 
     fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    fn flipped(&self) -> usize {
-        self.flips.load(Ordering::SeqCst)
+    fn done(&self) -> usize {
+        self.done.load(Ordering::SeqCst)
     }
 }
 
-/// Copies `from` to `to`, flipping the byte at offset `at`.
-fn pump(mut from: TcpStream, mut to: TcpStream, at: Option<u64>, flips: &AtomicUsize) {
+/// Copies `from` to `to`, doing `fault` on the way.
+fn pump(mut from: TcpStream, mut to: TcpStream, fault: Option<Fault>, done: &AtomicUsize) {
     let mut offset = 0u64;
     let mut block = vec![0u8; 64 << 10];
     loop {
@@ -610,11 +687,17 @@ fn pump(mut from: TcpStream, mut to: TcpStream, at: Option<u64>, flips: &AtomicU
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if let Some(at) = at {
-            if (offset..offset + n as u64).contains(&at) {
+        let here = offset..offset + n as u64;
+        match fault {
+            Some(Fault::Flip(_, at)) if here.contains(&at) => {
                 block[usize::try_from(at - offset).unwrap()] ^= 0x01;
-                flips.fetch_add(1, Ordering::SeqCst);
+                done.fetch_add(1, Ordering::SeqCst);
             }
+            Some(Fault::Pause(_, at, pause)) if here.contains(&at) => {
+                std::thread::sleep(pause);
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+            _ => {}
         }
         offset += n as u64;
         if to.write_all(&block[..n]).is_err() {

@@ -20,6 +20,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::gateway::rdma::MIN_CHUNKS;
 use crate::gateway::upstream::Settings;
 
 /// What `--help` prints.
@@ -85,8 +86,8 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE]
                         each (default 8388608, or the largest buffer --rdma-memory-bytes
                         holds if less): a GET's bytes are written to the client as the backend
                         gives them, a PUT's are handed to the backend as they are read
-  --rdma-chunks N       chunks one transfer holds at once (default 4): its memory is at most
-                        N x --rdma-chunk-bytes
+  --rdma-chunks N       chunks one transfer holds at once (default 4, at least 3): its memory
+                        is at most N x --rdma-chunk-bytes
   --rdma-max-requests N RDMA requests served at once (default 128); one more is answered 503
                         SlowDown at once. The runtime has N + 256 blocking threads: RDMA requests
                         hold at most N of them, the rest serve every request's file I/O
@@ -289,6 +290,10 @@ impl Options {
             connect_timeout: self.rdma_connect_timeout,
             chunk_bytes: self.rdma_chunk_bytes,
             chunks: self.rdma_chunks,
+            backend_timeout: self
+                .upstream
+                .as_ref()
+                .map_or(self.rdma_timeout, |upstream| upstream.timeout),
         }
     }
 }
@@ -529,7 +534,17 @@ fn apply(g: &mut Given, args: &[String]) -> Result<Flow, String> {
                 g.rdma_max_connections_per_client = count(name, &value()?)?
             }
             "--rdma-chunk-bytes" => g.rdma_chunk_bytes = Some(count(name, &value()?)?),
-            "--rdma-chunks" => g.rdma_chunks = count(name, &value()?)?,
+            "--rdma-chunks" => {
+                g.rdma_chunks = count(name, &value()?)?;
+                if g.rdma_chunks < MIN_CHUNKS {
+                    return Err(format!(
+                        "--rdma-chunks {}: at least {MIN_CHUNKS} (a PUT keeps its last chunk \
+                         until the bytes' checksum is checked, an upstream keeps one more until \
+                         it knows the body goes on, and one must be free to go on)",
+                        g.rdma_chunks
+                    ));
+                }
+            }
             "--shutdown-grace-ms" => g.shutdown_grace = Some(millis(name, &value()?, 0)?),
             "--upstream" => g.upstream.endpoint = Some(endpoint(&value()?)?),
             "--upstream-region" => g.upstream.region = Some(value()?),
@@ -1207,6 +1222,10 @@ pub(crate) mod tests {
         assert!(refused.contains("raise --rdma-memory-bytes"), "{refused}");
         assert!(with(&["--rdma-memory-bytes", "4095"]).is_err());
         assert!(with(&["--rdma-chunks", "0"]).is_err());
+        // Fewer than three would leave a PUT through an upstream waiting
+        // on itself (docs/architecture.md, "Chunks").
+        let refused = with(&["--rdma-chunks", "2"]).unwrap_err();
+        assert!(refused.contains("at least 3"), "{refused}");
     }
 
     /// The required options with `--upstream URL` instead of `--root`.

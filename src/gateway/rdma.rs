@@ -22,6 +22,11 @@ use parking_lot::{Condvar, Mutex};
 const POOL_BYTES: usize = 256 << 20;
 /// The smallest buffer registered.
 pub const MIN_BUF: usize = 4096;
+/// The fewest chunks a transfer may hold: a PUT keeps its last chunk until
+/// the bytes' checksum is checked, the upstream keeps the piece before it
+/// until it knows the body goes on, and a third must be free for the
+/// transfer to go on at all.
+pub const MIN_CHUNKS: usize = 3;
 /// Ports looked at when choosing a device.
 const MAX_PORTS: u8 = 8;
 
@@ -46,6 +51,10 @@ pub struct Limits {
     pub chunk_bytes: usize,
     /// Chunks one transfer holds at once.
     pub chunks: usize,
+    /// How long a transfer waits for its backend to hand over a GET's next
+    /// chunk or to take a PUT's (a store that pauses is not a client that
+    /// stopped): the upstream's own time-out, at least the RDMA one.
+    pub backend_timeout: Duration,
 }
 
 /// The server's RDMA device and its server side.
@@ -53,6 +62,7 @@ pub struct Rdma {
     side: ServerSide,
     device: String,
     timeout: Duration,
+    backend_timeout: Duration,
     max_bytes: u64,
     chunk_bytes: usize,
     chunks: usize,
@@ -310,9 +320,10 @@ impl Rdma {
             side,
             device,
             timeout,
+            backend_timeout: limits.backend_timeout.max(timeout),
             max_bytes: limits.max_bytes,
             chunk_bytes: limits.chunk_bytes.max(MIN_BUF),
-            chunks: limits.chunks.max(1),
+            chunks: limits.chunks.max(MIN_CHUNKS),
             pool: Mutex::new(Pool::default()),
             budget: Budget::new(limits.memory_bytes),
             gate: Arc::new(Gate {
@@ -377,6 +388,12 @@ impl Rdma {
     /// The deadline of a transfer, from its start (`--rdma-timeout-ms`).
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// How long a transfer waits for its backend's next chunk, or for the
+    /// backend to take one ([`Limits::backend_timeout`]).
+    pub fn backend_timeout(&self) -> Duration {
+        self.backend_timeout
     }
 
     /// The largest chunk, one buffer (`--rdma-chunk-bytes`).

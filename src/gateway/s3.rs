@@ -1269,6 +1269,7 @@ mod tests {
             connect_timeout: slow,
             chunk_bytes: 1 << 20,
             chunks: 2,
+            backend_timeout: slow,
         };
         let fake = Fake::new("cap", limits, slow);
         let (s3, rdma) = (fake.s3.clone(), fake.rdma.clone());
@@ -1363,6 +1364,7 @@ mod tests {
             connect_timeout: Duration::from_secs(5),
             chunk_bytes: 4096,
             chunks: 2,
+            backend_timeout: Duration::from_secs(5),
         }
     }
 

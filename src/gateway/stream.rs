@@ -63,16 +63,19 @@ pub fn write_chunks(
     free: &mpsc::UnboundedSender<RegBuf>,
 ) -> Result<(), Failure> {
     let start = Instant::now();
-    let mut deadline = start + rdma.timeout();
     let outcome = (|| {
-        let mut session = rdma.begin(token, label, deadline)?;
+        let mut session = rdma.begin(token, label, start + rdma.timeout())?;
         let proven = session.proven();
         let mut written = 0u64;
         loop {
-            let wait = deadline.saturating_duration_since(Instant::now());
-            match chunks.recv_timeout(wait) {
+            // The backend's next chunk gets the backend's time: a store
+            // that pauses is not a client that stopped.
+            match chunks.recv_timeout(rdma.backend_timeout()) {
                 Ok(Chunk::Data { buf, offset, len }) => {
                     let n = len as u64;
+                    // Each chunk has the whole RDMA timeout: a long object
+                    // fails only where it stops moving.
+                    session.set_deadline(Instant::now() + rdma.timeout());
                     match session.write(&buf.local(), 0, offset, n) {
                         Ok(()) => {
                             if written == 0 {
@@ -81,10 +84,6 @@ pub fn write_chunks(
                                 );
                             }
                             written += n;
-                            // Each chunk has the whole timeout: a long
-                            // object fails only where it stops moving.
-                            deadline = Instant::now() + rdma.timeout();
-                            session.set_deadline(deadline);
                             if let Err(back) = free.send(buf) {
                                 rdma.give_back(back.0);
                             }
@@ -96,6 +95,7 @@ pub fn write_chunks(
                     }
                 }
                 Ok(Chunk::Done) if written == len => {
+                    session.set_deadline(Instant::now() + rdma.timeout());
                     return session.finish().map(|()| proven);
                 }
                 Ok(Chunk::Done) => {
@@ -104,10 +104,10 @@ pub fn write_chunks(
                     )))
                 }
                 Err(sync_mpsc::RecvTimeoutError::Timeout) => {
-                    return Err(TransferFailure::quiet(crate::core::Error::Rdma(
-                        "the object's bytes did not come from the backend before the deadline"
-                            .into(),
-                    )))
+                    return Err(TransferFailure::quiet(crate::core::Error::Rdma(format!(
+                        "the backend gave none of the object's next bytes within {} ms",
+                        rdma.backend_timeout().as_millis()
+                    ))))
                 }
                 Err(sync_mpsc::RecvTimeoutError::Disconnected) => {
                     return Err(TransferFailure::quiet(crate::core::Error::Rdma(
@@ -245,14 +245,15 @@ pub fn read_chunks(
 ) -> Result<Checksum, ReadFailure> {
     let len = token.length;
     let start = Instant::now();
-    let mut deadline = start + rdma.timeout();
     let (back_tx, back_rx) = sync_mpsc::channel::<RegBuf>();
     let mut held = 0usize;
     let mut hasher = declared.hasher();
     let mut last: Option<Bytes> = None;
     let mut gone = false;
     let outcome = (|| {
-        let mut session = rdma.begin(token, label, deadline).map_err(Stop::from)?;
+        let mut session = rdma
+            .begin(token, label, start + rdma.timeout())
+            .map_err(Stop::from)?;
         let proven = session.proven();
         let mut offset = 0u64;
         while offset < len {
@@ -267,22 +268,24 @@ pub fn read_chunks(
                     held += 1;
                     buf
                 }
-                Err(_) => {
-                    let wait = deadline.saturating_duration_since(Instant::now());
-                    back_rx.recv_timeout(wait).map_err(|_| {
-                        TransferFailure::quiet(crate::core::Error::Rdma(
-                            "the backend did not take the bytes before the deadline".into(),
-                        ))
-                    })?
-                }
+                // The backend holds them all: it gets the backend's time
+                // to take one (a store that pauses is not a client that
+                // stopped).
+                Err(_) => back_rx.recv_timeout(rdma.backend_timeout()).map_err(|_| {
+                    TransferFailure::quiet(crate::core::Error::Rdma(format!(
+                        "the backend took none of the bytes held for it within {} ms",
+                        rdma.backend_timeout().as_millis()
+                    )))
+                })?,
             };
+            // Each chunk has the whole RDMA timeout: a long object fails
+            // only where it stops moving.
+            session.set_deadline(Instant::now() + rdma.timeout());
             if let Err(failure) = session.read(&buf.local(), 0, offset, n as u64) {
                 rdma.release(buf, failure.local_quiet);
                 return Err(failure.into());
             }
             hasher.update(&buf.bytes()[..n]);
-            deadline = Instant::now() + rdma.timeout();
-            session.set_deadline(deadline);
             let bytes = Bytes::from_owner(Lent {
                 buf: Some(buf),
                 home: back_tx.clone(),

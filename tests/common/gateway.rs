@@ -80,7 +80,7 @@ impl Gateway {
         let rdma = Rdma::on(
             fabric.cm(&[SERVER_NIC]),
             ctx,
-            Duration::from_secs(5),
+            options.rdma_timeout,
             Duration::ZERO,
             options.limits(),
         )
