@@ -15,14 +15,22 @@
 #      part: the whole object or nothing. Then GETs through haproxy go on
 #      on the gateway that is left.
 #
-#   gateway-guest.sh SERVER_BINARY HIPOBJ_BINARY [MIB]
+#   3. With BENCH_MIB (a list of sizes), the benchmark: RDMA GETs through
+#      gateway 1 against plain HTTP GETs (curl) straight from the Garage
+#      node behind it, the same object for both, taken in turn; throughput
+#      and time to first byte (docs/performance.md, "The gateway in front
+#      of Garage").
+#
+#   gateway-guest.sh SERVER_BINARY HIPOBJ_BINARY [MIB [BENCH_MIB...]]
 #
 # MIB (default 16) is the size of the objects. Fails on the first check
-# that does not hold.
+# that does not hold; the benchmark prints figures and fails only if a
+# transfer does.
 set -euo pipefail
 server_bin="$1"
 hipobj="$2"
 mib="${3:-16}"
+bench=("${@:4}")
 [[ -n "${HIPOBJ_GARAGE_ENDPOINT:-}" ]] || { echo "gateway-guest: run inside scripts/vm/garage-guest.sh" >&2; exit 1; }
 work=$(mktemp -d)
 pids=()
@@ -50,7 +58,8 @@ start_gateway() {
     "$server_bin" --upstream "$1" --upstream-region "$HIPOBJ_GARAGE_REGION" \
         --listen "192.0.2.1:$2" --device rxe0 \
         --access-key "$client_key" --secret-key "$client_secret" \
-        --upstream-timeout-ms 60000 >"$work/gateway$n.out" 2>"$work/gateway$n.log" &
+        --upstream-timeout-ms 60000 --metrics-listen "192.0.2.1:$(($2 + 100))" \
+        >"$work/gateway$n.out" 2>"$work/gateway$n.log" &
     pids+=($!)
     local deadline=$((SECONDS + 60))
     until grep -q "listening" "$work/gateway$n.out" 2>/dev/null || grep -q "http://" "$work/gateway$n.out" 2>/dev/null; do
@@ -184,3 +193,65 @@ for i in 0 1; do
 done
 echo "   GETs through haproxy go on on gateway 1"
 echo "== gateway checks passed"
+((${#bench[@]})) || exit 0
+
+echo "== 3. the benchmark: RDMA GETs through gateway 1 against Garage's own HTTP GETs from node 1"
+# The gateway's time to first byte is its own histogram's
+# (hipobj_s3_rdma_get_first_byte_seconds: from the request's arrival to its
+# first RDMA WRITE), read before and after each GET; Garage's is curl's
+# time_starttransfer. Throughput is the object over the transfer's time:
+# curl's time_total, the command's own "seconds" (one transfer of the whole
+# object, --chunk its size, --streams 1, after its HEAD; --no-verify: the
+# client's CRC is not the gateway's cost, and the gateway checks the stored
+# checksum anyway). The median of each.
+node1="${garage_endpoints[1]}"
+first_byte() {
+    curl -sS "http://192.0.2.1:9202/metrics" | awk '
+        $1 == "hipobj_s3_rdma_get_first_byte_seconds_sum" { s = $2 }
+        $1 == "hipobj_s3_rdma_get_first_byte_seconds_count" { c = $2 }
+        END { print s + 0, c + 0 }'
+}
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+for size in "${bench[@]}"; do
+    key="gw/bench-$size"
+    head -c $((size << 20)) /dev/urandom >"$work/bench"
+    via "$b" put "$work/bench" "s3://$bucket/$key" --no-fallback --no-verify >/dev/null
+    rounds=$((64 / size))
+    ((rounds >= 1)) || rounds=1
+    up_rate=() up_first=() gw_rate=() gw_first=()
+    # The first size's round 0 warms both up (connections, caches) and is
+    # not counted.
+    [[ "$size" == "${bench[0]}" ]] && first_round=0 || first_round=1
+    for ((round = first_round; round <= rounds; round++)); do
+        for turn in 0 1; do
+            if (((round + turn) % 2 == 0)); then
+                out=$(curl -sS --fail-with-body --aws-sigv4 "aws:amz:$HIPOBJ_GARAGE_REGION:s3" \
+                    --user "$garage_key:$garage_secret" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" \
+                    -o "$work/bench.http" -w '%{time_starttransfer} %{time_total}' "$node1/$bucket/$key") ||
+                    fail "Garage's GET of $key: $out"
+                cmp -s "$work/bench" "$work/bench.http" || fail "Garage's GET of $key: bytes differ"
+                ((round == 0)) && continue
+                read -r first total <<<"$out"
+                up_first+=("$first")
+                up_rate+=("$(awk -v m="$size" -v t="$total" 'BEGIN { print m / t }')")
+            else
+                read -r sum0 count0 < <(first_byte)
+                out=$(via "$b" get "s3://$bucket/$key" "$work/bench.rdma" --no-fallback --no-verify \
+                    --chunk "${size}MiB" --streams 1 --json) || fail "RDMA GET of $key through gateway 1: $out"
+                read -r sum1 count1 < <(first_byte)
+                cmp -s "$work/bench" "$work/bench.rdma" || fail "RDMA GET of $key: bytes differ"
+                ((count1 == count0 + 1)) || fail "gateway 1 recorded $((count1 - count0)) first bytes for one GET"
+                ((round == 0)) && continue
+                gw_first+=("$(awk -v a="$sum0" -v b="$sum1" 'BEGIN { print b - a }')")
+                gw_rate+=("$(python3 -c 'import json, sys; s = json.load(sys.stdin); print(s["mib_per_s"])' <<<"$out")")
+            fi
+        done
+    done
+    up=$(median "${up_rate[@]}") gw=$(median "${gw_rate[@]}")
+    uf=$(median "${up_first[@]}") gf=$(median "${gw_first[@]}")
+    awk -v size="$size" -v n="$rounds" -v up="$up" -v gw="$gw" -v uf="$uf" -v gf="$gf" -v chunk=8 'BEGIN {
+        printf "   %d MiB x%d: Garage %.1f MiB/s, gateway by RDMA %.1f MiB/s, ratio %.3f\n", size, n, up, gw, gw / up
+        c = chunk < size ? chunk : size
+        printf "   first byte: Garage %.1f ms, gateway %.1f ms (bound: Garage'"'"'s plus one %d MiB chunk at its rate, %.1f ms)\n", uf * 1e3, gf * 1e3, c, (uf + c / up) * 1e3
+    }'
+done

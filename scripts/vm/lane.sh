@@ -9,7 +9,7 @@
 # three-node Garage cluster (scripts/garage.sh builds Garage once per
 # machine, into a cache outside the tree), checks it over S3
 # (scripts/vm/garage-check.sh, short form) and puts two gateways in front
-# of it (scripts/vm/gateway-guest.sh).
+# of it (scripts/vm/gateway-guest.sh), with the gateway's benchmark.
 # Fails if any test fails or the VM cannot start.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -32,8 +32,6 @@ if ((${#binaries[@]} != 2)); then
     echo "vm/lane: expected the rxe and e2e test binaries, built: ${binaries[*]}" >&2
     exit 1
 fi
-# One line: run.sh passes it through printf %q, whose $'...' form of a
-# newline the guest's shell does not read.
 # A test binary that outlives 30 minutes (a process stuck in the kernel's
 # rxe teardown, say) is killed and fails the lane, with the kernel's rxe
 # messages shown.
@@ -48,11 +46,12 @@ each="$tests"'; exit $status'
 # The first boot then checks the Garage cluster (docs/reliability.md, "The
 # lane's Garage cluster"), with a 16 MiB object where the long form streams
 # 3 GiB, and the gateway in front of it over rxe0: two gateways, the hipobj
-# command by RDMA through each and through haproxy while one is killed
-# (scripts/vm/gateway-guest.sh).
+# command by RDMA through each and through haproxy while one is killed, then
+# the benchmark of RDMA GETs through a gateway against Garage's own HTTP
+# GETs, 16 and 256 MiB (scripts/vm/gateway-guest.sh).
 garage_check="env HIPOBJ_GARAGE=$(printf %q "$garage") bash scripts/vm/garage-check.sh 16"
-gateway_check="env HIPOBJ_GARAGE=$(printf %q "$garage") bash scripts/vm/garage-guest.sh bash scripts/vm/gateway-guest.sh $(printf %q "$target/debug/hipobj-s3-server") $(printf %q "$target/debug/hipobj") 16"
-first="$tests"'; echo "== scripts/vm/garage-check.sh"; timeout -k 10 900 '"$garage_check"' || status=1; echo "== scripts/vm/gateway-guest.sh"; timeout -k 10 900 '"$gateway_check"' || status=1; exit $status'
+gateway_check="env HIPOBJ_GARAGE=$(printf %q "$garage") bash scripts/vm/garage-guest.sh bash scripts/vm/gateway-guest.sh $(printf %q "$target/debug/hipobj-s3-server") $(printf %q "$target/debug/hipobj") 16 16 256"
+first="$tests"'; echo "== scripts/vm/garage-check.sh"; timeout -k 10 900 '"$garage_check"' || status=1; echo "== scripts/vm/gateway-guest.sh"; timeout -k 10 1500 '"$gateway_check"' || status=1; exit $status'
 # One boot at a RoCE fabric's path MTU (4096, a 9000-byte netdev) runs them
 # all; a second at 1024 (a 1500-byte netdev) runs tests/rxe.rs again, so
 # that both paths stay tested. The lane fails if any test fails.
