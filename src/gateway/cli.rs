@@ -1223,7 +1223,7 @@ pub(crate) mod tests {
         assert!(with(&["--rdma-memory-bytes", "4095"]).is_err());
         assert!(with(&["--rdma-chunks", "0"]).is_err());
         // Fewer than three would leave a PUT through an upstream waiting
-        // on itself (docs/architecture.md, "Chunks").
+        // on itself (docs/architecture.md, "The RDMA gateway", stream.rs).
         let refused = with(&["--rdma-chunks", "2"]).unwrap_err();
         assert!(refused.contains("at least 3"), "{refused}");
     }
