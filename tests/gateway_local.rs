@@ -156,6 +156,18 @@ impl Store {
         upload_id: &str,
         parts: &[(i32, Option<ETag>)],
     ) -> S3Result<()> {
+        self.complete_with(bucket, key, upload_id, parts, |_| {})
+            .await
+    }
+
+    async fn complete_with(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        parts: &[(i32, Option<ETag>)],
+        with: impl FnOnce(&mut CompleteMultipartUploadInput),
+    ) -> S3Result<()> {
         let parts = parts
             .iter()
             .map(|(n, e_tag)| CompletedPart {
@@ -164,13 +176,14 @@ impl Store {
                 ..CompletedPart::default()
             })
             .collect();
-        let input = CompleteMultipartUploadInput {
+        let mut input = CompleteMultipartUploadInput {
             bucket: bucket.to_owned(),
             key: key.to_owned(),
             upload_id: upload_id.to_owned(),
             multipart_upload: Some(CompletedMultipartUpload { parts: Some(parts) }),
             ..CompleteMultipartUploadInput::default()
         };
+        with(&mut input);
         let output = self
             .local
             .complete_multipart_upload(request(input))
@@ -430,6 +443,79 @@ async fn a_multipart_overwrite_drops_the_old_object_s_checksums() {
         assert!(info.contains("-2\""), "a two-part ETag: {info}");
         assert!(!info.contains("checksum_"), "no checksum kept: {info}");
     }
+}
+
+/// A multipart object has its whole CRC64/NVME: a Complete whose
+/// full-object `x-amz-checksum-crc64nvme` is not that of its parts is
+/// refused with nothing joined (the upload and the object it would replace
+/// stay); completed, the object is served with it (GET and HEAD, typed
+/// FULL_OBJECT), and so is one completed without a checksum.
+#[tokio::test]
+async fn a_multipart_object_is_served_with_its_whole_crc64nvme() {
+    let store = Store::new("whole");
+    let old = pattern(1000, 9);
+    store.put("whole", &old, |_| {}).await.unwrap();
+    let parts = [pattern(PART, 7), pattern(3000, 8)];
+    let whole = parts.concat();
+    let right = checksum("CRC64NVME", &whole);
+    let id = store.create_upload(BUCKET, "whole").await.unwrap();
+    let mut done = Vec::new();
+    for (n, part) in (1..).zip(&parts) {
+        let output = store
+            .upload_part("whole", &id, n, part, |_| {})
+            .await
+            .unwrap();
+        done.push((n, output.e_tag));
+    }
+    let before = store.snapshot();
+    let wrong = checksum("CRC64NVME", &whole[1..]);
+    let refused = store
+        .complete_with(BUCKET, "whole", &id, &done, |i| {
+            i.checksum_crc64nvme = Some(wrong.clone());
+            i.checksum_type = Some(ChecksumType::from_static(ChecksumType::FULL_OBJECT));
+        })
+        .await;
+    assert_code(&refused, S3ErrorCode::BadDigest, "a wrong whole CRC64NVME");
+    let said = format!("{:?}", refused.unwrap_err());
+    assert!(said.contains(&wrong) && said.contains(&right), "{said}");
+    assert!(
+        store.snapshot() == before,
+        "nothing joined, nothing changed"
+    );
+    assert_eq!(store.part_numbers("whole", &id).await, vec![1, 2]);
+    assert!(store.get("whole").await.0 == old, "the old object stays");
+
+    store
+        .complete_with(BUCKET, "whole", &id, &done, |i| {
+            i.checksum_crc64nvme = Some(right.clone());
+            i.checksum_type = Some(ChecksumType::from_static(ChecksumType::FULL_OBJECT));
+        })
+        .await
+        .expect("the right whole CRC64NVME");
+    let (bytes, get) = store.get("whole").await;
+    assert!(bytes == whole, "the joined object");
+    let head = store.head("whole").await;
+    for (what, crc, kind) in [
+        ("GET", &get.checksum_crc64nvme, &get.checksum_type),
+        ("HEAD", &head.checksum_crc64nvme, &head.checksum_type),
+    ] {
+        assert_eq!(crc.as_deref(), Some(right.as_str()), "{what}");
+        assert_eq!(
+            kind.as_ref().map(ChecksumType::as_str),
+            Some(ChecksumType::FULL_OBJECT),
+            "{what}"
+        );
+    }
+
+    // Without a checksum in the request, the object still has its own.
+    store.multipart("again", &[&parts[0], &parts[1]]).await;
+    let (_, get) = store.get("again").await;
+    assert_eq!(get.checksum_crc64nvme.as_deref(), Some(right.as_str()));
+    // Replaced by a PUT, it is served with the PUT's checksums only.
+    store.put("again", &old, |_| {}).await.unwrap();
+    let (bytes, get) = store.get("again").await;
+    assert!(bytes == old);
+    assert_eq!(get.checksum_crc64nvme, None, "not the replaced object's");
 }
 
 /// A root that s3s-fs alone wrote (the server before this fix): an

@@ -23,6 +23,14 @@
 //!   object stored before this fix). (CopyObject writes its source's info
 //!   whole: no stale checksum.) CompleteMultipartUpload with a part never
 //!   stored is refused before s3s-fs forgets the upload.
+//! - **A multipart object has its whole CRC64/NVME.** s3s-fs keeps no
+//!   checksum for it, so a client that checks what it reads (ours, by
+//!   default) could not. CompleteMultipartUpload computes the CRC64/NVME of
+//!   the parts it joins, refuses a request whose full-object
+//!   `x-amz-checksum-crc64nvme` differs (400 BadDigest, before anything is
+//!   joined: the upload and the object it would replace stay), and keeps
+//!   it in the info file (`WHOLE_CRC64NVME`); GET and HEAD serve it, typed
+//!   `FULL_OBJECT`.
 //! - **Buckets are made by CreateBucket only** (or the server's
 //!   `--bucket`). s3s-fs makes a bucket's directory for a PUT into it, and
 //!   answers NoSuchKey for a GET in a missing bucket. Here every operation
@@ -106,8 +114,10 @@ impl Local {
     /// GetObject, without the checksums of an object a multipart upload
     /// replaced (see [`no_stale_checksums`]).
     async fn get(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
+        let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
         let mut resp = self.fs.get_object(req).await?;
         no_stale_checksums!(resp.output);
+        self.serve_whole(&bucket, &key, &mut resp.output).await;
         Ok(resp)
     }
 
@@ -116,8 +126,10 @@ impl Local {
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
+        let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
         let mut resp = self.fs.head_object(req).await?;
         no_stale_checksums!(resp.output);
+        self.serve_whole(&bucket, &key, &mut resp.output).await;
         Ok(resp)
     }
 
@@ -186,9 +198,75 @@ impl Local {
                 req.input.upload_id
             ));
         }
+        let whole = match whole_parts(&req.input) {
+            Some((id, count)) => self.parts_crc64nvme(id, count).await?,
+            None => None,
+        };
+        if let (Some(claimed), Some(whole)) = (&req.input.checksum_crc64nvme, &whole) {
+            if claimed != whole {
+                return Err(s3_error!(
+                    BadDigest,
+                    "the CRC64NVME the request gives ({claimed}) is not that of its parts' \
+                     bytes ({whole}); nothing was completed"
+                ));
+            }
+        }
         let resp = self.fs.complete_multipart_upload(req).await?;
-        self.forget_checksums(&bucket, &key).await?;
+        self.forget_checksums(&bucket, &key, whole.as_deref())
+            .await?;
         Ok(resp)
+    }
+
+    /// The CRC64/NVME (base64) of parts 1 to `count` of upload `id`, read
+    /// from where s3s-fs 0.14.1 keeps them (`resolve_upload_part_path`:
+    /// `.upload_id-ID.part-N` at the root); `None` when a part is not there
+    /// (s3s-fs then answers for itself).
+    async fn parts_crc64nvme(&self, id: &str, count: i32) -> S3Result<Option<String>> {
+        use tokio::io::AsyncReadExt;
+        let mut hasher = ChecksumHasher {
+            crc64nvme: Some(Default::default()),
+            ..ChecksumHasher::default()
+        };
+        let mut block = vec![0u8; 1 << 20];
+        for n in 1..=count {
+            let path = self.root.join(format!(".upload_id-{id}.part-{n}"));
+            let mut file = match tokio::fs::File::open(&path).await {
+                Ok(file) => file,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => {
+                    return Err(s3_error!(
+                        InternalError,
+                        "reading part {n} of upload {id} ({}): {e}",
+                        path.display()
+                    ))
+                }
+            };
+            loop {
+                let read = file.read(&mut block).await.map_err(|e| {
+                    s3_error!(
+                        InternalError,
+                        "reading part {n} of upload {id} ({}): {e}",
+                        path.display()
+                    )
+                })?;
+                if read == 0 {
+                    break;
+                }
+                hasher.update(&block[..read]);
+            }
+        }
+        Ok(hasher.finalize().checksum_crc64nvme)
+    }
+
+    /// The whole CRC64/NVME kept for `bucket/key` (`WHOLE_CRC64NVME`), if
+    /// its info file holds one for `e_tag`'s object.
+    async fn whole_crc64nvme(&self, bucket: &str, key: &str, e_tag: &str) -> Option<String> {
+        let text = tokio::fs::read(self.info_file(bucket, key)).await.ok()?;
+        let info: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&text).ok()?;
+        let same = info.get("e_tag").and_then(serde_json::Value::as_str) == Some(e_tag);
+        same.then(|| info.get(WHOLE_CRC64NVME)?.as_str().map(str::to_owned))
+            .flatten()
     }
 
     /// Hands `req` to `store` (s3s-fs's PutObject or UploadPart) with its
@@ -244,10 +322,11 @@ impl Local {
     /// Removes the `checksum_*` fields of `bucket/key`'s info file when it
     /// holds a multipart ETag (`HASH-N`), which s3s-fs gives no checksum:
     /// they are the replaced object's. (An info file a PUT wrote since
-    /// holds an MD5 ETag, and its own checksums: left alone.) The file is
+    /// holds an MD5 ETag, and its own checksums: left alone.) Keeps
+    /// `whole`, the object's CRC64/NVME, as `WHOLE_CRC64NVME`. The file is
     /// replaced whole by a rename, from a temporary name that s3s-fs's
     /// start removes if this process dies first.
-    async fn forget_checksums(&self, bucket: &str, key: &str) -> S3Result<()> {
+    async fn forget_checksums(&self, bucket: &str, key: &str, whole: Option<&str>) -> S3Result<()> {
         let path = self.info_file(bucket, key);
         let failed = |what: &str, e: &dyn std::fmt::Display| {
             s3_error!(
@@ -268,9 +347,16 @@ impl Local {
             .get("e_tag")
             .and_then(serde_json::Value::as_str)
             .is_some_and(|e_tag| e_tag.contains('-'));
-        let before = info.len();
+        if !multipart {
+            return Ok(());
+        }
+        let before = info.clone();
         info.retain(|name, _| !name.starts_with("checksum_"));
-        if !multipart || info.len() == before {
+        match whole {
+            Some(crc) => info.insert(WHOLE_CRC64NVME.to_owned(), crc.into()),
+            None => info.remove(WHOLE_CRC64NVME),
+        };
+        if info == before {
             return Ok(());
         }
         let text = serde_json::to_vec(&info).map_err(|e| failed("writing", &e))?;
@@ -288,6 +374,67 @@ impl Local {
             failed("rewriting", &e)
         })
     }
+}
+
+/// The info file's field for a multipart object's whole CRC64/NVME
+/// (base64), which CompleteMultipartUpload computes. Not a `checksum_`
+/// field: s3s-fs neither reads nor serves it, and `checksum_` fields next
+/// to a multipart ETag are a replaced object's ([`no_stale_checksums`]).
+const WHOLE_CRC64NVME: &str = "hipobj_full_object_crc64nvme";
+
+/// A GetObject's or HeadObject's answer, for [`Local::serve_whole`].
+trait Served {
+    fn e_tag(&self) -> Option<&ETag>;
+    fn set_whole(&mut self, crc: String);
+}
+
+macro_rules! served {
+    ($($output:ty),*) => {$(
+        impl Served for $output {
+            fn e_tag(&self) -> Option<&ETag> {
+                self.e_tag.as_ref()
+            }
+            fn set_whole(&mut self, crc: String) {
+                self.checksum_crc64nvme = Some(crc);
+                self.checksum_type = Some(ChecksumType::from_static(ChecksumType::FULL_OBJECT));
+            }
+        }
+    )*};
+}
+served!(GetObjectOutput, HeadObjectOutput);
+
+impl Local {
+    /// Serves a multipart object's whole CRC64/NVME, where one is kept.
+    async fn serve_whole(&self, bucket: &str, key: &str, output: &mut impl Served) {
+        let Some(e_tag) = output.e_tag().map(|e| e.value().to_owned()) else {
+            return;
+        };
+        if !e_tag.contains('-') {
+            return;
+        }
+        if let Some(crc) = self.whole_crc64nvme(bucket, key, &e_tag).await {
+            output.set_whole(crc);
+        }
+    }
+}
+
+/// The upload id and the part count of a CompleteMultipartUpload whose
+/// parts are 1 to N in order (the only list s3s-fs joins), when the id is
+/// a UUID as s3s-fs makes them (it names files: nothing else may reach a
+/// path).
+fn whole_parts(input: &CompleteMultipartUploadInput) -> Option<(&str, i32)> {
+    let id = input.upload_id.as_str();
+    let uuid = id.len() == 36
+        && id.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
+        });
+    let parts = input.multipart_upload.as_ref()?.parts.as_ref()?;
+    let in_order = (1..)
+        .zip(parts)
+        .all(|(n, part)| part.part_number == Some(n));
+    let count = i32::try_from(parts.len()).ok()?;
+    (uuid && in_order && count > 0).then_some((id, count))
 }
 
 /// Drops a GetObject's or HeadObject's checksums when its ETag is a
