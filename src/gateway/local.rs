@@ -230,25 +230,20 @@ impl Local {
         let mut block = vec![0u8; 1 << 20];
         for n in 1..=count {
             let path = self.root.join(format!(".upload_id-{id}.part-{n}"));
+            let unread = |e: std::io::Error| {
+                s3_error!(
+                    InternalError,
+                    "reading part {n} of upload {id} ({}): {e}",
+                    path.display()
+                )
+            };
             let mut file = match tokio::fs::File::open(&path).await {
                 Ok(file) => file,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                Err(e) => {
-                    return Err(s3_error!(
-                        InternalError,
-                        "reading part {n} of upload {id} ({}): {e}",
-                        path.display()
-                    ))
-                }
+                Err(e) => return Err(unread(e)),
             };
             loop {
-                let read = file.read(&mut block).await.map_err(|e| {
-                    s3_error!(
-                        InternalError,
-                        "reading part {n} of upload {id} ({}): {e}",
-                        path.display()
-                    )
-                })?;
+                let read = file.read(&mut block).await.map_err(unread)?;
                 if read == 0 {
                     break;
                 }
