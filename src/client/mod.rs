@@ -90,12 +90,15 @@ use crate::core::nic::NicChoice;
 use crate::core::reply::REPLY_BUFFER_LEN;
 use crate::core::stats::Snapshot;
 use crate::core::token::TOKEN_HEX_LEN;
-use crate::core::transfer::{Direction, S3Client};
+use crate::core::transfer::{Canceller, Direction, S3Client};
 use crate::core::{Config, Error, Instance, Options};
 use crate::log::{log, Level};
 use crate::platform::{DeviceBuffer, Gpu, GpuCall, Platform};
 
 pub use crate::core::transfer::Route;
+pub use ticket::{Completion, Finished, Ticket, Transfer};
+
+mod ticket;
 
 /// What went wrong in a call of the Rust API.
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +121,14 @@ pub enum ClientError {
     /// A range or offset outside the buffer.
     #[error("{0}")]
     Range(String),
+    /// The transfer was cancelled (its ticket cancelled or dropped) before
+    /// it ended; nothing of it may be relied on.
+    #[error("the transfer was cancelled")]
+    Cancelled,
+    /// The client was closed before the transfer ended (why, with the
+    /// transfer's own error if it had one).
+    #[error("the client was closed: {0}")]
+    Closed(String),
 }
 
 /// The Rust API's result.
@@ -152,6 +163,7 @@ pub struct ClientBuilder {
     gpu: GpuSelect,
     nics: Vec<String>,
     options: Options,
+    max_in_flight: Option<usize>,
 }
 
 impl ClientBuilder {
@@ -182,6 +194,14 @@ impl ClientBuilder {
         self
     }
 
+    /// The most submitted transfers ([`Client::submit`]) that run at once;
+    /// more wait in the client's queue. By default `HIPOBJ_MAX_TRANSFERS`
+    /// (the connections a client keeps), at least 1.
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = Some(n.max(1));
+        self
+    }
+
     /// Opens the devices and starts the client: the same steps, checks and
     /// errors as `hipObjInit`.
     pub fn build(self) -> Result<Client> {
@@ -200,9 +220,13 @@ impl ClientBuilder {
         };
         let platform = self.platform.unwrap_or_else(crate::platform::system);
         let instance = Instance::open(platform, config, self.options)?;
+        let bound = self
+            .max_in_flight
+            .unwrap_or_else(|| usize::try_from(instance.options.max_transfers).unwrap_or(16));
         Ok(Client {
             instance,
             fallback: Arc::new(Fallbacks::default()),
+            engine: ticket::Engine::new(bound),
         })
     }
 }
@@ -243,6 +267,7 @@ impl std::fmt::Display for ClientStats {
 pub struct Client {
     instance: Arc<Instance>,
     fallback: Arc<Fallbacks>,
+    engine: ticket::Engine,
 }
 
 impl std::fmt::Debug for Client {
@@ -263,6 +288,7 @@ impl Client {
             gpu: GpuSelect::None,
             nics: Vec::new(),
             options: Options::from_env(),
+            max_in_flight: None,
         }
     }
 
@@ -375,26 +401,123 @@ impl Client {
         range: Range<usize>,
         s3: &mut dyn S3Side,
     ) -> Result<Route> {
-        self.instance.check_process()?;
-        if !Arc::ptr_eq(&buffer.instance, &self.instance) {
-            return Err(Error::BufNotRegistered.into());
+        run_transfer(&self.instance, direction, buffer, range, s3, None)
+    }
+
+    // ------------------------------------------------------------ asynchronous
+
+    /// Submits `transfer` and returns at once (never on the network): its
+    /// ticket. More than [`Client::max_in_flight`] transfers wait in the
+    /// client's queue, first in, first out. A client closed (in a forked
+    /// child, say) hands the transfer back.
+    ///
+    /// ```
+    /// # #[cfg(feature = "fake-platform")] {
+    /// use hipobj::client::{Client, S3Side, Transfer};
+    /// use hipobj::server::Op;
+    /// use hipobj::testing::world::{TestServer, World};
+    /// use std::sync::Arc;
+    ///
+    /// /// An S3 side that owns what it needs (it runs on the client's
+    /// /// transfer threads): here, the fake world's RDMA S3 server.
+    /// struct Request(Arc<TestServer>, Op);
+    /// impl S3Side for Request {
+    ///     fn exchange(&mut self, token: &str) -> Result<String, String> {
+    ///         String::from_utf8(self.0.handle(token.as_bytes(), self.1)).map_err(|e| e.to_string())
+    ///     }
+    /// }
+    ///
+    /// let world = World::new();
+    /// world.server.set_object(&[7u8; 4096]);
+    /// let client = Client::builder().platform(world.platform()).build().unwrap();
+    /// // Eight GETs in flight from one thread, each into its own buffer.
+    /// let tickets = client.submit_batch((0..8).map(|_| {
+    ///     let buffer = client.host_buffer(4096).unwrap();
+    ///     Transfer::get(buffer, 0..4096, Request(world.server.clone(), Op::Get))
+    /// }));
+    /// for mut ticket in tickets.unwrap() {
+    ///     let done = ticket.wait(None).unwrap();
+    ///     done.result.unwrap();
+    ///     assert_eq!(done.buffer.as_slice().unwrap(), &[7u8; 4096][..]);
+    /// }
+    /// # }
+    /// ```
+    pub fn submit(&self, transfer: Transfer) -> std::result::Result<Ticket, Transfer> {
+        self.engine.submit(&self.instance, transfer, None)
+    }
+
+    /// Submits every transfer, in order; their tickets in the same order.
+    /// If the client is closed, the transfers not submitted come back (the
+    /// tickets already made are dropped: their transfers cancelled).
+    pub fn submit_batch(
+        &self,
+        transfers: impl IntoIterator<Item = Transfer>,
+    ) -> std::result::Result<Vec<Ticket>, Vec<Transfer>> {
+        let mut tickets = Vec::new();
+        let mut transfers = transfers.into_iter();
+        while let Some(transfer) = transfers.next() {
+            match self.submit(transfer) {
+                Ok(ticket) => tickets.push(ticket),
+                Err(first) => {
+                    drop(tickets);
+                    return Err(std::iter::once(first).chain(transfers).collect());
+                }
+            }
         }
-        let len = buffer.check(&range)?;
-        let offset = i64::try_from(range.start).map_err(|_| ClientError::Range("offset".into()))?;
-        let slice = Slice::new(buffer.base, len, offset)?;
-        let mut side = Exchange {
-            side: s3,
-            reply: String::new(),
-            failure: None,
-        };
-        match self.instance.transfer_routed(direction, slice, &mut side) {
-            Ok(route) => Ok(route),
-            Err(e) => Err(match (e.declined(), side.failure) {
-                (Some(status), _) => ClientError::Declined { status },
-                (None, Some(why)) => ClientError::S3(why),
-                (None, None) => ClientError::Library(e),
-            }),
-        }
+        Ok(tickets)
+    }
+
+    /// Submits `transfer` with no ticket: its end comes out of
+    /// [`Client::next_completion`] with `tag`. It cannot be cancelled
+    /// alone; closing the client ends it.
+    pub fn submit_tagged(&self, transfer: Transfer, tag: u64) -> std::result::Result<(), Transfer> {
+        // Its ticket goes: a tagged ticket's drop cancels nothing.
+        self.engine
+            .submit(&self.instance, transfer, Some(tag))
+            .map(drop)
+    }
+
+    /// The next tagged transfer to end, in the order they end; waits at
+    /// most `timeout` (`None`: as long as it takes).
+    pub fn next_completion(&self, timeout: Option<std::time::Duration>) -> Option<Completion> {
+        self.engine.next_completion(timeout)
+    }
+
+    /// The most transfers submitted ones run at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.engine.bound()
+    }
+}
+
+/// One transfer of `range` of `buffer` on `instance`, with the caller's S3
+/// side, ended early by `cancel` if given.
+pub(crate) fn run_transfer(
+    instance: &Instance,
+    direction: Direction,
+    buffer: &Buffer,
+    range: Range<usize>,
+    s3: &mut dyn S3Side,
+    cancel: Option<&Canceller>,
+) -> Result<Route> {
+    instance.check_process()?;
+    if !std::ptr::eq(&*buffer.instance, instance) {
+        return Err(Error::BufNotRegistered.into());
+    }
+    let len = buffer.check(&range)?;
+    let offset = i64::try_from(range.start).map_err(|_| ClientError::Range("offset".into()))?;
+    let slice = Slice::new(buffer.base, len, offset)?;
+    let mut side = Exchange {
+        side: s3,
+        reply: String::new(),
+        failure: None,
+    };
+    match instance.transfer_cancellable(direction, slice, &mut side, cancel) {
+        Ok(route) => Ok(route),
+        Err(e) => Err(match (e.declined(), side.failure) {
+            (Some(status), _) => ClientError::Declined { status },
+            (None, Some(why)) => ClientError::S3(why),
+            (None, None) => ClientError::Library(e),
+        }),
     }
 }
 
@@ -407,6 +530,7 @@ impl Drop for Client {
             Instance::abandon_in_child(&self.instance);
             return;
         }
+        self.engine.close();
         self.instance.close();
     }
 }

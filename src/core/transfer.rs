@@ -20,11 +20,12 @@ use std::time::{Duration, Instant};
 pub use super::args::Direction;
 use super::args::{BufferRange, Slice, SyncDirection, TokenOp};
 use super::buffers::{BufEntry, BufKind, DmabufSource};
-use super::connections::{remember_peer, Armed, Grant, Lease, Mode, SlotInfo};
+use super::connections::{remember_peer, AbortHandle, Armed, Grant, Lease, Mode, SlotInfo};
 use super::instance::Instance;
 use super::mailbox::{late, Mailbox};
 use super::reply::{parse_reply, REPLY_BUFFER_LEN};
 use super::stats::DECLINED;
+use super::sync::Mutex;
 use super::token::{Token, Transport, TOKEN_HEX_LEN};
 use crate::error::{Error, Result};
 use crate::platform::{Access, GpuCall, PointerKind};
@@ -52,6 +53,81 @@ pub trait S3Client {
     /// `recvReply` into `reply`; returns the reply's length.
     fn recv_reply(&mut self, reply: &mut [u8; REPLY_BUFFER_LEN])
         -> std::result::Result<usize, i32>;
+}
+
+/// Ends a running transfer from another thread: an asynchronous
+/// transfer's cancellation. Shared by the thread that runs the transfer
+/// and whoever may cancel it.
+///
+/// ```text
+///  Idle --the transfer is armed--> Watching(abort) --its outcome is in--> Idle
+///  Idle | Watching --cancel--> Cancelled   (Watching: Abort sent: access
+///                                           revoked, the mailbox filled)
+/// ```
+///
+/// A transfer that finds `Cancelled` before its lease is armed ends at
+/// once (no token was sent anywhere); one armed after it is aborted before
+/// its token leaves the process.
+#[derive(Default)]
+pub struct Canceller {
+    state: Mutex<CancelState>,
+}
+
+#[derive(Default)]
+enum CancelState {
+    #[default]
+    Idle,
+    Watching(AbortHandle),
+    Cancelled,
+}
+
+impl Canceller {
+    /// Not cancelled.
+    pub fn new() -> Canceller {
+        Canceller::default()
+    }
+
+    /// Cancels: a transfer armed now is aborted (its access revoked by the
+    /// driver, never waited for here); one not yet armed will not start.
+    /// Later calls do nothing.
+    pub fn cancel(&self) {
+        let before = std::mem::replace(&mut *self.state.lock(), CancelState::Cancelled);
+        if let CancelState::Watching(abort) = before {
+            abort.abort();
+        }
+    }
+
+    /// Whether [`Canceller::cancel`] was called.
+    pub fn is_cancelled(&self) -> bool {
+        matches!(*self.state.lock(), CancelState::Cancelled)
+    }
+
+    /// The transfer on `lease` is armed: watched until [`Canceller::idle`].
+    /// `false` if it was cancelled already (the caller ends it).
+    fn watch(&self, lease: &Lease) -> bool {
+        let mut state = self.state.lock();
+        match (&*state, lease.abort_handle()) {
+            (CancelState::Cancelled, _) => false,
+            (_, Some(abort)) => {
+                *state = CancelState::Watching(abort);
+                true
+            }
+            (_, None) => true,
+        }
+    }
+
+    /// The watched transfer's outcome is in: nothing to abort any more.
+    fn idle(&self) {
+        let mut state = self.state.lock();
+        if matches!(*state, CancelState::Watching(_)) {
+            *state = CancelState::Idle;
+        }
+    }
+}
+
+/// The error of a transfer cancelled before it was armed.
+fn cancelled() -> Error {
+    Error::Rdma("the transfer was cancelled".into())
 }
 
 impl Instance {
@@ -327,8 +403,20 @@ impl Instance {
         slice: Slice,
         s3: &mut dyn S3Client,
     ) -> Result<Route> {
+        self.transfer_cancellable(direction, slice, s3, None)
+    }
+
+    /// [`Instance::transfer_routed`], ended early by `cancel` (from any
+    /// thread) if it is given and cancelled.
+    pub fn transfer_cancellable(
+        &self,
+        direction: Direction,
+        slice: Slice,
+        s3: &mut dyn S3Client,
+        cancel: Option<&Canceller>,
+    ) -> Result<Route> {
         let len = slice.len;
-        match self.transfer_uncounted(direction, slice, s3) {
+        match self.transfer_uncounted(direction, slice, s3, cancel) {
             Ok(staged) => {
                 self.stats.transferred(staged, len);
                 Ok(if staged { Route::Staged } else { Route::Direct })
@@ -347,7 +435,11 @@ impl Instance {
         direction: Direction,
         slice: Slice,
         s3: &mut dyn S3Client,
+        cancel: Option<&Canceller>,
     ) -> Result<bool> {
+        if cancel.is_some_and(Canceller::is_cancelled) {
+            return Err(cancelled());
+        }
         let entry = self.lookup(&slice)?;
         let staged = entry.staging.is_some();
         if direction == Direction::Put {
@@ -359,6 +451,13 @@ impl Instance {
         // The driver reads this before the first event of the slot, which
         // only the server can cause: no need to wake it.
         let mailbox = arm(&mut lease, token, direction, grant, &entry, None, false)?;
+        if let Some(cancel) = cancel {
+            if !cancel.watch(&lease) {
+                // Dropping the unsettled lease aborts it; its token went
+                // nowhere.
+                return Err(cancelled());
+            }
+        }
         let talk = self.converse(&token, s3);
         // The server sends its reply only after its final message, so the
         // outcome is usually in by now.
@@ -373,6 +472,9 @@ impl Instance {
                     .or_else(|| mailbox.peek())
             }
         };
+        if let Some(cancel) = cancel {
+            cancel.idle();
+        }
         let outcome = match outcome {
             Some(outcome) => {
                 lease.settle();

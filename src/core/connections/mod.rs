@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 pub use conn::{Armed, Grant, Mode, MAX_WRONG_PROOFS};
 pub use driver::Settings;
-pub use pool::{remember_peer, Lease, Pool, SlotInfo};
+pub use pool::{remember_peer, AbortHandle, Lease, Pool, SlotInfo};
 
 use crate::core::mailbox::Mailbox;
 use crate::error::Result;

@@ -323,10 +323,46 @@ impl Lease {
         )
     }
 
+    /// A handle that ends this lease's transfer from another thread, once
+    /// the transfer is armed (`None` before: an Abort that overtook the Arm
+    /// would free the slot under this lease). The driver reads its
+    /// commands in order, so the handle's Abort comes after the Arm; one
+    /// that comes after the transfer ended names an epoch that is gone and
+    /// ends nothing.
+    pub fn abort_handle(&self) -> Option<AbortHandle> {
+        (self.state == LeaseState::Armed).then(|| AbortHandle {
+            commands: self.commands.clone(),
+            index: self.info.index,
+            epoch: self.info.epoch,
+        })
+    }
+
     /// The outcome is in (or the job is the driver's alone): dropping the
     /// lease no longer aborts anything.
     pub fn settle(&mut self) {
         self.state = LeaseState::Settled;
+    }
+}
+
+/// Ends one armed transfer (its slot at its epoch) from any thread:
+/// [`Lease::abort_handle`].
+#[derive(Clone)]
+pub struct AbortHandle {
+    commands: Arc<Commands>,
+    index: usize,
+    epoch: u64,
+}
+
+impl AbortHandle {
+    /// Asks the driver to end the transfer: its access is revoked and its
+    /// mailbox filled, as for a lease dropped unsettled. Never waits.
+    pub fn abort(&self) {
+        let command = Command::Abort {
+            index: self.index,
+            epoch: self.epoch,
+        };
+        // A dead driver ended every transfer already.
+        let _ = self.commands.send(command, true);
     }
 }
 
