@@ -41,8 +41,15 @@
 //! context and one server side, a thread per stream, reached over a Unix
 //! socket per stream that carries the token and the verdict (`--server`).
 //!
+//! Many in flight from one thread: `inflight get|put BYTES N` moves the
+//! same transfers through the Rust API as N threads with one transfer each
+//! and as one thread that keeps N tickets in flight (`Client::submit_tagged`,
+//! `Client::completions`, resubmitting as they end), alternating twice, and reports both and
+//! their ratio, with the process's CPU time per ticket.
+//!
 //! Run (inside the VM, as root): `rxe [latency | throughput get|put BYTES
-//! STREAMS [--gate] | processes get|put BYTES PROCS THREADS] [--volume-mib
+//! STREAMS [--gate] | processes get|put BYTES PROCS THREADS | inflight
+//! get|put BYTES N] [--volume-mib
 //! N] [--latency-iters N] [--handshake-iters N]`: everything, only the
 //! latency figures (with the handshakes and the verbs), one throughput
 //! configuration, or one split of streams over processes, so that a script
@@ -94,6 +101,10 @@ enum What {
     Latency,
     /// One throughput configuration.
     Throughput { op: Op, size: usize, streams: usize },
+    /// `streams` transfers in flight through the Rust API, two ways in one
+    /// process: `streams` threads with one each, and one thread with
+    /// `streams` tickets.
+    InFlight { op: Op, size: usize, streams: usize },
     /// One throughput configuration over `procs` processes of `threads`
     /// streams each.
     Processes {
@@ -149,7 +160,7 @@ fn parse_args() -> Outcome<Settings> {
                 settings.server = Some(args.next().ok_or("--server needs a socket path")?.into())
             }
             "latency" => settings.what = What::Latency,
-            mode @ ("throughput" | "processes") => {
+            mode @ ("throughput" | "processes" | "inflight") => {
                 let op = match args.next().as_deref() {
                     Some("get") => Op::Get,
                     Some("put") => Op::Put,
@@ -174,6 +185,7 @@ fn parse_args() -> Outcome<Settings> {
                     ));
                 }
                 settings.what = match mode {
+                    "inflight" => What::InFlight { op, size, streams },
                     "processes" => What::Processes {
                         op,
                         size,
@@ -1418,7 +1430,9 @@ fn run(settings: &Settings) -> Outcome<()> {
             What::All => (STREAMS, SIZES[SIZES.len() - 1]),
             What::Latency => (1, SMALL),
             What::Throughput { size, streams, .. } => (streams, size),
-            What::Processes { .. } => return Err("processes runs in the parent".into()),
+            What::Processes { .. } | What::InFlight { .. } => {
+                return Err("processes and inflight run apart".into())
+            }
         };
         let mut streams = (0..count)
             .map(|_| Stream::new(server, len))
@@ -1437,7 +1451,7 @@ fn run(settings: &Settings) -> Outcome<()> {
                 .flat_map(|op| SIZES.into_iter().map(move |size| (op, size)))
                 .flat_map(|(op, size)| [(op, size, 1), (op, size, STREAMS)])
                 .collect(),
-            What::Latency | What::Processes { .. } => Vec::new(),
+            What::Latency | What::Processes { .. } | What::InFlight { .. } => Vec::new(),
             What::Throughput { op, size, streams } => vec![(op, size, streams)],
         };
         for (seed, (op, size, n)) in (1..).zip(configs) {
@@ -1467,6 +1481,178 @@ fn run(settings: &Settings) -> Outcome<()> {
     Ok(())
 }
 
+// ------------------------------------------------------------ in flight
+
+/// The S3 side of one asynchronous transfer: the server side in this
+/// process serves the token on the client's transfer thread that runs it.
+struct TicketSide {
+    side: &'static ServerSide,
+    local: LocalBuf,
+    op: Op,
+}
+
+impl hipobj::client::S3Side for TicketSide {
+    fn exchange(&mut self, token: &str) -> Result<String, String> {
+        let token = Token::parse_hex(token.as_bytes()).map_err(|e| format!("token: {e:?}"))?;
+        match serve_here(self.side, &self.local, self.op, &token).0 {
+            Ok(()) => Ok("200".into()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// `streams` transfers of `size` bytes in flight through the Rust API,
+/// each way twice, alternating (threads, tickets, threads, tickets), so
+/// that both see the same load: `streams` threads with one transfer each
+/// (`Client::get`/`put`), and one thread that keeps `streams` tickets in
+/// flight (`submit_tagged`, `completions`, resubmitted as they end).
+/// Each lane has its own buffers on both sides; the bytes of one transfer
+/// per lane are checked first.
+fn in_flight(settings: &Settings, op: Op, size: usize, streams: usize) -> Outcome<()> {
+    use hipobj::client::{Client, Transfer};
+    // The server side lives as long as the process: the client's transfer
+    // threads reach it.
+    let side: &'static ServerSide = Box::leak(Box::new(open_side()?));
+    let client = Client::builder()
+        .nic(DEVICE)
+        .max_in_flight(streams)
+        .build()
+        .map_err(|e| format!("client: {e}"))?;
+    let count = to_usize(settings.volume.div_ceil((size * streams) as u64))?.max(1);
+    let mut lanes = Vec::with_capacity(streams);
+    for i in 0..streams {
+        let mut server = ServerBuf::new(side, size)?;
+        let mut buffer = client.host_buffer(size).map_err(|e| e.to_string())?;
+        let seed = 0x1f11_9000 ^ i as u64;
+        let (src, dst): (&mut [u8], &mut [u8]) = match op {
+            Op::Get => (&mut server.bytes, buffer.as_mut_slice().ok_or("host")?),
+            Op::Put => (buffer.as_mut_slice().ok_or("host")?, &mut server.bytes),
+        };
+        fill(src, seed);
+        dst.fill(0);
+        let mut s3 = TicketSide {
+            side,
+            local: server.local.clone(),
+            op,
+        };
+        match op {
+            Op::Get => client.get(&mut buffer, 0..size, &mut s3),
+            Op::Put => client.put(&buffer, 0..size, &mut s3),
+        }
+        .map_err(|e| format!("lane {i}: {e}"))?;
+        if server.bytes[..] != buffer.as_slice().ok_or("host")?[..] {
+            return Err(format!("lane {i}: the bytes differ"));
+        }
+        lanes.push((Some(buffer), server));
+    }
+    let name = format!("{}_{}_x{streams}", op_name(op), size_name(size));
+    for round in 1..=2 {
+        // Threads: one transfer each at a time.
+        let start = Instant::now();
+        std::thread::scope(|s| -> Outcome<()> {
+            let handles: Vec<_> = lanes
+                .iter_mut()
+                .map(|(buffer, server)| {
+                    let client = &client;
+                    s.spawn(move || -> Outcome<()> {
+                        let buffer = buffer.as_mut().ok_or("a lane without its buffer")?;
+                        let mut s3 = TicketSide {
+                            side,
+                            local: server.local.clone(),
+                            op,
+                        };
+                        for _ in 0..count {
+                            match op {
+                                Op::Get => client.get(buffer, 0..size, &mut s3),
+                                Op::Put => client.put(buffer, 0..size, &mut s3),
+                            }
+                            .map_err(|e| e.to_string())?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .try_for_each(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
+        })?;
+        let threads = start.elapsed();
+        // Tickets: one thread, `streams` in flight.
+        let cpu_before = process_cpu();
+        let start = Instant::now();
+        let mut left = vec![count; streams];
+        let submit = |lane: usize, buffer: hipobj::client::Buffer, server: &ServerBuf| {
+            let s3 = TicketSide {
+                side,
+                local: server.local.clone(),
+                op,
+            };
+            let transfer = match op {
+                Op::Get => Transfer::get(buffer, 0..size, s3),
+                Op::Put => Transfer::put(buffer, 0..size, s3),
+            };
+            client
+                .submit_tagged(transfer, lane as u64)
+                .map_err(|_| "the client refused a submission".to_owned())
+        };
+        for (lane, (buffer, server)) in lanes.iter_mut().enumerate() {
+            submit(
+                lane,
+                buffer.take().ok_or("a lane without its buffer")?,
+                server,
+            )?;
+            left[lane] -= 1;
+        }
+        let mut in_flight = streams;
+        while in_flight > 0 {
+            let ended = client.completions(streams, Some(SERVE_TIMEOUT));
+            if ended.is_empty() {
+                return Err("no transfer ended in time".into());
+            }
+            for done in ended {
+                let lane = usize::try_from(done.tag).map_err(|e| e.to_string())?;
+                done.finished
+                    .result
+                    .map_err(|e| format!("lane {lane}: {e}"))?;
+                in_flight -= 1;
+                if left[lane] > 0 {
+                    left[lane] -= 1;
+                    submit(lane, done.finished.buffer, &lanes[lane].1)?;
+                    in_flight += 1;
+                } else {
+                    lanes[lane].0 = Some(done.finished.buffer);
+                }
+            }
+        }
+        let tickets = start.elapsed();
+        let cpu = process_cpu().saturating_sub(cpu_before);
+        let bytes = (count * streams * size) as f64 / f64::from(1 << 20);
+        let suffix = format!("_round{round}");
+        report(
+            &format!("inflight_{name}_threads_throughput{suffix}"),
+            bytes / threads.as_secs_f64(),
+            "MiB/s",
+        );
+        report(
+            &format!("inflight_{name}_tickets_throughput{suffix}"),
+            bytes / tickets.as_secs_f64(),
+            "MiB/s",
+        );
+        report(
+            &format!("inflight_{name}_tickets_over_threads{suffix}"),
+            threads.as_secs_f64() / tickets.as_secs_f64(),
+            "ratio",
+        );
+        let transfers = u32::try_from(count * streams).map_err(|_| "too many transfers")?;
+        report_us(
+            &format!("inflight_{name}_tickets_process_cpu_per_transfer{suffix}"),
+            cpu / transfers,
+        );
+    }
+    drop(lanes);
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let settings = match parse_args() {
         Ok(s) => s,
@@ -1484,6 +1670,7 @@ fn main() -> ExitCode {
             procs,
             threads,
         } => processes(&settings, op, size, procs, threads),
+        What::InFlight { op, size, streams } => in_flight(&settings, op, size, streams),
         _ => run(&settings),
     };
     match outcome {

@@ -647,3 +647,39 @@ fn a_bad_range_ends_its_ticket_with_the_reason_and_the_buffer_back() {
     assert_eq!(done.buffer.len(), 4096);
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
+
+#[test]
+fn completions_hands_out_every_end_that_is_in_with_one_call() {
+    let world = World::new();
+    world.server.set_object(&pattern(4096, 21));
+    let client = client(&world, 4);
+    for tag in 0..5 {
+        let side = Serve(world.server.clone(), Op::Get);
+        client
+            .submit_tagged(
+                Transfer::get(client.host_buffer(4096).unwrap(), 0..4096, side),
+                tag,
+            )
+            .unwrap();
+    }
+    let until = Instant::now() + Duration::from_secs(20);
+    while client.stats().library.direct < 5 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // The last end is queued just after the transfer is counted.
+    std::thread::sleep(Duration::from_millis(50));
+    let first = client.completions(3, Some(Duration::ZERO));
+    assert_eq!(first.len(), 3, "at most the number asked for");
+    let rest = client.completions(10, Some(Duration::ZERO));
+    assert_eq!(rest.len(), 2, "then the others, without waiting");
+    let mut tags: Vec<u64> = first.iter().chain(&rest).map(|c| c.tag).collect();
+    tags.sort_unstable();
+    assert_eq!(tags, [0, 1, 2, 3, 4]);
+    assert!(client
+        .completions(10, Some(Duration::from_millis(20)))
+        .is_empty());
+    assert!(
+        client.completions(0, None).is_empty(),
+        "asking for none never waits"
+    );
+}

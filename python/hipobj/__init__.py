@@ -25,9 +25,22 @@ a call): a PUT from host memory carries the CRC-64/NVME of its bytes, a
 GET into host memory compares its bytes with the server's CRC of what it
 wrote. GPU memory is not checked (it cannot be read without a copy);
 ``Transfer.verified`` says what was.
+
+Many at once: ``get_object_async`` and ``put_object_async`` return
+``concurrent.futures`` futures, ``aget_object`` and ``aput_object`` are
+asyncio coroutines, ``get_objects`` and ``put_objects`` run a batch and
+return its results in order; at most ``Session(max_in_flight=16)`` run at
+once, each on a transfer thread that waits in the library with the GIL
+released. ``hipobj.as_completed`` is ``concurrent.futures.as_completed``.
+
+    futures = [session.get_object_async(s3, Bucket="b", Key=k, into=buf)
+               for k, buf in zip(keys, buffers)]
+    for done in hipobj.as_completed(futures):
+        print(done.result().path)
 """
 
 import ctypes as _ctypes
+from concurrent.futures import as_completed
 from typing import Optional as _Optional
 from typing import Tuple as _Tuple
 
@@ -46,6 +59,7 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__",
     "active",
+    "as_completed",
     "get_object",
     "put_object",
     "upload",

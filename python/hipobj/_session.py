@@ -3,12 +3,14 @@ transfers through a boto3 client."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import ctypes
 import os
 import threading
 import weakref
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from . import _buffers, _checksums, _gpu, _lib, _nics, _registry
 
@@ -92,14 +94,20 @@ class Stats:
     fallback: int = 0
     fallback_bytes: int = 0
     failed: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def count(self, t: Transfer) -> None:
-        if t.path == "rdma":
-            self.rdma += 1
-            self.rdma_bytes += t.bytes
-        else:
-            self.fallback += 1
-            self.fallback_bytes += t.bytes
+        with self._lock:
+            if t.path == "rdma":
+                self.rdma += 1
+                self.rdma_bytes += t.bytes
+            else:
+                self.fallback += 1
+                self.fallback_bytes += t.bytes
+
+    def fail(self) -> None:
+        with self._lock:
+            self.failed += 1
 
 
 # ---------------------------------------------------------------- the active session
@@ -318,9 +326,16 @@ class Session:
         bounce_limit: int = _registry.BOUNCE_LIMIT,
         sysfs_root: str = "/",
         verify: bool = True,
+        max_in_flight: int = 16,
     ):
         if registration_cache < 0 or bounce_limit < 0:
             raise ValueError("registration_cache and bounce_limit are counts: 0 or more")
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight is a count: 1 or more")
+        #: The most asynchronous transfers that run at once (the library's
+        #: connections, HIPOBJ_MAX_TRANSFERS, 16 by default, bound them too).
+        self.max_in_flight = max_in_flight
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._lock = threading.Lock()
         self.stats = Stats()
         #: Buffers passed to transfers that stay registered after them.
@@ -421,6 +436,8 @@ class Session:
         deregistered or shut down from here; an open session initializes
         the library afresh, for this process, at its next use."""
         self._lock = threading.Lock()
+        # The parent's transfer threads are not in this process.
+        self._executor = None
         self._registry.abandon()
         self._bounce.abandon()
         self._registry = _registry.Registry(self._lib, self.registration_cache, HipObjError)
@@ -454,11 +471,16 @@ class Session:
                     self.reason = f"the session was opened before this process was forked, and {self.reason}"
 
     def close(self) -> None:
-        """Deregisters every buffer and shuts the library down; transfers
-        after it fall back."""
+        """Cancels the asynchronous transfers not started yet and waits for
+        those running, deregisters every buffer and shuts the library down;
+        transfers after it fall back."""
         global _active
         if _active is self:
             _active = None
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
         self._inherited = False
         with self._lock:
             was_open, self._open = self._open, False
@@ -626,7 +648,7 @@ class Session:
                     response["Body"].close()
                 moved = _headers(response).get(BYTES_HEADER)
                 if moved is not None and int(moved) != length:
-                    self.stats.failed += 1
+                    self.stats.fail()
                     raise TransferError(
                         f"{what}: the server moved {moved} of {length} bytes (the object is shorter)",
                         exchange.reply,
@@ -642,7 +664,7 @@ class Session:
             response = self._s3(what, call)
         body = self._s3(what, response["Body"].read)
         if len(body) != length:
-            self.stats.failed += 1
+            self.stats.fail()
             raise TransferError(f"{what}: {len(body)} bytes came, {length} were asked for")
         if check:
             unverified = self._verify_body(what, response, body)
@@ -815,6 +837,65 @@ class Session:
         unverified = last.unverified if last is not None else None
         return Transfer(path, total, reason, parts=len(parts), verified=unverified is None, unverified=unverified)
 
+    # ------------------------------------------------------------ asynchronous
+
+    def _submit(self, fn: Callable[..., Transfer], *args: Any, **kwargs: Any) -> "concurrent.futures.Future[Transfer]":
+        """`fn(*args, **kwargs)` on the session's transfer threads (at most
+        `max_in_flight` run at once; the rest wait, first in, first out)."""
+        with self._lock:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=self.max_in_flight, thread_name_prefix="hipobj-transfer"
+                )
+            return self._executor.submit(fn, *args, **kwargs)
+
+    def get_object_async(self, client: Any, Bucket: str, Key: str, into: Any, **kwargs: Any) -> "concurrent.futures.Future[Transfer]":
+        """``get_object`` without waiting: a ``concurrent.futures.Future``
+        of its ``Transfer`` (or of its error). The buffer is checked here
+        (a buffer that cannot be used raises now); the transfer runs on one
+        of the session's transfer threads, which wait in the library with
+        the GIL released. Do not touch `into` until the future is done.
+        ``cancel()`` stops a transfer that has not started; one that has
+        runs to its end (the server's access ends with it)."""
+        _buffers.view_of(into, writable=True)
+        return self._submit(self.get_object, client, Bucket, Key, into, **kwargs)
+
+    def put_object_async(self, client: Any, Bucket: str, Key: str, source: Any, **kwargs: Any) -> "concurrent.futures.Future[Transfer]":
+        """``put_object`` without waiting, as ``get_object_async``. Do not
+        change `source` until the future is done."""
+        _buffers.view_of(source, writable=False)
+        return self._submit(self.put_object, client, Bucket, Key, source, **kwargs)
+
+    async def aget_object(self, client: Any, Bucket: str, Key: str, into: Any, **kwargs: Any) -> Transfer:
+        """``get_object`` as an asyncio coroutine: the event loop runs on
+        while the transfer does. Cancelling the task cancels a transfer not
+        yet started; one running ends first (its access with it)."""
+        return await asyncio.wrap_future(self.get_object_async(client, Bucket, Key, into, **kwargs))
+
+    async def aput_object(self, client: Any, Bucket: str, Key: str, source: Any, **kwargs: Any) -> Transfer:
+        """``put_object`` as an asyncio coroutine, as ``aget_object``."""
+        return await asyncio.wrap_future(self.put_object_async(client, Bucket, Key, source, **kwargs))
+
+    def get_objects(
+        self, client: Any, requests: Iterable[Mapping[str, Any]], *, return_exceptions: bool = False
+    ) -> List[Union[Transfer, BaseException]]:
+        """Many ``get_object`` at once (each request a mapping of its
+        arguments: ``Bucket``, ``Key``, ``into``, ...), at most
+        `max_in_flight` in flight: their ``Transfer`` in the requests'
+        order. A failure raises the first error in that order once every
+        transfer has ended (those not started are cancelled first);
+        `return_exceptions` puts each error in its place instead."""
+        futures = [self.get_object_async(client, **r) for r in requests]
+        return _gather(futures, return_exceptions)
+
+    def put_objects(
+        self, client: Any, requests: Iterable[Mapping[str, Any]], *, return_exceptions: bool = False
+    ) -> List[Union[Transfer, BaseException]]:
+        """Many ``put_object`` at once (``Bucket``, ``Key``, ``source``,
+        ...), as ``get_objects``."""
+        futures = [self.put_object_async(client, **r) for r in requests]
+        return _gather(futures, return_exceptions)
+
     # ------------------------------------------------------------ helpers
 
     def _counted(self, t: Transfer) -> Transfer:
@@ -827,7 +908,7 @@ class Session:
         try:
             return call()
         except Exception as e:  # noqa: BLE001 - botocore's and urllib3's, all of them
-            self.stats.failed += 1
+            self.stats.fail()
             raise _s3_failure(where, e) from e
 
     def _verify_rdma(self, what: str, exchange: _Exchange, memory: Any) -> None:
@@ -836,7 +917,7 @@ class Session:
         when the reply carries none."""
         value = _headers(exchange.response or {}).get(_checksums.RDMA_CRC64NVME)
         if value is None:
-            self.stats.failed += 1
+            self.stats.fail()
             raise TransferError(
                 f"{what}: the server's RDMA reply carries no {_checksums.RDMA_CRC64NVME}, so the bytes it wrote "
                 "cannot be verified; a server that does not send it needs verify=False "
@@ -846,7 +927,7 @@ class Session:
         wrote = _checksums.decode(value)
         found = _checksums.crc64nvme(memory)
         if wrote != found:
-            self.stats.failed += 1
+            self.stats.fail()
             raise TransferError(
                 f"{what}: the bytes in memory are not the bytes the server says it wrote by RDMA (the data did "
                 f"not arrive, or arrived corrupted): the CRC-64/NVME of the {len(memory)} bytes here is "
@@ -865,7 +946,7 @@ class Session:
         width = 8 if name == _checksums.CRC64NVME else 4
         found = function(body)
         if found != value:
-            self.stats.failed += 1
+            self.stats.fail()
             raise TransferError(
                 f"{what}: the bytes received are not the bytes the server says it sent: the checksum of the "
                 f"{len(body)} bytes received is {_checksums.encode(found, width)}, the server's {name} says "
@@ -875,7 +956,7 @@ class Session:
 
     def _strict(self, what: str, reason: Optional[str], cause: Optional[BaseException]) -> None:
         """Raises the refusal of a fallback that `strict` forbids."""
-        self.stats.failed += 1
+        self.stats.fail()
         raise TransferError(f"{what}: {reason}, and strict forbids the fallback", cause=cause) from cause
 
     def _refusal(self, what: str, exchange: _Exchange) -> str:
@@ -884,7 +965,7 @@ class Session:
         code = getattr(exchange, "code")
         if code == _lib.S3_ERROR and exchange.declined():
             return f"the server declined RDMA (x-amz-rdma-reply {exchange.reply})"
-        self.stats.failed += 1
+        self.stats.fail()
         if exchange.error is not None:
             raise _s3_failure(what, exchange.error, exchange.reply) from exchange.error
         detail = f"x-amz-rdma-reply {exchange.reply}" if exchange.reply else ""
@@ -893,6 +974,31 @@ class Session:
             + str(HipObjError("hipObjGet" if what.startswith("GET") else "hipObjPut", code, getattr(exchange, "hip_error"), detail)),
             exchange.reply,
         )
+
+
+def _gather(
+    futures: List["concurrent.futures.Future[Transfer]"], return_exceptions: bool
+) -> List[Union[Transfer, BaseException]]:
+    """The futures' results in order, once all have ended; see
+    ``Session.get_objects``."""
+    results: List[Union[Transfer, BaseException]] = []
+    first: Optional[BaseException] = None
+    for i, future in enumerate(futures):
+        try:
+            results.append(future.result())
+        except concurrent.futures.CancelledError as e:
+            results.append(e)
+            first = first or e
+        except Exception as e:  # noqa: BLE001 - the transfer's own error, kept for the caller
+            results.append(e)
+            if first is None:
+                first = e
+                if not return_exceptions:
+                    for later in futures[i + 1 :]:
+                        later.cancel()
+    if first is not None and not return_exceptions:
+        raise first
+    return results
 
 
 class _RegisteredBlock:

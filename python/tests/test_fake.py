@@ -2,12 +2,14 @@
 signing and events) whose S3 answers from tests/fake_s3.py: RDMA paths,
 the fallback, strictness, GPU memory, buffers of every kind, failures."""
 
+import asyncio
 import base64
 import ctypes
 import gc
 import multiprocessing
 import pathlib
 import threading
+import time
 import traceback
 import weakref
 
@@ -886,3 +888,146 @@ def test_a_plain_answer_of_a_whole_object_is_checked_against_its_crc(s3, session
     with pytest.raises(hipobj.TransferError) as e:
         session.get_object(s3, Bucket="bucket", Key="k", into=into)
     assert crc(source) in str(e.value), e.value
+
+
+# ---------------------------------------------------------------- many in flight
+
+
+def in_flight_counter(s3, hold=0.0):
+    """Counts the requests in flight through `s3` (the most at once in
+    ``most``), holding each `hold` seconds before the fake S3 answers."""
+    state = {"now": 0, "most": 0, "seen": 0}
+    lock = threading.Lock()
+
+    def before(**_):
+        with lock:
+            state["now"] += 1
+            state["seen"] += 1
+            state["most"] = max(state["most"], state["now"])
+        time.sleep(hold)
+        with lock:
+            state["now"] -= 1
+
+    s3.meta.events.register_first("before-send.s3", before, unique_id="hipobj-test-in-flight")
+    return state
+
+
+def test_futures_of_many_gets_and_puts_land_their_own_bytes_in_any_order(s3, session):
+    for i in range(12):
+        put(s3, f"k{i}", pattern(256 << 10, 40 + i))
+    intos = [numpy.zeros(256 << 10, dtype=numpy.uint8) for _ in range(12)]
+    futures = {
+        session.get_object_async(s3, Bucket="bucket", Key=f"k{i}", into=into): i for i, into in enumerate(intos)
+    }
+    done = []
+    for future in hipobj.as_completed(futures):
+        t = future.result()
+        assert (t.path, t.bytes, t.verified) == ("rdma", 256 << 10, True)
+        done.append(futures[future])
+    assert sorted(done) == list(range(12))
+    for i, into in enumerate(intos):
+        assert numpy.array_equal(into, pattern(256 << 10, 40 + i)), i
+    sources = [pattern(128 << 10, 90 + i) for i in range(6)]
+    ups = [session.put_object_async(s3, Bucket="bucket", Key=f"up{i}", source=src) for i, src in enumerate(sources)]
+    assert all(f.result().path == "rdma" for f in ups)
+    for i, src in enumerate(sources):
+        assert s3.fake.objects[("bucket", f"up{i}")] == src.tobytes()
+    assert session.stats.rdma == 18 and session.stats.failed == 0
+
+
+def test_asyncio_coroutines_run_many_transfers_while_the_loop_runs_on(s3, session):
+    for i in range(8):
+        put(s3, f"a{i}", pattern(64 << 10, 60 + i))
+    intos = [bytearray(64 << 10) for _ in range(8)]
+    ticks = []
+
+    async def clock():
+        while True:
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.001)
+
+    async def main():
+        ticker = asyncio.ensure_future(clock())
+        got = await asyncio.gather(
+            *(session.aget_object(s3, Bucket="bucket", Key=f"a{i}", into=into) for i, into in enumerate(intos))
+        )
+        sent = await session.aput_object(s3, Bucket="bucket", Key="back", source=bytearray(intos[3]))
+        ticker.cancel()
+        return got, sent
+
+    got, sent = asyncio.run(main())
+    assert [t.path for t in got] == ["rdma"] * 8
+    for i, into in enumerate(intos):
+        assert bytes(into) == pattern(64 << 10, 60 + i).tobytes(), i
+    assert sent.path == "rdma" and s3.fake.objects[("bucket", "back")] == bytes(intos[3])
+    assert len(ticks) > 1, "the event loop ran while the transfers did"
+
+
+def test_a_batch_returns_results_in_order_and_its_first_failure(s3, session):
+    for i in range(6):
+        put(s3, f"b{i}", pattern(32 << 10, i))
+    intos = [bytearray(32 << 10) for _ in range(6)]
+    requests = [dict(Bucket="bucket", Key=f"b{i}", into=into) for i, into in enumerate(intos)]
+    results = session.get_objects(s3, requests)
+    assert [t.bytes for t in results] == [32 << 10] * 6
+    assert [bytes(b) for b in intos] == [pattern(32 << 10, i).tobytes() for i in range(6)]
+    # One missing object among them: raised once all have ended, or kept
+    # in its place.
+    requests[2] = dict(Bucket="bucket", Key="missing", into=bytearray(32 << 10))
+    with pytest.raises(hipobj.TransferError, match="NoSuchKey"):
+        session.get_objects(s3, requests)
+    mixed = session.get_objects(s3, requests, return_exceptions=True)
+    assert isinstance(mixed[2], hipobj.TransferError) and "NoSuchKey" in str(mixed[2])
+    assert [t.path for i, t in enumerate(mixed) if i != 2] == ["rdma"] * 5
+    ups = session.put_objects(s3, [dict(Bucket="bucket", Key=f"c{i}", source=bytearray(intos[i])) for i in range(3)])
+    assert [t.path for t in ups] == ["rdma"] * 3
+    # A buffer that cannot be used is refused at submission, before any request.
+    with pytest.raises(hipobj.UnusableBufferError):
+        session.get_object_async(s3, Bucket="bucket", Key="b0", into=b"read-only")
+
+
+def test_no_more_than_max_in_flight_run_at_once(s3, fake):
+    for i in range(9):
+        put(s3, f"m{i}", pattern(16 << 10, i))
+    state = in_flight_counter(s3, hold=0.05)
+    with hipobj.Session(gpu=0, max_in_flight=3) as session:
+        intos = [bytearray(16 << 10) for _ in range(9)]
+        session.get_objects(s3, [dict(Bucket="bucket", Key=f"m{i}", into=b) for i, b in enumerate(intos)])
+    assert state["seen"] == 9
+    assert state["most"] == 3, state
+    with pytest.raises(ValueError, match="max_in_flight"):
+        hipobj.Session(gpu=0, max_in_flight=0)
+
+
+def test_closing_a_session_cancels_what_has_not_started_and_waits_for_the_rest(s3, fake):
+    for i in range(4):
+        put(s3, f"q{i}", pattern(16 << 10, 7 + i))
+    in_flight_counter(s3, hold=0.2)
+    mrs = fake.hipobjFakeLiveObjects(b"mr")
+    session = hipobj.Session(gpu=0, max_in_flight=1)
+    intos = [bytearray(16 << 10) for _ in range(4)]
+    futures = [session.get_object_async(s3, Bucket="bucket", Key=f"q{i}", into=b) for i, b in enumerate(intos)]
+    time.sleep(0.05)
+    session.close()
+    assert futures[0].result().path == "rdma", "the running transfer ends first"
+    assert bytes(intos[0]) == pattern(16 << 10, 7).tobytes()
+    assert all(f.cancelled() for f in futures[1:])
+    assert all(b == bytearray(16 << 10) for b in intos[1:]), "nothing landed in a cancelled transfer's buffer"
+    assert fake.hipobjFakeLiveObjects(b"mr") == mrs, "every registration went with the session"
+
+
+def test_transfer_threads_wait_in_the_library_with_the_gil_released(s3, session, fake):
+    put(s3, "slow", pattern(MIB, 3))
+    into = numpy.zeros(MIB, dtype=numpy.uint8)
+    # No final message: the transfer waits in the library for its
+    # completion time-out (300 ms here).
+    assert fake.hipobjFakeSetServerBehaviour(2) == 0
+    future = session.get_object_async(s3, Bucket="bucket", Key="slow", into=into)
+    spins = 0
+    while not future.done():
+        spins += 1
+    assert spins > 1000, f"the main thread ran {spins} loops while the transfer waited"
+    with pytest.raises(hipobj.TransferError, match="hipObjRdmaError"):
+        future.result()
+    assert fake.hipobjFakeSetServerBehaviour(0) == 0
+    assert session.get_object_async(s3, Bucket="bucket", Key="slow", into=into).result().path == "rdma"

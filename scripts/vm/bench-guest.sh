@@ -13,8 +13,10 @@
 # takes a while to get going, and perftest's -q 16 varies by a sixth from
 # one run to the next at 64 MiB); perftest's minimum of 5 iterations per QP
 # makes its 16-QP 16 MiB runs move 1280 MiB whatever the volume. REPEATS
-# defaults to 1. SECTIONS: all (default), processes (only the splits), or
-# cpu (what a MiB costs the emulated CPUs, perftest against the library).
+# defaults to 1. SECTIONS: all (default), processes (only the splits), cpu
+# (what a MiB costs the emulated CPUs, perftest against the library), or
+# inflight (16 transfers in flight through the Rust API, as 16 threads and
+# as one thread's tickets, after perftest -q 16 at 64 KiB and 1 MiB).
 #
 # A perftest run that fails or outlives its time limit is recorded in
 # OUT/failed.txt and the others go on: ib_read_bw with 16 QPs and 16 MiB
@@ -187,6 +189,23 @@ if [[ $sections == cpu ]]; then
             library "_r$rep" processes "$op" 1048576 16 1
             library "_r$rep" processes "$op" 1048576 1 16
             volume_mib=$saved
+        done
+    done
+    exit 0
+fi
+
+# SECTIONS inflight: one thread with 16 tickets against 16 threads with one
+# transfer each (the library's `inflight` mode alternates them twice in
+# one process), each size and direction right after perftest's -q 16.
+if [[ $sections == inflight ]]; then
+    for rep in $(seq "$repeats"); do
+        for size in 65536 1048576; do
+            for op in get put; do
+                tool=ib_write_bw
+                [[ $op == get ]] || tool=ib_read_bw
+                bw "$rep" "$tool" "$size" 16
+                library "_r$rep" inflight "$op" "$size" 16
+            done
         done
     done
     exit 0

@@ -13,7 +13,9 @@
 # did before. SECTIONS `processes`: only the many-processes table (about
 # 4 minutes a repetition); `cpu`: only what a MiB of 1 MiB transfers on 16
 # streams costs the emulated CPUs, perftest against the library (about
-# 4 minutes a repetition).
+# 4 minutes a repetition); `inflight`: one thread with 16 tickets in flight
+# against 16 threads with one transfer each, and both against perftest
+# -q 16, at 64 KiB and 1 MiB.
 # Outputs under target/vm/out/bench: machine.txt, perftest.txt, library.txt
 # (`name value unit` lines), failed.txt (perftest runs that failed),
 # host-load.txt, table.md, console.log, raw/ (each tool's output and the
@@ -25,8 +27,8 @@ volume_mib=${1:-64}
 repeats=${2:-1}
 netdev_mtu=${3:-9000}
 sections=${4:-all}
-[[ $sections == all || $sections == processes || $sections == cpu ]] ||
-    { echo "vm/bench: SECTIONS is all, processes or cpu" >&2; exit 2; }
+[[ $sections == all || $sections == processes || $sections == cpu || $sections == inflight ]] ||
+    { echo "vm/bench: SECTIONS is all, processes, cpu or inflight" >&2; exit 2; }
 for n in "$volume_mib" "$repeats" "$netdev_mtu"; do
     [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "vm/bench: VOLUME_MIB, REPEATS and NETDEV_MTU are positive integers" >&2; exit 2; }
 done
@@ -149,6 +151,37 @@ if machine.get("sections") == "cpu":
                 print(f"| {op.upper()} 1MiB, pass {r} | library {procs} × {threads} | {mine:.1f} | "
                       f"{lib_busy:.2f} | {lib_busy * 1000 / mine:.1f} | {ratio} | {clients:.2f} | "
                       f"{server:.2f} |")
+    sys.exit(0)
+if machine.get("sections") == "inflight":
+    print("16 transfers in flight through the Rust API: 16 threads with one each (`Client::get`/"
+          "`put`) against one thread with 16 tickets (`submit_tagged`, resubmitted as each "
+          "ends), alternating twice in one process (medians of all rounds), right after "
+          "perftest -q 16.")
+    print()
+    print("| transfer | threads MiB/s | tickets MiB/s | tickets / threads | goal | perftest -q 16 "
+          "MiB/s | tickets / perftest | process CPU per ticket (µs) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for op, tool in (("get", "write_bw"), ("put", "read_bw")):
+        for size in ("64KiB", "1MiB"):
+            k = f"inflight_{op}_{size}_x16"
+            rounds = [(r, n) for r in range(1, repeats + 1) for n in (1, 2)]
+            th = [lib[f"{k}_threads_throughput_round{n}_r{r}"] for r, n in rounds
+                  if f"{k}_threads_throughput_round{n}_r{r}" in lib]
+            tk = [lib[f"{k}_tickets_throughput_round{n}_r{r}"] for r, n in rounds
+                  if f"{k}_tickets_throughput_round{n}_r{r}" in lib]
+            ratio = [lib[f"{k}_tickets_over_threads_round{n}_r{r}"] for r, n in rounds
+                     if f"{k}_tickets_over_threads_round{n}_r{r}" in lib]
+            cpu = [lib[f"{k}_tickets_process_cpu_per_transfer_round{n}_r{r}"] for r, n in rounds
+                   if f"{k}_tickets_process_cpu_per_transfer_round{n}_r{r}" in lib]
+            refs = runs(perf, f"perftest_{tool}_{size}_x16")
+            if not th or not tk:
+                print(f"| {op.upper()} {size} | did not finish | | | | | | |")
+                continue
+            vs = f"{median(tk) / median(refs):.3f}" if refs else "—"
+            print(f"| {op.upper()} {size} | {spread(th, 1)} | {spread(tk, 1)} | "
+                  f"{spread(ratio, 3)} | ≥ 0.95: {verdict(median(ratio) >= 0.95)} | "
+                  f"{spread(refs, 1) if refs else 'did not finish'} | {vs} | "
+                  f"{spread(cpu, 0)} |")
     sys.exit(0)
 print("| transfer | streams | library MiB/s | perftest MiB/s (GET: ib_write_bw, PUT: "
       "ib_read_bw; -q streams) | ratio | goal | ratio to perftest with 1 in flight |")

@@ -480,7 +480,16 @@ impl Client {
     /// The next tagged transfer to end, in the order they end; waits at
     /// most `timeout` (`None`: as long as it takes).
     pub fn next_completion(&self, timeout: Option<std::time::Duration>) -> Option<Completion> {
-        self.engine.next_completion(timeout)
+        self.engine.completions(1, timeout).pop()
+    }
+
+    /// Up to `max` tagged transfers that ended, in the order they ended:
+    /// all those in now, or, when none is, the first within `timeout`
+    /// (`None`: as long as it takes) and any that ended with it. One
+    /// wake-up for several ends, where [`Client::next_completion`] takes
+    /// one each.
+    pub fn completions(&self, max: usize, timeout: Option<std::time::Duration>) -> Vec<Completion> {
+        self.engine.completions(max, timeout)
     }
 
     /// The most transfers submitted ones run at once.

@@ -476,15 +476,13 @@ impl Engine {
         })
     }
 
-    /// The next tagged end, waiting at most `timeout` (`None`: as long as
-    /// it takes).
-    pub(crate) fn next_completion(&self, timeout: Option<Duration>) -> Option<Completion> {
+    /// Up to `max` tagged ends, in the order they ended: those in now,
+    /// or, if none is, the first to come within `timeout` (`None`: as long
+    /// as it takes) and those with it.
+    pub(crate) fn completions(&self, max: usize, timeout: Option<Duration>) -> Vec<Completion> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut completions = self.shared.completions.lock();
-        loop {
-            if let Some(c) = completions.pop_front() {
-                return Some(c);
-            }
+        while completions.is_empty() && max > 0 {
             match deadline {
                 Some(at) => {
                     if self
@@ -493,12 +491,14 @@ impl Engine {
                         .wait_until(&mut completions, at)
                         .timed_out()
                     {
-                        return completions.pop_front();
+                        break;
                     }
                 }
                 None => self.shared.completed.wait(&mut completions),
             }
         }
+        let n = completions.len().min(max);
+        completions.drain(..n).collect()
     }
 
     /// Closes: every queued transfer ends with [`ClientError::Closed`],
@@ -525,7 +525,7 @@ impl Shared {
             self.completions
                 .lock()
                 .push_back(Completion { tag, finished });
-            self.completed.notify_all();
+            self.completed.notify_one();
         }
         if let Some(waker) = after.wake {
             waker.wake();
