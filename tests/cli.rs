@@ -1206,3 +1206,233 @@ fn a_download_whose_bytes_do_not_match_the_object_s_crc_fails_and_keeps_nothing(
     assert!(out.status.success());
     assert!(stderr(&out).contains("not verified: --no-verify"));
 }
+
+/// Every regular file under `dir`, by its path relative to it, with its
+/// bytes; hidden temporary files included (none should be left).
+fn tree(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut files = std::collections::BTreeMap::new();
+    let mut dirs = vec![dir.to_owned()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                let rel = path.strip_prefix(dir).unwrap().display().to_string();
+                files.insert(rel, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    files
+}
+
+#[test]
+fn a_directory_goes_up_and_a_prefix_comes_down_recursively_many_at_a_time() {
+    let server = server();
+    let scratch = Scratch::new("recursive");
+    let up = scratch.path("up");
+    let files: Vec<(&str, Vec<u8>)> = vec![
+        ("top.bin", pattern(200 << 10, 1)),
+        ("a/b/c.bin", pattern((3 << 20) + 11, 2)),
+        ("a/x.txt", b"a small file".to_vec()),
+        ("empty.bin", Vec::new()),
+        ("deep/er/est/leaf.bin", pattern(70_000, 3)),
+        ("z.bin", pattern(6 << 20, 4)),
+    ];
+    for (name, bytes) in &files {
+        let path = up.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, bytes).unwrap();
+    }
+    let up_s = up.display().to_string();
+    let out = hipobj(
+        &server,
+        &scratch,
+        &[
+            "cp",
+            "--recursive",
+            &up_s,
+            "s3://bucket/tree",
+            "--jobs",
+            "3",
+            "--chunk",
+            "5MiB",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stderr(&out);
+    assert!(
+        text.contains("6 objects") && text.contains("3 at a time"),
+        "{text}"
+    );
+    assert!(text.contains("over plain HTTP"), "{text}");
+    for (name, bytes) in &files {
+        assert!(
+            stored(&server, &format!("tree/{name}")).as_deref() == Some(&bytes[..]),
+            "tree/{name}"
+        );
+    }
+
+    // Down again, by `get -r` into a directory that does not exist yet.
+    let back = scratch.path("back");
+    let back_s = back.display().to_string();
+    let out = hipobj(
+        &server,
+        &scratch,
+        &[
+            "get",
+            "-r",
+            "s3://bucket/tree/",
+            &back_s,
+            "--jobs",
+            "4",
+            "--chunk",
+            "1MiB",
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let summary: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("the summary as JSON");
+    assert_eq!(summary["objects"], 6);
+    assert_eq!(summary["jobs"], 4);
+    let total: usize = files.iter().map(|(_, b)| b.len()).sum();
+    assert_eq!(summary["bytes"], total);
+    let want: std::collections::BTreeMap<String, Vec<u8>> = files
+        .iter()
+        .map(|(n, b)| ((*n).to_owned(), b.clone()))
+        .collect();
+    assert!(
+        tree(&back) == want,
+        "the same tree, byte for byte, and nothing else"
+    );
+
+    // A prefix with nothing under it copies nothing, and says so.
+    let out = hipobj(
+        &server,
+        &scratch,
+        &[
+            "cp",
+            "-r",
+            "s3://bucket/none/",
+            &scratch.path("none").display().to_string(),
+        ],
+    );
+    assert!(out.status.success());
+    assert!(stderr(&out).contains("nothing to copy"), "{}", stderr(&out));
+    // --range and --recursive do not go together; --jobs is at least 1.
+    let out = hipobj(
+        &server,
+        &scratch,
+        &["cp", "-r", "s3://bucket/tree/", &back_s, "--range", "0-9"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let out = hipobj(
+        &server,
+        &scratch,
+        &["cp", "-r", &up_s, "s3://bucket/t2/", "--jobs", "0"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stored(&server, "t2/top.bin").is_none());
+}
+
+/// A ListObjectsV2 answer of `(key, size)`.
+fn listing(objects: &[(&str, usize)]) -> http::Reply {
+    let mut xml = String::from(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult><Name>bucket</Name>",
+    );
+    for (key, size) in objects {
+        xml.push_str(&format!(
+            "<Contents><Key>{key}</Key><Size>{size}</Size><ETag>\"e-{key}\"</ETag></Contents>"
+        ));
+    }
+    xml.push_str("<IsTruncated>false</IsTruncated></ListBucketResult>");
+    http::Reply::new(200, &[("content-type", "application/xml")], xml)
+}
+
+#[test]
+fn a_recursive_download_that_fails_midway_keeps_only_whole_files() {
+    let scratch = Scratch::new("recursive-fail");
+    let good = pattern(300_000, 5);
+    let served = good.clone();
+    let endpoint = http::Endpoint::start(move |r| {
+        if r.method == "GET" && r.has_query("list-type") {
+            return listing(&[
+                ("p/a.bin", 300_000),
+                ("p/b.bin", 300_000),
+                ("p/c.bin", 300_000),
+            ]);
+        }
+        match r.path() {
+            "/bucket/p/b.bin" => http::Reply::s3_error(500, "InternalError", "disk on fire"),
+            key => ranged(&served, r, &format!("\"e-{}\"", &key["/bucket/".len()..])),
+        }
+    });
+    let dest = scratch.path("d");
+    let dest_s = dest.display().to_string();
+    let out = hipobj_at(
+        &endpoint,
+        &scratch,
+        &[
+            "cp",
+            "-r",
+            "s3://bucket/p",
+            &dest_s,
+            "--jobs",
+            "1",
+            "--retries",
+            "0",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let text = stderr(&out);
+    assert!(
+        text.contains("s3://bucket/p/b.bin") && text.contains("InternalError"),
+        "{text}"
+    );
+    assert!(
+        text.contains("1 of 3 objects downloaded before it"),
+        "{text}"
+    );
+    let left = tree(&dest);
+    assert!(
+        left.keys().eq(["a.bin"]),
+        "only the whole file, no temporary one: {:?}",
+        left.keys()
+    );
+    assert!(left["a.bin"] == good);
+    // Every GET asked for the listed version.
+    assert!(endpoint
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && !r.has_query("list-type"))
+        .all(|r| r
+            .header("if-match")
+            .is_some_and(|e| e.starts_with("\"e-p/"))));
+}
+
+#[test]
+fn a_listing_with_a_key_that_climbs_out_copies_nothing() {
+    let scratch = Scratch::new("recursive-climb");
+    let endpoint = http::Endpoint::start(move |r| {
+        if r.has_query("list-type") {
+            return listing(&[("p/fine.bin", 10), ("p/../../escape", 10)]);
+        }
+        http::Reply::new(200, &[], vec![b'x'; 10])
+    });
+    let dest = scratch.path("d");
+    let out = hipobj_at(
+        &endpoint,
+        &scratch,
+        &["cp", "-r", "s3://bucket/p/", &dest.display().to_string()],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("does not name a file inside"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!dest.exists(), "nothing written");
+    assert_eq!(endpoint.count("GET"), 1, "only the listing was asked for");
+    assert!(!scratch.path("escape").exists());
+}

@@ -275,6 +275,22 @@ impl Response {
     }
 }
 
+/// The insides of every `<tag>...</tag>` in `xml`, in order (not nested).
+pub fn xml_blocks<'x>(xml: &'x str, tag: &str) -> Vec<&'x str> {
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    let mut blocks = Vec::new();
+    let mut rest = xml;
+    while let Some(start) = rest.find(&open) {
+        let inside = &rest[start + open.len()..];
+        let Some(end) = inside.find(&close) else {
+            break;
+        };
+        blocks.push(&inside[..end]);
+        rest = &inside[end + close.len()..];
+    }
+    blocks
+}
+
 /// The text of the first `<tag>...</tag>` in `xml`.
 pub fn xml_value(xml: &str, tag: &str) -> Option<String> {
     let open = format!("<{tag}>");
@@ -293,6 +309,17 @@ fn xml_unescape(text: &str) -> String {
 
 /// Told the bytes of a body moved so far; an error stops the request.
 pub type Watch<'a> = &'a (dyn Fn(u64) -> std::io::Result<()> + Sync);
+
+/// An object of a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    /// Its key.
+    pub key: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its ETag, quoted as S3 sends it.
+    pub etag: Option<String>,
+}
 
 /// What a HEAD says of an object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -596,6 +623,51 @@ impl S3 {
             len,
             etag: response.header("etag").map(str::to_owned),
         })
+    }
+
+    /// `ListObjectsV2` of every object whose key starts with `prefix`, in
+    /// the order S3 lists them (by key), following continuation tokens.
+    /// Fails rather than returning part of a listing.
+    pub fn list_objects(&self, bucket: &str, prefix: &str) -> Result<Vec<Listed>, S3Error> {
+        let mut objects = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut request = Request::new("GET", bucket, None);
+            request.query.push(("list-type", "2".to_owned()));
+            request.query.push(("prefix", prefix.to_owned()));
+            if let Some(token) = &token {
+                request.query.push(("continuation-token", token.clone()));
+            }
+            let text = self.send(&request)?.success()?.text(64 << 20)?;
+            let bad = |why: String| S3Error::Response {
+                what: request.what(),
+                why,
+            };
+            for entry in xml_blocks(&text, "Contents") {
+                let key =
+                    xml_value(entry, "Key").ok_or_else(|| bad("an entry without a Key".into()))?;
+                let size = xml_value(entry, "Size")
+                    .and_then(|s| s.trim().parse::<u64>().ok())
+                    .ok_or_else(|| bad(format!("{key:?} has no Size")))?;
+                objects.push(Listed {
+                    key,
+                    size,
+                    etag: xml_value(entry, "ETag"),
+                });
+            }
+            let truncated = xml_value(&text, "IsTruncated").is_some_and(|t| t.trim() == "true");
+            if !truncated {
+                return Ok(objects);
+            }
+            match xml_value(&text, "NextContinuationToken") {
+                Some(next) if Some(&next) != token.as_ref() => token = Some(next),
+                _ => {
+                    return Err(bad(
+                        "a truncated listing without a new continuation token".into()
+                    ))
+                }
+            }
+        }
     }
 
     /// `PUT bucket`: creates a bucket.

@@ -30,10 +30,23 @@ pub fn cp(
     common: &Common,
     transfer: &Transfer,
 ) -> Result<(), Failure> {
-    match (
+    let sides = (
         source.starts_with("s3://"),
         destination.starts_with("s3://"),
-    ) {
+    );
+    if transfer.recursive {
+        if range.is_some() {
+            return Err(Failure::usage("--range is for one object, not --recursive"));
+        }
+        return match sides {
+            (true, false) => crate::many::download(source, destination, common, transfer),
+            (false, true) => crate::many::upload(source, destination, common, transfer),
+            _ => Err(Failure::usage(
+                "with --recursive, one of SOURCE and DESTINATION is s3://BUCKET/PREFIX and the other a directory",
+            )),
+        };
+    }
+    match sides {
         (true, false) => get(source, Some(destination), range, common, transfer),
         (false, true) if range.is_none() => put(source, destination, common, transfer),
         (false, true) => Err(Failure::usage("--range is for downloads")),
@@ -97,7 +110,7 @@ fn resolve_range(range: Option<RangeSpec>, size: u64) -> Result<Range<u64>, Fail
 }
 
 /// The plan of `transfer`'s options.
-fn plan(common: &Common, transfer: &Transfer, cancel: Cancel) -> Result<Plan, Failure> {
+pub(crate) fn plan(common: &Common, transfer: &Transfer, cancel: Cancel) -> Result<Plan, Failure> {
     if transfer.chunk == 0 || transfer.chunk > MAX_CHUNK {
         return Err(Failure::usage(format!(
             "--chunk is 1 byte to {}",
@@ -120,7 +133,7 @@ fn plan(common: &Common, transfer: &Transfer, cancel: Cancel) -> Result<Plan, Fa
 
 /// The library, or the reason transfers go without it; an error where that
 /// is not allowed.
-fn library(common: &Common) -> Result<Result<Client, String>, Failure> {
+pub(crate) fn library(common: &Common) -> Result<Result<Client, String>, Failure> {
     match client(common) {
         Ok(client) => Ok(Ok(client)),
         Err(why) if common.no_fallback => Err(format!("{why} (and --no-fallback)").into()),
@@ -131,7 +144,7 @@ fn library(common: &Common) -> Result<Result<Client, String>, Failure> {
     }
 }
 
-fn rdma<'a>(library: &'a Result<Client, String>) -> Rdma<'a> {
+pub(crate) fn rdma<'a>(library: &'a Result<Client, String>) -> Rdma<'a> {
     match library {
         Ok(client) => Rdma::On(client),
         Err(why) => Rdma::Off(why),
@@ -140,7 +153,7 @@ fn rdma<'a>(library: &'a Result<Client, String>) -> Rdma<'a> {
 
 /// A progress bar on standard error for `total` bytes, shown only on a
 /// terminal, for long transfers, unless `--no-progress`.
-fn progress_bar(total: u64, transfer: &Transfer, what: &str) -> ProgressBar {
+pub(crate) fn progress_bar(total: u64, transfer: &Transfer, what: &str) -> ProgressBar {
     if transfer.no_progress || total < PROGRESS_FROM {
         return ProgressBar::hidden();
     }
@@ -156,7 +169,7 @@ fn progress_bar(total: u64, transfer: &Transfer, what: &str) -> ProgressBar {
 
 /// Leaves the bar on the screen with the summary's own rate (the running
 /// rate of the bar is a recent one, not the whole transfer's).
-fn finish_bar(bar: &ProgressBar, bytes: u64, seconds: f64) {
+pub(crate) fn finish_bar(bar: &ProgressBar, bytes: u64, seconds: f64) {
     if bar.is_hidden() {
         return;
     }
@@ -192,6 +205,17 @@ pub fn get(
     common: &Common,
     transfer: &Transfer,
 ) -> Result<(), Failure> {
+    if transfer.recursive {
+        if range.is_some()
+            || destination == Some("-")
+            || common.device.is_some() && destination.is_none()
+        {
+            return Err(Failure::usage(
+                "get --recursive takes whole objects into a DESTINATION directory",
+            ));
+        }
+        return crate::many::download(source, destination.unwrap_or("."), common, transfer);
+    }
     let (bucket, key) = parse_s3_url(source)?;
     let mut plan = plan(common, transfer, interrupt::cancel())?;
     if destination.is_none() && common.device.is_none() {
@@ -290,7 +314,7 @@ pub fn get(
 }
 
 /// A transfer's error, in the command's words.
-fn failure(e: TransferError, what: &str) -> Failure {
+pub(crate) fn failure(e: TransferError, what: &str) -> Failure {
     match e {
         TransferError::Cancelled => format!("interrupted: the {what} stopped").into(),
         TransferError::Changed { .. } => {
@@ -313,7 +337,7 @@ fn named(what: &str, e: std::io::Error) -> std::io::Error {
 /// new (never one that was there: a planted link is not followed), has a
 /// name no one can guess, and is readable by its owner alone until it
 /// takes the destination's place, with a new file's mode.
-struct Partial {
+pub(crate) struct Partial {
     file: File,
     path: PathBuf,
     destination: PathBuf,
@@ -321,7 +345,7 @@ struct Partial {
 }
 
 impl Partial {
-    fn create(destination: &Path, len: u64) -> Result<Partial, Failure> {
+    pub(crate) fn create(destination: &Path, len: u64) -> Result<Partial, Failure> {
         let shown = destination.display();
         let name = destination
             .file_name()
@@ -370,7 +394,7 @@ impl Partial {
     }
 
     /// Writes `bytes` at `offset`; an error names the destination.
-    fn write_at(&self, bytes: &[u8], offset: u64) -> std::io::Result<()> {
+    pub(crate) fn write_at(&self, bytes: &[u8], offset: u64) -> std::io::Result<()> {
         self.file
             .write_all_at(bytes, offset)
             .map_err(|e| named(&self.destination.display().to_string(), e))
@@ -378,7 +402,7 @@ impl Partial {
 
     /// Gives the file a new file's mode, makes it durable and renames it
     /// over the destination, then makes the rename durable.
-    fn keep(mut self) -> Result<(), Failure> {
+    pub(crate) fn keep(mut self) -> Result<(), Failure> {
         let shown = self.destination.display().to_string();
         let mode = 0o666 & !umask();
         self.file
@@ -387,7 +411,7 @@ impl Partial {
             .and_then(|()| std::fs::rename(&self.path, &self.destination))
             .map_err(|e| format!("{shown}: {e}"))?;
         self.kept = true;
-        interrupt::forget_partial();
+        interrupt::forget_partial(&self.path);
         let dir = match self.destination.parent() {
             Some(dir) if !dir.as_os_str().is_empty() => dir,
             _ => Path::new("."),
@@ -403,7 +427,7 @@ impl Drop for Partial {
     fn drop(&mut self) {
         if !self.kept {
             let _ = std::fs::remove_file(&self.path);
-            interrupt::forget_partial();
+            interrupt::forget_partial(&self.path);
         }
     }
 }
@@ -432,6 +456,9 @@ pub fn put(
     common: &Common,
     transfer: &Transfer,
 ) -> Result<(), Failure> {
+    if transfer.recursive {
+        return crate::many::upload(source, destination, common, transfer);
+    }
     let (bucket, mut key) = parse_s3_prefix(destination)?;
     if key.is_empty() || key.ends_with('/') {
         // A prefix: the file's own name after it, as aws-cli does.
@@ -482,14 +509,14 @@ pub fn put(
 }
 
 /// What `put` reads: a file, or standard input read whole.
-struct Input {
+pub(crate) struct Input {
     file: Option<File>,
     bytes: Vec<u8>,
-    len: u64,
+    pub(crate) len: u64,
 }
 
 impl Input {
-    fn open(source: &str) -> Result<Input, Failure> {
+    pub(crate) fn open(source: &str) -> Result<Input, Failure> {
         if source == "-" {
             let mut bytes = Vec::new();
             std::io::stdin()
@@ -514,7 +541,7 @@ impl Input {
         })
     }
 
-    fn read_at(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+    pub(crate) fn read_at(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
         match &self.file {
             Some(file) => file.read_exact_at(out, offset),
             None => {
@@ -531,7 +558,7 @@ impl Input {
 }
 
 /// The counters' `name=value` pairs as a JSON object.
-fn counters_json(stats: &ClientStats) -> serde_json::Value {
+pub(crate) fn counters_json(stats: &ClientStats) -> serde_json::Value {
     let text = stats.to_string();
     let map = text
         .split_whitespace()
@@ -547,7 +574,7 @@ fn counters_json(stats: &ClientStats) -> serde_json::Value {
 }
 
 /// How the transfers went, in words.
-fn paths(summary: &Summary) -> String {
+pub(crate) fn paths(summary: &Summary) -> String {
     let rdma = summary.direct + summary.staged;
     let mut parts = Vec::new();
     if rdma > 0 {
@@ -577,7 +604,7 @@ fn paths(summary: &Summary) -> String {
 
 /// Whether every transfer's bytes were checked, and what was (or why
 /// not), in words.
-fn verification(summary: &Summary, put: bool) -> (bool, String) {
+pub(crate) fn verification(summary: &Summary, put: bool) -> (bool, String) {
     let how = if put {
         "CRC-64/NVME sent with the bytes, for the server to check"
     } else {

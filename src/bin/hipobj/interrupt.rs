@@ -3,8 +3,9 @@
 //! A thread of its own waits for the signals (`signal-hook`'s iterator: no
 //! code of ours runs in the handler). At the first one:
 //!
-//! - a download's hidden temporary file is removed at once, and the
-//!   command exits: nothing else is left to clean;
+//! - a download's hidden temporary files (one per object in flight) are
+//!   removed at once, and the command exits: nothing else is left to
+//!   clean;
 //! - an upload is cancelled instead ([`Cancel`]): no new part starts, the
 //!   bodies in flight stop at their next write, and the transfer aborts its
 //!   multipart upload before the command exits. A second signal, or
@@ -33,8 +34,8 @@ static SIGNAL: AtomicI32 = AtomicI32::new(0);
 /// Whether the transfer must be let to clean up (an upload) rather than
 /// the command exiting at the signal.
 static GRACEFUL: AtomicBool = AtomicBool::new(false);
-/// The temporary file of a download in progress.
-static PARTIAL: Mutex<Option<PathBuf>> = Mutex::new(None);
+/// The temporary files of the downloads in progress.
+static PARTIAL: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 /// The flag the transfer watches.
 static CANCEL: OnceLock<Cancel> = OnceLock::new();
 
@@ -75,16 +76,16 @@ pub fn graceful() {
 
 /// `path` is a download's temporary file until [`forget_partial`].
 pub fn partial(path: PathBuf) {
-    *PARTIAL.lock() = Some(path);
+    PARTIAL.lock().push(path);
 }
 
-/// The temporary file is gone or kept.
-pub fn forget_partial() {
-    *PARTIAL.lock() = None;
+/// The temporary file at `path` is gone or kept.
+pub fn forget_partial(path: &std::path::Path) {
+    PARTIAL.lock().retain(|p| p != path);
 }
 
 fn remove_partial() {
-    if let Some(path) = PARTIAL.lock().take() {
+    for path in std::mem::take(&mut *PARTIAL.lock()) {
         let _ = std::fs::remove_file(path);
     }
 }

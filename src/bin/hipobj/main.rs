@@ -15,6 +15,7 @@
 mod bench;
 mod copy;
 mod interrupt;
+mod many;
 mod units;
 
 use std::process::ExitCode;
@@ -121,6 +122,15 @@ pub struct Transfer {
     /// (--device) is never checked: it cannot be read without a copy.
     #[arg(long)]
     no_verify: bool,
+    /// A whole prefix into a directory, or a directory under a prefix:
+    /// every object (file) under it, by its key (path) after it, as the
+    /// AWS CLI's `--recursive`.
+    #[arg(long, short = 'r')]
+    recursive: bool,
+    /// With --recursive: objects copied at once (each on its own
+    /// --streams).
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    jobs: usize,
     /// No progress bar.
     #[arg(long)]
     no_progress: bool,
