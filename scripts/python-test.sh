@@ -23,4 +23,4 @@ fi
 cargo build --locked --profile fake --features fake-library --lib
 # Run from outside the source tree: the installed package is the one tested.
 cd "$root/python/tests"
-HIPOBJ_LIBRARY="$target/fake/libhipobj.so" "$venv/bin/python" -m pytest -q -p no:cacheprovider test_fake.py test_package.py
+HIPOBJ_LIBRARY="$target/fake/libhipobj.so" "$venv/bin/python" -m pytest -q -p no:cacheprovider test_fake.py test_safetensors.py test_package.py

@@ -763,10 +763,12 @@ class Session:
         part_size: int = 64 << 20,
         strict: bool = False,
         verify: Optional[bool] = None,
+        jobs: int = 1,
     ) -> Transfer:
         """Stores all of `source` as the object: one ``put_object`` up to
         `part_size` bytes, a multipart upload of `part_size` parts above
-        (aborted if a part fails), each part by RDMA or its own fallback.
+        (aborted if a part fails), each part by RDMA or its own fallback,
+        `jobs` parts at once.
         The source is registered once for all its parts (a read-only one
         goes through the bounce buffer part by part). With `verify` (the
         session's by default) and host memory, every part carries its
@@ -779,6 +781,8 @@ class Session:
             return self.put_object(client, Bucket, Key, source, strict=strict, verify=verify)
         if part_size < MIN_PART:
             raise ValueError(f"parts of a multipart upload are at least {MIN_PART} bytes")
+        if jobs < 1:
+            raise ValueError("jobs is a count: 1 or more")
         held = None
         self._initialize_in_child()
         if self.available and view.data is None:
@@ -787,12 +791,12 @@ class Session:
             except _registry.RegistrationError:
                 pass  # each part tries again, and says why it fell back
         try:
-            return self._upload(client, Bucket, Key, source, view, part_size, strict, held, verify)
+            return self._upload(client, Bucket, Key, source, view, part_size, strict, held, verify, jobs)
         finally:
             if held is not None:
                 self._registry.unlease(held)
 
-    def _upload(self, client, Bucket, Key, source, view, part_size, strict, held, verify) -> Transfer:
+    def _upload(self, client, Bucket, Key, source, view, part_size, strict, held, verify, jobs=1) -> Transfer:
         total = view.nbytes
         # GPU memory is not read for a CRC: its parts carry none, and the
         # upload declares none.
@@ -808,11 +812,26 @@ class Session:
         whole = 0
         last = None
         try:
-            for number, offset in enumerate(range(0, total, part_size), start=1):
-                length = min(part_size, total - offset)
-                t, etag, crc = self._put(
+            spans = [(number, offset, min(part_size, total - offset))
+                     for number, offset in enumerate(range(0, total, part_size), start=1)]
+
+            def one(span: Tuple[int, int, int]) -> Tuple[Transfer, Optional[str], Optional[int]]:
+                number, offset, length = span
+                return self._put(
                     client, Bucket, Key, source, view, offset, length, strict, (upload_id, number), {}, held, verify
                 )
+
+            if jobs == 1 or len(spans) == 1:
+                done = [one(span) for span in spans]
+            else:
+                # Its own threads: an upload run on the session's transfer
+                # threads must not wait for them.
+                with concurrent.futures.ThreadPoolExecutor(
+                    max_workers=min(jobs, len(spans)), thread_name_prefix="hipobj-part"
+                ) as pool:
+                    futures = [pool.submit(one, span) for span in spans]
+                    done = _gather(futures, False)  # type: ignore[assignment]
+            for (number, _, length), (t, etag, crc) in zip(spans, done):  # type: ignore[misc]
                 paths.add(t.path)
                 reason = reason or t.reason
                 last = t
@@ -976,12 +995,10 @@ class Session:
         )
 
 
-def _gather(
-    futures: List["concurrent.futures.Future[Transfer]"], return_exceptions: bool
-) -> List[Union[Transfer, BaseException]]:
+def _gather(futures: List["concurrent.futures.Future[Any]"], return_exceptions: bool) -> List[Any]:
     """The futures' results in order, once all have ended; see
     ``Session.get_objects``."""
-    results: List[Union[Transfer, BaseException]] = []
+    results: List[Any] = []
     first: Optional[BaseException] = None
     for i, future in enumerate(futures):
         try:

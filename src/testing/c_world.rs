@@ -67,14 +67,30 @@ pub const FAILABLE: &[&str] = &[
     "hsa_amd_portable_export_dmabuf",
 ];
 
-/// The process's world, made on first use.
+/// The process's world, made on first use. With
+/// `HIPOBJ_FAKE_REAL_GPU=cuda`, its client GPU is this machine's, through
+/// the CUDA driver ([`super::real_gpu`]): the fake fabric moves bytes to
+/// and from real device memory, so that a program's GPU tensors take the
+/// library's GPU paths on a GPU machine without an RDMA device. Without a
+/// driver then, the world keeps its fake GPU and says why on standard
+/// error.
 fn world() -> &'static World {
     static WORLD: OnceLock<World> = OnceLock::new();
     WORLD.get_or_init(|| {
-        World::with(WorldSpec {
+        let world = World::with(WorldSpec {
             server_bytes: STORE_BYTES,
             ..WorldSpec::default()
-        })
+        });
+        if std::env::var("HIPOBJ_FAKE_REAL_GPU").as_deref() == Ok("cuda") {
+            use crate::platform::gpu::cuda::{LoadedCuda, SONAMES};
+            match LoadedCuda::open(SONAMES) {
+                Ok(cuda) => {
+                    world.use_real_gpu(Arc::new(super::real_gpu::RealGpu::new(Arc::new(cuda))))
+                }
+                Err(e) => eprintln!("hipobj fake world: HIPOBJ_FAKE_REAL_GPU=cuda, but {e}"),
+            }
+        }
+        world
     })
 }
 
