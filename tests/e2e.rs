@@ -1228,3 +1228,177 @@ fn the_command_shows_the_fallback_against_a_server_without_rdma() {
     assert!(!server.root().join(s3::BUCKET).join("strict").exists());
     let _ = std::fs::remove_dir_all(&home);
 }
+
+/// The built-in S3 client for `server`.
+fn s3_client(server: &S3Server) -> std::sync::Arc<hipobj::s3::S3> {
+    use hipobj::s3::config::{Credentials, S3Config};
+    std::sync::Arc::new(
+        hipobj::s3::S3::new(S3Config {
+            endpoint: server.endpoint.clone(),
+            region: "us-east-1".to_owned(),
+            credentials: Credentials {
+                access_key_id: s3::ACCESS_KEY.to_owned(),
+                secret_access_key: s3::SECRET_KEY.to_owned(),
+                session_token: None,
+            },
+            credentials_source: "given".to_owned(),
+        })
+        .expect("an S3 client"),
+    )
+}
+
+#[test]
+fn gets_in_flight_from_one_thread_by_rdma_each_verified_and_dropped_ones_cancelled() {
+    use hipobj::client::{Client, Transfer};
+    use hipobj::s3::objects::{self, Object, OwnedOp, OwnedRequest, Verified};
+
+    let server = rdma_server(&[]);
+    let s3 = s3_client(&server);
+    const N: usize = 16;
+    const LEN: usize = MIB + 5;
+    let datas: Vec<Vec<u8>> = (0..N)
+        .map(|i| pattern(LEN, 40 + u8::try_from(i).unwrap()))
+        .collect();
+    for (i, data) in datas.iter().enumerate() {
+        objects::put_http(Object::new(&s3, "bucket", &format!("many/{i}")), data, true)
+            .expect("a plain PUT");
+    }
+    let client = Client::builder()
+        .nic(DEVICE)
+        .max_in_flight(N)
+        .build()
+        .expect("a client on rxe0");
+    let submit = |i: usize| {
+        let request = OwnedRequest::new(
+            s3.clone(),
+            "bucket",
+            &format!("many/{i}"),
+            OwnedOp::Get(0..LEN as u64),
+        )
+        .asking_checksum();
+        let answer = request.answer();
+        let buffer = client.host_buffer(LEN).unwrap();
+        let ticket = client
+            .submit(Transfer::get(buffer, 0..LEN, request))
+            .expect("submitted");
+        (ticket, answer)
+    };
+    // Sixteen in flight from this thread, each checked against the CRC
+    // its server says it wrote.
+    let tickets: Vec<_> = (0..N).map(submit).collect();
+    for (i, (mut ticket, answer)) in tickets.into_iter().enumerate() {
+        let done = ticket.wait(Some(Duration::from_secs(120))).expect("ends");
+        assert_eq!(done.result.unwrap(), hipobj::client::Route::Direct);
+        let response = answer.take().expect("answered").expect("no S3 error");
+        let bytes = done.buffer.as_slice().unwrap();
+        let verified = objects::verify_get(&format!("many/{i}"), &response, bytes).unwrap();
+        assert_eq!(verified, Verified::Yes);
+        assert!(bytes == &datas[i][..], "GET {i}");
+    }
+    assert_eq!(client.stats().library.direct, N as u64);
+    // Half of the next sixteen dropped at once: cancelled, whatever their
+    // servers were doing; the others land whole.
+    let mut kept = Vec::new();
+    for i in 0..N {
+        let (ticket, answer) = submit(i);
+        if i % 2 == 0 {
+            kept.push((i, ticket, answer));
+        } else {
+            drop(ticket);
+        }
+    }
+    for (i, mut ticket, _) in kept {
+        let done = ticket.wait(Some(Duration::from_secs(120))).expect("ends");
+        done.result.unwrap();
+        assert!(done.buffer.as_slice().unwrap() == &datas[i][..], "GET {i}");
+    }
+    // Every buffer, the dropped ones' too, is released once its transfer
+    // ended; the library goes on.
+    let until = Instant::now() + Duration::from_secs(60);
+    while client.registered_buffers() != 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        client.registered_buffers(),
+        0,
+        "no registration outlives its ticket"
+    );
+    let mut buffer = client.host_buffer(LEN).unwrap();
+    let mut request =
+        OwnedRequest::new(s3.clone(), "bucket", "many/3", OwnedOp::Get(0..LEN as u64));
+    client.get(&mut buffer, 0..LEN, &mut request).unwrap();
+    assert!(buffer.as_slice().unwrap() == &datas[3][..]);
+}
+
+#[test]
+fn the_command_copies_a_tree_by_rdma_many_objects_at_a_time() {
+    let server = rdma_server(&[]);
+    let home = scratch("tree");
+    let up = home.join("up");
+    let files: Vec<(String, Vec<u8>)> = (0..10)
+        .map(|i| {
+            (
+                format!("d{}/f{i}.bin", i % 3),
+                pattern(MIB * (i % 4 + 1) + i, u8::try_from(i).unwrap()),
+            )
+        })
+        .chain([("top.bin".to_owned(), pattern(7 * MIB, 99))])
+        .collect();
+    for (name, data) in &files {
+        let path = up.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, data).unwrap();
+    }
+    let up_s = up.display().to_string();
+    let out = hipobj(
+        &server,
+        &home,
+        &[
+            "cp",
+            "-r",
+            &up_s,
+            "s3://bucket/tree/",
+            "--jobs",
+            "4",
+            "--chunk",
+            "5MiB",
+        ],
+    );
+    assert!(out.status.success());
+    let said = text(&out);
+    assert!(
+        said.contains("11 objects") && said.contains("by RDMA"),
+        "{said}"
+    );
+    assert!(!said.contains("plain HTTP"), "{said}");
+    let back = home.join("back");
+    let back_s = back.display().to_string();
+    let out = hipobj(
+        &server,
+        &home,
+        &[
+            "cp",
+            "-r",
+            "s3://bucket/tree",
+            &back_s,
+            "--jobs",
+            "4",
+            "--chunk",
+            "2MiB",
+        ],
+    );
+    assert!(out.status.success());
+    let said = text(&out);
+    assert!(
+        said.contains("11 objects") && said.contains("by RDMA"),
+        "{said}"
+    );
+    assert!(said.contains("verified"), "{said}");
+    for (name, data) in &files {
+        assert!(
+            std::fs::read(back.join(name)).unwrap() == *data,
+            "{name} came back whole"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&home);
+}

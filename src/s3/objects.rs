@@ -423,6 +423,162 @@ impl S3Side for RdmaRequest<'_> {
     }
 }
 
+/// What an [`OwnedRequest`] asks for.
+#[derive(Clone, Debug)]
+pub enum OwnedOp {
+    /// GetObject of a byte range.
+    Get(Range<u64>),
+    /// PutObject.
+    Put,
+    /// UploadPart `number` of `upload_id`.
+    Part {
+        /// The upload.
+        upload_id: String,
+        /// From 1.
+        number: u32,
+    },
+}
+
+/// Where an [`OwnedRequest`] leaves its answer (or its S3 error) for the
+/// caller, once the transfer's ticket has ended. Clones share it.
+#[derive(Clone, Debug, Default)]
+pub struct Answer(Arc<Mutex<Option<Result<Response, S3Error>>>>);
+
+impl Answer {
+    /// The answer, once: `None` before the request was sent (or after an
+    /// earlier take).
+    pub fn take(&self) -> Option<Result<Response, S3Error>> {
+        self.0.lock().take()
+    }
+}
+
+/// The S3 side of an asynchronous transfer ([`Client::submit`]): an
+/// [`RdmaRequest`] that owns its endpoint and names, so that it can run on
+/// the client's transfer threads, and leaves its answer in an [`Answer`].
+/// Many of them over one [`S3`] (shared by `Arc`) send their requests
+/// concurrently, on the agent's connection pool.
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use hipobj::client::{Client, Transfer};
+/// use hipobj::s3::objects::{OwnedOp, OwnedRequest};
+/// use hipobj::s3::{config::S3Config, S3};
+///
+/// let s3 = Arc::new(S3::new(S3Config::resolve(&Default::default())?)?);
+/// let client = Client::builder().build()?;
+/// let mut tickets = Vec::new();
+/// for key in ["shard-1", "shard-2", "shard-3"] {
+///     let request = OwnedRequest::new(s3.clone(), "models", key, OwnedOp::Get(0..64 << 20))
+///         .asking_checksum();
+///     let answer = request.answer();
+///     let buffer = client.host_buffer(64 << 20)?;
+///     let ticket = client.submit(Transfer::get(buffer, 0..64 << 20, request)).ok().unwrap();
+///     tickets.push((ticket, answer, key));
+/// }
+/// for (mut ticket, answer, key) in tickets {
+///     let done = ticket.wait(None).unwrap();
+///     done.result?;
+///     let response = answer.take().unwrap()?;
+///     let verified = hipobj::s3::objects::verify_get(key, &response, done.buffer.as_slice().unwrap())?;
+///     println!("{key}: {verified:?}");
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub struct OwnedRequest {
+    s3: Arc<S3>,
+    bucket: String,
+    key: String,
+    etag: Option<String>,
+    op: OwnedOp,
+    checksum: Option<Checksum>,
+    ask_checksum: bool,
+    answer: Answer,
+}
+
+impl OwnedRequest {
+    /// A request of `op` on `bucket`/`key` of `s3`.
+    pub fn new(s3: Arc<S3>, bucket: &str, key: &str, op: OwnedOp) -> OwnedRequest {
+        OwnedRequest {
+            s3,
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            etag: None,
+            op,
+            checksum: None,
+            ask_checksum: false,
+            answer: Answer::default(),
+        }
+    }
+
+    /// A GET of this version only (its ETag, quoted): `If-Match`.
+    pub fn at_version(mut self, etag: &str) -> OwnedRequest {
+        self.etag = Some(etag.to_owned());
+        self
+    }
+
+    /// A PUT or part that carries `checksum` of the bytes it stores.
+    pub fn with_checksum(mut self, checksum: Checksum) -> OwnedRequest {
+        self.checksum = Some(checksum);
+        self
+    }
+
+    /// A GET that asks for the server's checksum of the bytes it writes.
+    pub fn asking_checksum(mut self) -> OwnedRequest {
+        self.ask_checksum = true;
+        self
+    }
+
+    /// Where the answer will be.
+    pub fn answer(&self) -> Answer {
+        self.answer.clone()
+    }
+}
+
+impl S3Side for OwnedRequest {
+    fn exchange(&mut self, token: &str) -> Result<String, String> {
+        let object = Object {
+            s3: &self.s3,
+            bucket: &self.bucket,
+            key: &self.key,
+            etag: self.etag.as_deref(),
+        };
+        let op = match &self.op {
+            OwnedOp::Get(range) => Op::Get(range.clone()),
+            OwnedOp::Put => Op::Put,
+            OwnedOp::Part { upload_id, number } => Op::Part {
+                upload_id,
+                number: *number,
+            },
+        };
+        let mut request = RdmaRequest::new(object, op);
+        request.checksum = self.checksum;
+        request.ask_checksum = self.ask_checksum;
+        let reply = request.exchange(token);
+        let answer = match (request.response.take(), request.error.take()) {
+            (Some(response), _) => Some(Ok(response)),
+            (None, Some(error)) => Some(Err(error)),
+            (None, None) => None,
+        };
+        *self.answer.0.lock() = answer;
+        reply
+    }
+}
+
+/// Checks the bytes an RDMA GET wrote into host memory (`bytes`, the
+/// range asked for) against the CRC its `response` says the server wrote
+/// (and the object's own, where the answer holds the whole object), as
+/// [`get`] does: for transfers run by tickets with an [`OwnedRequest`]
+/// that asked for the checksum.
+pub fn verify_get(
+    what: &str,
+    response: &Response,
+    bytes: &[u8],
+) -> Result<Verified, TransferError> {
+    verify_rdma(what, response, bytes)
+}
+
 /// The outcome of a transfer the client ran with `request` as its S3 side:
 /// the RDMA route, or the decline (501) for the fallback to handle. Any
 /// other status of the reply is an error naming the S3 status: the server
