@@ -139,3 +139,43 @@ def test_a_server_without_rdma_is_a_visible_fallback_and_strict_refuses_it(plain
     with pytest.raises(hipobj.TransferError, match="strict"):
         session.put_object(s3, Bucket="bucket", Key="strict", source=data, strict=True)
     assert not pathlib.Path(plain_server.root, "bucket", "strict").exists()
+
+
+def test_many_in_flight_and_a_sharded_model_by_rdma(rdma_server):
+    import json
+
+    import safetensors.numpy
+
+    from hipobj import safetensors as st
+
+    s3 = client(rdma_server)
+    with hipobj.Session(nic="rxe0", require=True, max_in_flight=16) as session:
+        datas = [pattern(MIB + i, 50 + i) for i in range(16)]
+        puts = session.put_objects(s3, [dict(Bucket="bucket", Key=f"many/{i}", source=d) for i, d in enumerate(datas)])
+        assert [t.path for t in puts] == ["rdma"] * 16
+        intos = [numpy.zeros(d.size, dtype=numpy.uint8) for d in datas]
+        futures = [session.get_object_async(s3, Bucket="bucket", Key=f"many/{i}", into=b) for i, b in enumerate(intos)]
+        assert all(f.result().path == "rdma" and f.result().verified for f in hipobj.as_completed(futures))
+        assert all(numpy.array_equal(a, b) for a, b in zip(intos, datas))
+
+        # A model of four shards: each written by parallel parts, all loaded
+        # together through the index, byte for byte as safetensors loads it.
+        rng = numpy.random.default_rng(5)
+        weight_map, shards = {}, []
+        for i in range(4):
+            shard = {f"l{i}.w": rng.standard_normal((1024, 1536)).astype(numpy.float32),
+                     f"l{i}.b": rng.standard_normal(1536).astype(numpy.float16)}
+            name = f"model-{i + 1:05d}-of-00004.safetensors"
+            t = st.save(s3, shard, "bucket", f"llm/{name}", session=session, part_size=5 * MIB, jobs=2)
+            assert (t.path, t.parts) == ("rdma", 2), t
+            assert safetensors.numpy.load(rdma_server.stored(f"llm/{name}")).keys() == shard.keys()
+            shards.append(shard)
+            weight_map.update({k: name for k in shard})
+        s3.put_object(Bucket="bucket", Key="llm/model.safetensors.index.json",
+                      Body=json.dumps({"weight_map": weight_map}).encode())
+        before = session.stats.rdma
+        loaded = st.load_sharded(s3, "bucket", "llm/model.safetensors.index.json", session=session, span=2 * MIB)
+        assert session.stats.rdma - before >= 12 and session.stats.fallback == 0
+        for shard in shards:
+            for k, v in shard.items():
+                assert loaded[k].dtype == v.dtype and numpy.array_equal(loaded[k], v), k

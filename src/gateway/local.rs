@@ -117,7 +117,24 @@ impl Local {
         let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
         let mut resp = self.fs.get_object(req).await?;
         no_stale_checksums!(resp.output);
-        self.serve_whole(&bucket, &key, &mut resp.output).await;
+        // A range's answer carries no whole-object checksum (as S3, and as
+        // s3s-fs for a single PUT's): a client would check the range's
+        // bytes against it. A range that covers the object is the whole.
+        let output = &resp.output;
+        let whole = match (&output.content_range, output.content_length) {
+            (None, _) => true,
+            (Some(range), Some(len)) => {
+                range
+                    .rsplit('/')
+                    .next()
+                    .and_then(|total| total.parse::<i64>().ok())
+                    == Some(len)
+            }
+            (Some(_), None) => false,
+        };
+        if whole {
+            self.serve_whole(&bucket, &key, &mut resp.output).await;
+        }
         Ok(resp)
     }
 
