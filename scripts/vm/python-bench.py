@@ -3,10 +3,13 @@ safetensors shards of SHARD_MIB MiB in the RDMA S3 server on rxe0, loaded
 into host memory through the Python package (``hipobj.safetensors
 .load_sharded``, every span in flight, at most 16) against the hipobj
 command's best throughput for the same objects (``cp --recursive`` with
-several splits of jobs and streams), alternating, ROUNDS times; and where
-the package's time goes per transfer: its own Python (outside the library
-call and outside boto3's request), boto3's request (signing, sending,
-reading the answer), and the library call itself less its callbacks.
+several splits of jobs and streams), alternating, ROUNDS times, both
+checking every byte's CRC-64/NVME; and where the package's time goes per
+transfer: its own Python (wall time outside the library call, outside
+boto3's request and outside the CRC check), the CRC check, boto3's
+request (signing, sending, and waiting for the answer, which the server
+sends once its RDMA WRITEs are done), the library call less its
+callbacks, and the process's CPU time; then the same load unverified.
 
 Figures on stdout as ``name value unit`` lines.
 
@@ -95,47 +98,35 @@ try:
         # The index is part of the copy: its bytes are a few KiB.
         return summary["mib_per_s"]
 
-    # Where the package's time goes, per transfer.
-    times = {"call": 0.0, "native": 0.0, "send": 0.0, "boto": 0.0, "n": 0}
+    # Where the package's time goes, per transfer: wall time, and this
+    # thread's CPU time (every step of a transfer runs on one transfer
+    # thread, so the differences attribute the CPU exactly).
+    times = {}
     lock = threading.Lock()
-    get_object, run, send = _session.Session.get_object, _session.Session._run, _session._Exchange._send
 
-    def timed_get(self, *a, **k):
-        t = time.perf_counter()
-        try:
-            return get_object(self, *a, **k)
-        finally:
-            with lock:
-                times["call"] += time.perf_counter() - t
-                times["n"] += 1
-
-    def timed_run(self, op, base, offset, length, call, ask):
-        def timed_call():
-            t = time.perf_counter()
+    def timed(key, fn):
+        def wrapper(*a, **k):
+            wall, cpu = time.perf_counter(), time.thread_time()
             try:
-                return call()
+                return fn(*a, **k)
             finally:
                 with lock:
-                    times["boto"] += time.perf_counter() - t
+                    times[key] = times.get(key, 0.0) + time.perf_counter() - wall
+                    times[key + "_cpu"] = times.get(key + "_cpu", 0.0) + time.thread_time() - cpu
+                    if key == "call":
+                        times["n"] = times.get("n", 0) + 1
 
-        t = time.perf_counter()
-        try:
-            return run(self, op, base, offset, length, timed_call, ask)
-        finally:
-            with lock:
-                times["native"] += time.perf_counter() - t
+        return wrapper
 
-    def timed_send(self, *a):
-        t = time.perf_counter()
-        try:
-            return send(self, *a)
-        finally:
-            with lock:
-                times["send"] += time.perf_counter() - t
+    run = _session.Session._run
 
-    _session.Session.get_object = timed_get
+    def timed_run(self, op, base, offset, length, call, ask):
+        return timed("native", run)(self, op, base, offset, length, timed("boto", call), ask)
+
+    _session.Session.get_object = timed("call", _session.Session.get_object)
     _session.Session._run = timed_run
-    _session._Exchange._send = timed_send
+    _session._Exchange._send = timed("send", _session._Exchange._send)
+    _session.Session._verify_rdma = timed("crc", _session.Session._verify_rdma)
 
     splits = [(4, 4, "16MiB"), (16, 1, "64MiB"), (8, 2, "32MiB")]
     with hipobj.Session(nic="rxe0", require=True, max_in_flight=16) as session:
@@ -146,8 +137,7 @@ try:
                 report(f"command_jobs{jobs}_streams{streams}_chunk{chunk}_r{r}", rate, "MiB/s")
                 best = max(best, rate)
             report(f"command_best_r{r}", best, "MiB/s")
-            for k in times:
-                times[k] = 0
+            times.clear()
             cpu = time.process_time()
             t = time.perf_counter()
             loaded = st.load_sharded(s3, "bucket", "model/model.safetensors.index.json", session=session,
@@ -159,14 +149,24 @@ try:
             rate = total / MIB / seconds
             report(f"python_load_r{r}", rate, "MiB/s")
             report(f"python_over_command_best_r{r}", rate / best, "ratio")
-            n = max(times["n"], 1)
-            own = (times["call"] - times["native"]) + (times["send"] - times["boto"])
-            report(f"python_transfers_r{r}", times["n"], "count")
-            report(f"python_own_per_transfer_r{r}", own / n * 1e6, "us")
-            report(f"python_boto3_request_per_transfer_r{r}", times["boto"] / n * 1e6, "us")
-            report(f"python_library_call_less_callbacks_per_transfer_r{r}",
-                   (times["native"] - times["send"]) / n * 1e6, "us")
+            n = max(times.get("n", 0), 1)
+            report(f"python_transfers_r{r}", n, "count")
+            for suffix, unit in (("", "wall"), ("_cpu", "cpu")):
+                t = {k: times.get(k + suffix, 0.0) for k in ("call", "native", "send", "boto", "crc")}
+                own = (t["call"] - t["native"] - t["crc"]) + (t["send"] - t["boto"])
+                report(f"python_own_{unit}_per_transfer_r{r}", own / n * 1e6, "us")
+                report(f"python_crc_check_{unit}_per_transfer_r{r}", t["crc"] / n * 1e6, "us")
+                report(f"python_boto3_request_{unit}_per_transfer_r{r}", t["boto"] / n * 1e6, "us")
+                report(f"python_library_call_less_callbacks_{unit}_per_transfer_r{r}",
+                       (t["native"] - t["send"]) / n * 1e6, "us")
             report(f"python_process_cpu_per_transfer_r{r}", cpu / n * 1e6, "us")
+            # The same without the CRC checks, to show what they cost.
+            t = time.perf_counter()
+            loaded = st.load_sharded(s3, "bucket", "model/model.safetensors.index.json", session=session,
+                                     span=16 * MIB, verify=False)
+            seconds = time.perf_counter() - t
+            del loaded
+            report(f"python_load_unverified_r{r}", total / MIB / seconds, "MiB/s")
         assert session.stats.fallback == 0, session.stats
 finally:
     server.terminate()
