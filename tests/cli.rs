@@ -1436,3 +1436,51 @@ fn a_listing_with_a_key_that_climbs_out_copies_nothing() {
     assert_eq!(endpoint.count("GET"), 1, "only the listing was asked for");
     assert!(!scratch.path("escape").exists());
 }
+
+#[test]
+fn ctrl_c_of_a_recursive_download_removes_every_temporary_file() {
+    let scratch = Scratch::new("sigint-recursive");
+    let len: usize = 8 << 20;
+    // Three objects whose bytes start, then stop coming.
+    let endpoint = http::Endpoint::start(move |r| {
+        if r.has_query("list-type") {
+            return listing(&[("p/a.bin", len), ("p/b.bin", len), ("p/c.bin", len)]);
+        }
+        http::Reply::Stall {
+            headers: vec![(
+                "etag".into(),
+                format!("\"e-{}\"", &r.path()["/bucket/".len()..]),
+            )],
+            len: 8 << 20,
+            sent: 1 << 20,
+        }
+    });
+    let dest = scratch.path("d");
+    let mut child = command(
+        &endpoint.url,
+        &scratch,
+        &[
+            "cp",
+            "-r",
+            "s3://bucket/p/",
+            &dest.display().to_string(),
+            "--jobs",
+            "3",
+            "--chunk",
+            "8MiB",
+        ],
+        &[],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    wait_for("three downloads in flight", || {
+        dest.is_dir() && hidden(&dest).len() == 3
+    });
+    signal(&child, "INT");
+    let status = wait_bounded(&mut child, Duration::from_secs(60));
+    assert_eq!(status.code(), Some(130), "{status}");
+    assert!(tree(&dest).is_empty(), "left: {:?}", tree(&dest).keys());
+}
