@@ -166,6 +166,46 @@ fn run_jobs(
     (totals.into_inner(), first.into_inner())
 }
 
+/// A copy of many objects that ran: what it was.
+struct Ran<'a> {
+    what: &'a str,
+    planned: usize,
+    jobs: usize,
+    started: Instant,
+    put: bool,
+}
+
+impl Ran<'_> {
+    /// Its end: the first failure, with what was copied before it, or the
+    /// bar finished and the summary printed.
+    fn conclude(
+        &self,
+        (totals, first): (Totals, Option<Failure>),
+        bar: &indicatif::ProgressBar,
+        library: &Result<Client, String>,
+        transfer: &Transfer,
+    ) -> Result<(), Failure> {
+        let seconds = self.started.elapsed().as_secs_f64();
+        if let Some(e) = first {
+            bar.abandon();
+            let verb = if self.put { "uploaded" } else { "downloaded" };
+            return Err(stopped(e, &totals, self.planned, verb));
+        }
+        finish_bar(bar, totals.summary.bytes, seconds);
+        report(
+            self.what,
+            &totals,
+            self.planned,
+            seconds,
+            self.jobs,
+            library,
+            transfer,
+            self.put,
+        );
+        Ok(())
+    }
+}
+
 /// Prints the summary of a copy of many objects.
 #[allow(clippy::too_many_arguments)]
 fn report(
@@ -312,24 +352,15 @@ pub fn download(
         partial.keep()?;
         Ok(summary)
     };
-    let (totals, first) = run_jobs(&items, jobs, &plan.cancel, &one);
-    let seconds = started.elapsed().as_secs_f64();
-    if let Some(e) = first {
-        bar.abandon();
-        return Err(stopped(e, &totals, items.len(), "downloaded"));
-    }
-    finish_bar(&bar, totals.summary.bytes, seconds);
-    report(
-        &what,
-        &totals,
-        items.len(),
-        seconds,
+    let ended = run_jobs(&items, jobs, &plan.cancel, &one);
+    let ran = Ran {
+        what: &what,
+        planned: items.len(),
         jobs,
-        &library,
-        transfer,
-        false,
-    );
-    Ok(())
+        started,
+        put: false,
+    };
+    ran.conclude(ended, &bar, &library, transfer)
 }
 
 /// The regular files under `root`, sorted, each with its path relative
@@ -417,24 +448,15 @@ pub fn upload(
         })
         .map_err(|e| Failure::from(format!("{shown}: {}", failure(e, "upload"))))
     };
-    let (totals, first) = run_jobs(&items, jobs, &plan.cancel, &one);
-    let seconds = started.elapsed().as_secs_f64();
-    if let Some(e) = first {
-        bar.abandon();
-        return Err(stopped(e, &totals, items.len(), "uploaded"));
-    }
-    finish_bar(&bar, totals.summary.bytes, seconds);
-    report(
-        &what,
-        &totals,
-        items.len(),
-        seconds,
+    let ended = run_jobs(&items, jobs, &plan.cancel, &one);
+    let ran = Ran {
+        what: &what,
+        planned: items.len(),
         jobs,
-        &library,
-        transfer,
-        true,
-    );
-    Ok(())
+        started,
+        put: true,
+    };
+    ran.conclude(ended, &bar, &library, transfer)
 }
 
 #[cfg(test)]
