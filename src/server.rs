@@ -37,7 +37,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -118,6 +118,10 @@ pub struct ServerConn {
     next_wr: u64,
     /// When its last transfer ended.
     pub last_used: Instant,
+    /// How long it polls for a completion before it sleeps.
+    poll: Duration,
+    /// The side's count of sleeps.
+    sleeps: Arc<AtomicU64>,
 }
 
 impl ServerConn {
@@ -213,6 +217,10 @@ pub struct ServerConfig {
     /// zero unless a test wants a window in which the data has moved and
     /// the transfer has not ended.
     pub delay_before_final: Duration,
+    /// How long a transfer polls for its next completion before it sleeps
+    /// (`None`: by device, as the client library decides:
+    /// `core::options::poll_for`).
+    pub poll: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -225,6 +233,7 @@ impl Default for ServerConfig {
             retry_count: 6,
             proof_timeout: Duration::from_secs(2),
             delay_before_final: Duration::ZERO,
+            poll: None,
         }
     }
 }
@@ -345,6 +354,10 @@ pub struct ServerSide {
     last_sweep: Mutex<Instant>,
     /// The device's `max_msg_sz` (port 1), at most 1 GiB.
     max_msg_sz: u64,
+    /// How long a transfer polls for a completion before it sleeps.
+    poll: Duration,
+    /// Times a transfer slept for a completion ([`ServerSide::sleeps`]).
+    sleeps: Arc<AtomicU64>,
     /// How it behaves.
     pub config: ServerConfig,
 }
@@ -381,6 +394,7 @@ impl ServerSide {
             .query_port(1)
             .map_or(MAX_WR_BYTES, |p| u64::from(p.max_msg_sz).max(1))
             .min(MAX_WR_BYTES);
+        let poll = crate::core::options::poll_for(config.poll, ctx.vendor_id(), ctx.name());
         ServerSide {
             cm,
             ctx,
@@ -389,8 +403,16 @@ impl ServerSide {
             closed: AtomicBool::new(false),
             last_sweep: Mutex::new(Instant::now()),
             max_msg_sz,
+            poll,
+            sleeps: Arc::default(),
             config,
         }
+    }
+
+    /// Times a transfer slept waiting for a completion (the grant, its
+    /// data, its final message) rather than finding it by polling.
+    pub fn sleeps(&self) -> u64 {
+        self.sleeps.load(Ordering::Relaxed)
     }
 
     /// The protection domain, for registering the server's memory.
@@ -698,6 +720,8 @@ impl ServerSide {
                     proof_mr,
                     next_wr: 0,
                     last_used: Instant::now(),
+                    poll: self.poll,
+                    sleeps: self.sleeps.clone(),
                 })
             }
             ConnectOutcome::Rejected { private_data } => {
@@ -930,7 +954,7 @@ fn wait_grant(conn: &ServerConn, until: Instant) -> Result<u32> {
     let mut sent = false;
     let mut grant = None;
     while !(sent && grant.is_some()) {
-        let Some(c) = next_completion(&*conn.cq, until)? else {
+        let Some(c) = next_completion(conn, until)? else {
             return Err(Error::Rdma(
                 "no grant from the client before the deadline".into(),
             ));
@@ -961,13 +985,25 @@ fn wait_grant(conn: &ServerConn, until: Instant) -> Result<u32> {
     grant.ok_or_else(|| Error::Internal("no grant".into()))
 }
 
-/// The next completion on `cq`, waiting until `until`.
-fn next_completion(cq: &dyn Cq, until: Instant) -> Result<Option<Completion>> {
+/// The next completion on `conn`'s CQ, waiting until `until`: polled for
+/// up to its poll first, then slept for on the completion channel.
+fn next_completion(conn: &ServerConn, until: Instant) -> Result<Option<Completion>> {
+    let cq = &*conn.cq;
+    let spin_until = Instant::now() + conn.poll;
     loop {
         if let Some(c) = cq.poll(1)?.into_iter().next() {
             return Ok(Some(c));
         }
-        if Instant::now() >= until || !cq.wait(until)? {
+        let now = Instant::now();
+        if now < spin_until && now < until {
+            crate::platform::pause();
+            continue;
+        }
+        if now >= until {
+            return Ok(cq.poll(1)?.into_iter().next());
+        }
+        conn.sleeps.fetch_add(1, Ordering::Relaxed);
+        if !cq.wait(until)? {
             return Ok(cq.poll(1)?.into_iter().next());
         }
     }
@@ -1079,7 +1115,8 @@ impl Session<'_> {
                 outstanding.push_back(id);
                 done += n;
             }
-            let waited = next_completion(&*self.conn().cq, deadline);
+            let conn = self.conn();
+            let waited = next_completion(conn, deadline);
             let error = match waited {
                 Ok(Some(c)) if c.status == WcStatus::Success => {
                     outstanding.retain(|&id| id != c.wr_id);
@@ -1120,7 +1157,7 @@ impl Session<'_> {
             sge: None,
             signaled: true,
         }]);
-        let outcome = posted.and_then(|()| match next_completion(&*conn.cq, deadline)? {
+        let outcome = posted.and_then(|()| match next_completion(conn, deadline)? {
             Some(c) if c.status == WcStatus::Success => Ok(()),
             Some(c) => Err(Error::Rdma(format!("the final message: {:?}", c.status))),
             None => Err(Error::Rdma(
@@ -1155,7 +1192,7 @@ impl Session<'_> {
         let mut left = outstanding;
         let until = Instant::now() + QUIESCE_TIMEOUT;
         while !left.is_empty() {
-            match next_completion(&*guard.cq, until) {
+            match next_completion(&guard, until) {
                 Ok(Some(c)) => left.retain(|&id| id != c.wr_id),
                 _ => break,
             }

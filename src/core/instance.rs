@@ -17,7 +17,7 @@ use super::abandoned::AbandonedCopies;
 use super::buffers::BufferMap;
 use super::connections::{Connections, Mode, Pool, Settings};
 use super::nic::{self, GpuPlace, NicChoice};
-use super::options::Options;
+use super::options::{poll_for, Options};
 use super::stats::{Snapshot, Stats};
 use super::tokens::TokenBook;
 use crate::error::{Error, Result, HIP_ERROR_NO_DEVICE};
@@ -106,6 +106,9 @@ pub struct Instance {
     pub(crate) connections: Connections,
     /// What moved the bytes, and what failed ([`Instance::stats`]).
     pub(crate) stats: Arc<Stats>,
+    /// How long a thread polls for a transfer's next step before it
+    /// sleeps (`HIPOBJ_POLL_US`, by device).
+    pub poll: std::time::Duration,
     pub(crate) tokens: Arc<TokenBook>,
     timers_pending: Arc<std::sync::atomic::AtomicUsize>,
     /// The process that built it: a forked child must not use (nor tear
@@ -216,11 +219,13 @@ impl Instance {
             completion_timeout: options.completion_timeout,
             idle_timeout: options.idle_timeout,
             debug: options.rdma_debug,
+            poll: poll_for(options.poll, ctx.vendor_id(), ctx.name()),
             stats: Arc::new(Stats::default()),
             tokens: Arc::new(TokenBook::new()),
             timers_pending: Arc::default(),
         };
         let stats = settings.stats.clone();
+        let poll = settings.poll;
         let tokens = settings.tokens.clone();
         let timers_pending = settings.timers_pending.clone();
         let listener_port = listener.port();
@@ -235,6 +240,7 @@ impl Instance {
             mode,
             connections,
             stats,
+            poll,
             tokens,
             timers_pending,
             pid: std::process::id(),

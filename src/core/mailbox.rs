@@ -1,9 +1,10 @@
 //! Where the connection driver leaves a transfer's outcome for the thread
 //! (or the later call) that waits for it.
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::sync::{Condvar, Mutex};
+use super::sync::{AtomicBool, Condvar, Mutex};
 
 use crate::error::{Error, Result};
 use crate::platform::Gid;
@@ -18,6 +19,9 @@ pub struct Mailbox {
     peer: Mutex<Option<Gid>>,
     /// A server proved the transfer's token: it may be moving bytes.
     proved: Mutex<bool>,
+    /// Set once the outcome is in (read without the lock, by a thread that
+    /// polls for it).
+    done: AtomicBool,
 }
 
 impl Mailbox {
@@ -31,6 +35,7 @@ impl Mailbox {
         let mut slot = self.outcome.lock();
         if slot.is_none() {
             *slot = Some(outcome);
+            self.done.store(true, Ordering::Release);
             self.filled.notify_all();
         }
     }
@@ -61,9 +66,30 @@ impl Mailbox {
         self.outcome.lock().clone()
     }
 
+    /// Polls for the outcome until `until`, without sleeping or taking the
+    /// lock the filler needs; whether it is in.
+    pub fn poll_until(&self, until: Instant) -> bool {
+        loop {
+            if self.done.load(Ordering::Acquire) {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            crate::platform::pause();
+        }
+    }
+
     /// Waits for the outcome until `deadline` (`None`: as long as it takes).
     pub fn wait(&self, deadline: Option<Instant>) -> Option<Result<()>> {
+        self.wait_noting(deadline).0
+    }
+
+    /// [`Mailbox::wait`], saying whether the thread had to sleep (and be
+    /// woken) for it.
+    pub fn wait_noting(&self, deadline: Option<Instant>) -> (Option<Result<()>>, bool) {
         let mut slot = self.outcome.lock();
+        let slept = slot.is_none();
         while slot.is_none() {
             match deadline {
                 Some(at) => {
@@ -74,7 +100,7 @@ impl Mailbox {
                 None => self.filled.wait(&mut slot),
             }
         }
-        slot.clone()
+        (slot.clone(), slept)
     }
 }
 

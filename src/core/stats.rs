@@ -27,6 +27,7 @@ pub struct Stats {
     reused: AtomicU64,
     staging_copies: AtomicU64,
     abandoned_copies: AtomicU64,
+    wakeups: AtomicU64,
 }
 
 /// The counters at one moment.
@@ -64,6 +65,11 @@ pub struct Snapshot {
     pub staging_copies: u64,
     /// Staging copies that missed their deadline and were abandoned.
     pub abandoned_copies: u64,
+    /// Times a thread of the library (a transfer's, or the connection
+    /// driver) went to sleep waiting for a transfer's next step and was
+    /// woken by another thread or the device: the hand-offs that cost a
+    /// wake-up each (`docs/performance.md`).
+    pub wakeups: u64,
 }
 
 fn add(counter: &AtomicU64, n: u64) {
@@ -115,6 +121,11 @@ impl Stats {
         add(&self.abandoned_copies, 1);
     }
 
+    /// A thread of the library slept and was woken.
+    pub fn woken(&self) {
+        add(&self.wakeups, 1);
+    }
+
     /// The counters now.
     pub fn snapshot(&self) -> Snapshot {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -133,6 +144,7 @@ impl Stats {
             reused: get(&self.reused),
             staging_copies: get(&self.staging_copies),
             abandoned_copies: get(&self.abandoned_copies),
+            wakeups: get(&self.wakeups),
         }
     }
 }
@@ -158,6 +170,7 @@ impl fmt::Display for Snapshot {
             ("reused", self.reused),
             ("staging_copies", self.staging_copies),
             ("abandoned_copies", self.abandoned_copies),
+            ("wakeups", self.wakeups),
         ];
         for (i, (name, value)) in pairs.iter().enumerate() {
             if i > 0 {
@@ -210,11 +223,12 @@ mod tests {
         s.reuse();
         s.staging_copy();
         s.abandoned_copy();
+        s.woken();
         assert_eq!(
             s.snapshot().to_string(),
             "direct=1 direct_bytes=10 staged=2 staged_bytes=12 declined=0 failed_s3=0 \
              failed_rdma=0 failed_busy=0 failed_staging=0 failed_other=0 handshakes=1 \
-             reused=2 staging_copies=1 abandoned_copies=1"
+             reused=2 staging_copies=1 abandoned_copies=1 wakeups=1"
         );
     }
 }

@@ -14,6 +14,12 @@ pub use parking_lot::{Condvar, Mutex, MutexGuard};
 #[cfg(not(loom))]
 pub(crate) use std::thread_local;
 
+#[cfg(not(loom))]
+pub use std::sync::atomic::AtomicBool;
+
+#[cfg(loom)]
+pub use loom::sync::atomic::AtomicBool;
+
 #[cfg(loom)]
 pub(crate) use loom::thread_local;
 

@@ -460,7 +460,12 @@ impl Instance {
         }
         let talk = self.converse(&token, s3);
         // The server sends its reply only after its final message, so the
-        // outcome is usually in by now.
+        // outcome is usually in by now, or about to be: the driver may be
+        // revoking the access. After a success, poll for it a while before
+        // telling the driver and sleeping until it answers.
+        if talk.is_ok() {
+            mailbox.poll_until(Instant::now() + self.poll);
+        }
         let outcome = match mailbox.peek() {
             Some(outcome) => Some(outcome),
             None => {
@@ -468,7 +473,13 @@ impl Instance {
                 lease
                     .replied(talk.is_ok())
                     .ok()
-                    .and_then(|()| mailbox.wait(Some(deadline)))
+                    .and_then(|()| {
+                        let (outcome, slept) = mailbox.wait_noting(Some(deadline));
+                        if slept && outcome.is_some() {
+                            self.stats.woken();
+                        }
+                        outcome
+                    })
                     .or_else(|| mailbox.peek())
             }
         };

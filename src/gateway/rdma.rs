@@ -313,6 +313,8 @@ impl Rdma {
             max_connections_per_client: limits.max_connections_per_client,
             connect_timeout: limits.connect_timeout,
             delay_before_final: delay_final,
+            // `HIPOBJ_POLL_US`, as the client library reads it.
+            poll: crate::core::Options::from_env().poll,
             ..ServerConfig::default()
         };
         let side = ServerSide::with_config(cm, ctx, pd, config);

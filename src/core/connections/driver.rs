@@ -158,6 +158,11 @@ impl Commands {
         Ok(())
     }
 
+    /// Whether a command is queued.
+    pub(crate) fn pending(&self) -> bool {
+        !self.queue.lock().commands.is_empty()
+    }
+
     pub(crate) fn take(&self) -> VecDeque<Command> {
         std::mem::take(&mut self.queue.lock().commands)
     }
@@ -209,6 +214,9 @@ pub struct Settings {
     pub idle_timeout: Duration,
     /// `HIPOBJ_RDMA_DEBUG`.
     pub debug: bool,
+    /// How long the driver polls for a busy connection's next event before
+    /// it sleeps (`HIPOBJ_POLL_US`, by device).
+    pub poll: Duration,
     /// The instance's counters (handshakes, in-band proofs).
     pub stats: Arc<Stats>,
     /// Application-driven GETs into staged buffers, told when they end.
@@ -493,6 +501,21 @@ impl State {
                 self.shut();
                 return Ok(());
             }
+            // Something just happened (the loop woke for it, or found it
+            // polling): the next event is likely near (a transfer's next
+            // step, the next transfer of a thread that runs them back to
+            // back), so poll for it a while rather than sleep and be woken.
+            if !trouble && !self.shared.settings.poll.is_zero() {
+                match self.spin() {
+                    Ok(true) => continue,
+                    Ok(false) => {}
+                    Err(e) => {
+                        self.shared.tolerate("ibv_poll_cq", Err(e))?;
+                        ready = vec![true; 4];
+                        continue;
+                    }
+                }
+            }
             if !self.shared.cq_armed {
                 let armed = self.shared.cq.arm();
                 self.shared.cq_armed = armed.is_ok();
@@ -504,19 +527,26 @@ impl State {
             let s = &self.shared;
             let next = s.timers.next();
             let soon = Instant::now() + RETRY_AFTER_TROUBLE;
-            ready = wait_readable(
-                &[
-                    s.listener.event_fd(),
-                    s.cq.channel_fd(),
-                    s.ctx.async_fd(),
-                    s.commands.waker.as_fd(),
-                ],
-                if trouble {
-                    Some(next.map_or(soon, |t| t.min(soon)))
-                } else {
-                    next
-                },
-            )?;
+            let fds = [
+                s.listener.event_fd(),
+                s.cq.channel_fd(),
+                s.ctx.async_fd(),
+                s.commands.waker.as_fd(),
+            ];
+            let until = if trouble {
+                Some(next.map_or(soon, |t| t.min(soon)))
+            } else {
+                next
+            };
+            // A look without waiting first, so that a sleep that something
+            // ends is counted (a wake-up: `Stats::woken`).
+            ready = wait_readable(&fds, Some(Instant::now()))?;
+            if !ready.contains(&true) && until.is_none_or(|t| t > Instant::now()) {
+                ready = wait_readable(&fds, until)?;
+                if ready.contains(&true) {
+                    s.settings.stats.woken();
+                }
+            }
             if ready[1] {
                 let taken = self.shared.cq.take_events().map(|_| ());
                 // Re-armed before the next wait either way.
@@ -621,29 +651,51 @@ impl State {
         }
     }
 
+    /// Polls the CQ and the command queue for up to `HIPOBJ_POLL_US`
+    /// without sleeping; `true` once something came (completions are
+    /// filed, commands left for the loop), `false` if nothing did.
+    fn spin(&mut self) -> Result<bool> {
+        let until = Instant::now() + self.shared.settings.poll;
+        loop {
+            if self.shared.commands.pending() || self.poll_once()? {
+                return Ok(true);
+            }
+            if Instant::now() >= until {
+                return Ok(false);
+            }
+            crate::platform::pause();
+        }
+    }
+
     /// Reads the pool's CQ until it is empty, filing each completion to
     /// its connection. Commands queued meanwhile run first (an Arm comes
     /// before the first completion of its slot).
     fn completions(&mut self) -> Result<()> {
-        loop {
-            let batch = self.shared.cq.poll(POLL_BATCH)?;
-            if batch.is_empty() {
-                return Ok(());
-            }
-            self.commands();
-            for c in &batch {
-                let Some((index, kind)) = wr_parts(c.wr_id) else {
-                    continue;
+        while self.poll_once()? {}
+        Ok(())
+    }
+
+    /// Reads one batch of the pool's CQ and files it ([`State::completions`]);
+    /// `false` if the CQ was empty.
+    fn poll_once(&mut self) -> Result<bool> {
+        let batch = self.shared.cq.poll(POLL_BATCH)?;
+        if batch.is_empty() {
+            return Ok(false);
+        }
+        self.commands();
+        for c in &batch {
+            let Some((index, kind)) = wr_parts(c.wr_id) else {
+                continue;
+            };
+            if let Some(conn) = self.conns.get_mut(index) {
+                let event = Event::Completion {
+                    completion: c,
+                    kind,
                 };
-                if let Some(conn) = self.conns.get_mut(index) {
-                    let event = Event::Completion {
-                        completion: c,
-                        kind,
-                    };
-                    conn.handle(event, &mut self.shared.env());
-                }
+                conn.handle(event, &mut self.shared.env());
             }
         }
+        Ok(true)
     }
 
     /// Handles the device's asynchronous events: a QP in ERR is treated as
