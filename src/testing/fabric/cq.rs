@@ -26,7 +26,8 @@ pub(super) struct CqRec {
     pub(super) armed: bool,
     /// The completion channel.
     pub(super) channel: Arc<Waker>,
-    pub(super) entries: VecDeque<Completion>,
+    /// Completions, each with its simulated time (0 without a model).
+    pub(super) entries: VecDeque<(Completion, u64)>,
     /// A completion found the queue full and was lost (sticky).
     pub(super) overrun: bool,
     /// QPs that use this CQ.
@@ -49,20 +50,25 @@ impl State {
     /// Queues a completion on `cq` (or holds it back), or marks the CQ
     /// overrun when it is full.
     pub(super) fn push(&mut self, cq: u64, c: Completion) {
+        self.push_at(cq, c, 0);
+    }
+
+    /// [`State::push`] of a completion of simulated time `at`.
+    pub(super) fn push_at(&mut self, cq: u64, c: Completion, at: u64) {
         let device = self.cqs.get(&cq).map(|c| c.device);
         if device.is_some_and(|d| self.hold.contains(&d)) {
             self.held.push((cq, c));
         } else {
-            self.queue(cq, c);
+            self.queue(cq, c, at);
         }
     }
 
-    pub(super) fn queue(&mut self, cq: u64, c: Completion) {
+    pub(super) fn queue(&mut self, cq: u64, c: Completion, at: u64) {
         if let Some(cq) = self.cqs.get_mut(&cq) {
             if cq.entries.len() >= cq.depth {
                 cq.overrun = true;
             } else {
-                cq.entries.push_back(c);
+                cq.entries.push_back((c, at));
             }
             if std::mem::take(&mut cq.armed) {
                 cq.channel.wake();
@@ -92,7 +98,17 @@ impl Cq for FakeCq {
             )));
         }
         let n = max.min(cq.entries.len());
-        Ok(cq.entries.drain(..n).collect())
+        let polled: Vec<(Completion, u64)> = cq.entries.drain(..n).collect();
+        let (device, one_qp) = (cq.device, cq.users == 1);
+        if let Some(t) = st.timeline.as_mut() {
+            for (c, at) in &polled {
+                t.polled((device, c.qp_num), *at);
+                if one_qp {
+                    super::model::saw(self.fabric.id, t.span_id(), *at);
+                }
+            }
+        }
+        Ok(polled.into_iter().map(|(c, _)| c).collect())
     }
 
     /// Checks "ibv_req_notify_cq" first, then "ibv_get_cq_event" whenever it

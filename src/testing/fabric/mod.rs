@@ -95,12 +95,15 @@
 //!   lkey/rkey, bounds and access checks;
 //! - `qp.rs`: the queue pair's state machine and its queues;
 //! - `transport.rs`: routing, PSNs, retries and the responder's checks;
-//! - `cq.rs`: completion queues and completions held back.
+//! - `cq.rs`: completion queues and completions held back;
+//! - `model.rs`: a modelled link ([`Fabric::model_link`]): transfers timed
+//!   in simulated time at a real NIC's rates and round trip.
 
 #![forbid(unsafe_code)]
 
 mod context;
 mod cq;
+mod model;
 mod mr;
 mod qp;
 #[cfg(test)]
@@ -127,6 +130,8 @@ use cq::CqRec;
 pub(crate) use mr::FakePd;
 use mr::{MrRec, MwRec, PdRec};
 use qp::{FakeQp, QpRec};
+
+pub use model::LinkModel;
 
 /// PSNs and QP numbers are 24-bit.
 pub(crate) const PSN_MASK: u32 = 0x00ff_ffff;
@@ -346,13 +351,35 @@ impl Fabric {
         }
     }
 
+    /// Times every transfer from now on on `model` (`None`: no model), in
+    /// simulated time (`model.rs`).
+    pub fn model_link(&self, model: Option<LinkModel>) {
+        self.state.lock().timeline = model.map(model::Timeline::new);
+    }
+
+    /// The simulated time from the first message started to the last
+    /// completion polled since [`Fabric::model_reset`], and the payload
+    /// bytes moved; `None` without a model or before any message.
+    pub fn model_span(&self) -> Option<(std::time::Duration, u64)> {
+        self.state.lock().timeline.as_ref()?.span()
+    }
+
+    /// Starts a new span ([`Fabric::model_span`]): every thread's
+    /// simulated clock starts again at the latest completion polled, so
+    /// that threads that start transfers now start them together.
+    pub fn model_reset(&self) {
+        if let Some(t) = self.state.lock().timeline.as_mut() {
+            t.reset();
+        }
+    }
+
     /// Queues every completion held back, in order, and notifies.
     pub fn release_completions(&self) -> usize {
         let mut st = self.state.lock();
         let held = std::mem::take(&mut st.held);
         let n = held.len();
         for (cq, c) in held {
-            st.queue(cq, c);
+            st.queue(cq, c, 0);
         }
         drop(st);
         self.completions.notify_all();
@@ -527,6 +554,11 @@ struct State {
     leaked_reached: u64,
     /// Every deregistration fails ([`Fabric::fail_deregistrations`]).
     fail_deregistrations: bool,
+    /// The modelled link, if any ([`Fabric::model_link`]).
+    timeline: Option<model::Timeline>,
+    /// The simulated time of the completion the work request being
+    /// executed gets (0 without a model).
+    stamp: u64,
 }
 
 struct Device {

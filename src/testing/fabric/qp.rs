@@ -158,6 +158,8 @@ pub(super) struct Pending {
     pub(super) psn: Option<u32>,
     /// Tells this entry from a later one at the head of the queue.
     pub(super) seq: u64,
+    /// The poster's simulated time (`model.rs`).
+    pub(super) posted: u64,
 }
 
 fn state_name(state: QpState) -> &'static str {
@@ -677,10 +679,20 @@ impl Qp for FakeQp {
                 qp.caps.max_send_wr
             )));
         }
+        let posted = st.timeline.as_ref().map_or(0, |t| {
+            let thread = super::model::now(self.fabric.id, t.span_id(), t.began());
+            t.posted(self.key, thread)
+        });
+        let qp = st.qps.get_mut(&self.key).ok_or_else(gone)?;
         for wr in converted {
             let seq = qp.next_seq;
             qp.next_seq += 1;
-            qp.sends.push_back(Pending { wr, psn: None, seq });
+            qp.sends.push_back(Pending {
+                wr,
+                psn: None,
+                seq,
+                posted,
+            });
         }
         st.progress();
         drop(st);

@@ -16,7 +16,7 @@
 use super::super::memory;
 use super::cq::completion;
 use super::mr::Place;
-use super::qp::{ConnAttrs, Kind, Wr};
+use super::qp::{ConnAttrs, Kind, Pending};
 use super::{to_usize, DeviceMemory, QpKey, State, PSN_MASK};
 use crate::platform::{AsyncKind, Completion, Mtu, QpState, WcOpcode, WcStatus};
 
@@ -106,10 +106,12 @@ impl State {
         let Some(head) = self.qps.get(&key).and_then(|q| q.sends.front().copied()) else {
             return false;
         };
+        self.stamp = 0;
         let outcome = match self.execute_head(key) {
             None | Some(Outcome::Stall) => return false,
             Some(outcome) => outcome,
         };
+        let stamp = std::mem::take(&mut self.stamp);
         let Some(qp) = self.qps.get_mut(&key) else {
             return true;
         };
@@ -123,7 +125,7 @@ impl State {
         match outcome {
             Outcome::Done(c) => {
                 if let Some(c) = c {
-                    self.push(cq, c);
+                    self.push_at(cq, c, stamp);
                 }
             }
             Outcome::Fail(status) => {
@@ -147,8 +149,15 @@ impl State {
         let attrs = qp.attrs;
         let wr = head.wr;
         match wr.kind {
-            Kind::Bind { .. } => return Some(self.bind_mw(a, wr)),
-            Kind::LocalInv { rkey } => return Some(self.local_inv(a, wr, rkey)),
+            Kind::Bind { .. } | Kind::LocalInv { .. } => {
+                if let Some(t) = self.timeline.as_mut() {
+                    self.stamp = t.local(a, head.posted);
+                }
+                return Some(match wr.kind {
+                    Kind::LocalInv { rkey } => self.local_inv(a, wr, rkey),
+                    _ => self.bind_mw(a, wr),
+                });
+            }
             _ => {}
         }
         let len = wr.sge.map_or(0, |s| s.len);
@@ -181,7 +190,7 @@ impl State {
                 psn
             }
         };
-        Some(self.deliver(a, attrs, wr, local, psn, npkts))
+        Some(self.deliver(a, attrs, head, local, psn, npkts))
     }
 
     /// The responder's side of a request from `a` with PSN `psn`.
@@ -189,11 +198,12 @@ impl State {
         &mut self,
         a: QpKey,
         attrs: ConnAttrs,
-        wr: Wr,
+        head: Pending,
         local: Option<Place>,
         psn: u32,
         npkts: u32,
     ) -> Outcome {
+        let (wr, posted) = (head.wr, head.posted);
         let len = wr.sge.map_or(0, |s| s.len);
         let retry = || {
             if attrs.retry_cnt == 7 {
@@ -327,6 +337,17 @@ impl State {
             self.remote_error(b, AsyncKind::QpAccessErr);
             return Outcome::Fail(WcStatus::RemAccessErr);
         }
+        // Timed on the modelled link: a READ's bytes come back from the
+        // responder, everything else's go to it.
+        let timing = self.timeline.as_mut().map(|t| {
+            let (from, to) = if wr.kind.is_read() {
+                (b.0, a.0)
+            } else {
+                (a.0, b.0)
+            };
+            t.message(a, from, to, len, posted)
+        });
+        self.stamp = timing.map_or(0, |t| t.acked);
         if let Some(recv) = first_recv.filter(|_| wr.kind.consumes_receive()) {
             if let Some(q) = self.qps.get_mut(&b) {
                 q.recvs.pop_front();
@@ -341,7 +362,7 @@ impl State {
                 imm,
                 ..completion(b, recv.wr_id, WcStatus::Success, opcode)
             };
-            self.push(b_cq, c);
+            self.push_at(b_cq, c, timing.map_or(0, |t| t.arrives));
         }
         if let Some(q) = self.qps.get_mut(&b) {
             q.expected_psn = psn.wrapping_add(npkts) & PSN_MASK;

@@ -1,0 +1,158 @@
+//! Whole transfers on a modelled 400 Gb/s link (the fake fabric in
+//! simulated time: 48.5 GB/s a port, 28 GB/s a queue pair, 3 µs round
+//! trip; `src/testing/fabric/model.rs`), with the test server in process:
+//! what the protocol's messages and one queue pair's cap cost a transfer on
+//! a fast NIC, whatever this machine's CPUs do.
+//!
+//! Run: `cargo bench --bench model`. Figures are printed, never asserted;
+//! `docs/performance.md` records them. The span of a transfer is its
+//! fabric time alone: from the first message (the server's proof) to the
+//! last completion; the library's own CPU time per transfer is what
+//! `benches/transfer.rs` measures.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hipobj::core::args::{BufferRange, Slice};
+use hipobj::core::transfer::Direction;
+use hipobj::core::{Config, Current, Instance, Options};
+use hipobj::server::Op;
+use hipobj::testing::fabric::LinkModel;
+use hipobj::testing::world::{World, WorldSpec};
+
+/// AMD Pensando's PCI vendor id: a hardware NIC, for the fake devices.
+const HARDWARE_VENDOR_ID: u32 = 0x1dd8;
+const GIB: usize = 1 << 30;
+
+struct Setup {
+    world: World,
+    _current: Current,
+    instance: Arc<Instance>,
+    buf: Box<[u8]>,
+}
+
+impl Setup {
+    fn new(len: usize) -> Setup {
+        let mut spec = WorldSpec::default();
+        spec.client.vendor_id = HARDWARE_VENDOR_ID;
+        spec.server.vendor_id = HARDWARE_VENDOR_ID;
+        spec.server_bytes = len;
+        let world = World::with(spec);
+        world
+            .platform
+            .fabric
+            .model_link(Some(LinkModel::pollara_400()));
+        let current = Current::new();
+        let options = Options {
+            completion_timeout: Duration::from_secs(30),
+            max_transfers: 16,
+            ..Options::default()
+        };
+        current
+            .init_with(
+                world.platform(),
+                Config {
+                    gpu_device: 0,
+                    ..Config::default()
+                },
+                options,
+            )
+            .expect("init");
+        let instance = current.instance().expect("instance");
+        let buf = vec![0u8; len].into_boxed_slice();
+        instance
+            .register(
+                BufferRange::new(buf.as_ptr() as usize, len).expect("range"),
+                true,
+            )
+            .expect("register");
+        Setup {
+            world,
+            _current: current,
+            instance,
+            buf,
+        }
+    }
+
+    fn get(&self, offset: usize, len: usize) {
+        let slice = Slice::new(
+            self.buf.as_ptr() as usize,
+            len,
+            i64::try_from(offset).expect("offset"),
+        )
+        .expect("slice");
+        self.instance
+            .transfer(
+                Direction::Get,
+                slice,
+                &mut self.world.server.session(Op::Get),
+            )
+            .expect("transfer");
+    }
+
+    /// `streams` GETs of `len` bytes each at once, each from its own
+    /// thread on its own connection (established by a GET before); the
+    /// span of all of them in simulated time.
+    fn span(&self, streams: usize, len: usize) -> (Duration, u64) {
+        let fabric = &self.world.platform.fabric;
+        let ready = std::sync::Barrier::new(streams + 1);
+        let go = std::sync::Barrier::new(streams + 1);
+        std::thread::scope(|s| {
+            for i in 0..streams {
+                let (ready, go) = (&ready, &go);
+                s.spawn(move || {
+                    self.get(i * len, len);
+                    ready.wait();
+                    go.wait();
+                    self.get(i * len, len);
+                });
+            }
+            ready.wait();
+            fabric.model_reset();
+            go.wait();
+        });
+        fabric.model_span().expect("a span")
+    }
+}
+
+fn report(what: &str, (span, bytes): (Duration, u64)) {
+    let secs = span.as_secs_f64();
+    println!(
+        "{what:<52} {:>10.2} µs  {:>6.2} GB/s",
+        secs * 1e6,
+        bytes as f64 / secs / 1e9
+    );
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let model = LinkModel::pollara_400();
+    println!(
+        "modelled link: {:.1} GB/s a port, {:.1} GB/s a queue pair, {:?} round trip",
+        model.link_bytes_per_sec / 1e9,
+        model.qp_bytes_per_sec / 1e9,
+        model.rtt
+    );
+    let small = Setup::new(16 << 20);
+    report("8-byte GET, reused connection", small.span(1, 8));
+    report("64 KiB GET, reused connection", small.span(1, 64 << 10));
+    report("1 MiB GET, reused connection", small.span(1, 1 << 20));
+    report("16 MiB GET, reused connection", small.span(1, 16 << 20));
+    report(
+        "16 GETs of 1 MiB at once, one connection each",
+        small.span(16, 1 << 20),
+    );
+    drop(small);
+    let big = Setup::new(GIB);
+    report("1 GiB GET, one connection", big.span(1, GIB));
+    report(
+        "4 GETs of 256 MiB at once, one connection each",
+        big.span(4, GIB / 4),
+    );
+    report(
+        "8 GETs of 128 MiB at once, one connection each",
+        big.span(8, GIB / 8),
+    );
+}

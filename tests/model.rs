@@ -1,0 +1,161 @@
+//! Whole transfers on the fake fabric's modelled link
+//! (`src/testing/fabric/model.rs`): what a transfer costs in simulated
+//! time is its bytes at the queue pair's or the link's rate plus the
+//! protocol's round trips, the same whatever this machine's CPUs do. These
+//! are exact figures of the model, not times.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hipobj::core::args::{BufferRange, Slice};
+use hipobj::core::transfer::Direction;
+use hipobj::core::{Config, Current, Instance, Options};
+use hipobj::server::Op;
+use hipobj::testing::fabric::LinkModel;
+use hipobj::testing::world::{World, WorldSpec};
+
+const MIB: usize = 1 << 20;
+/// A slow link, so that small buffers take many round trips: 4 GB/s a
+/// port, 2 GB/s a queue pair, 10 µs round trip.
+const MODEL: LinkModel = LinkModel {
+    link_bytes_per_sec: 4e9,
+    qp_bytes_per_sec: 2e9,
+    rtt: Duration::from_micros(10),
+};
+
+struct Up {
+    world: World,
+    _current: Current,
+    inst: Arc<Instance>,
+    buf: Box<[u8]>,
+}
+
+impl Up {
+    fn new(len: usize) -> Up {
+        let world = World::with(WorldSpec {
+            server_bytes: len,
+            ..WorldSpec::default()
+        });
+        world.platform.fabric.model_link(Some(MODEL));
+        let current = Current::new();
+        current
+            .init_with(
+                world.platform(),
+                Config {
+                    gpu_device: 0,
+                    ..Config::default()
+                },
+                Options {
+                    max_transfers: 4,
+                    ..Options::default()
+                },
+            )
+            .unwrap();
+        let inst = current.instance().unwrap();
+        let buf = vec![0u8; len].into_boxed_slice();
+        inst.register(BufferRange::new(buf.as_ptr() as usize, len).unwrap(), true)
+            .unwrap();
+        Up {
+            world,
+            _current: current,
+            inst,
+            buf,
+        }
+    }
+
+    fn get(&self, offset: usize, len: usize) {
+        let slice = Slice::new(
+            self.buf.as_ptr() as usize,
+            len,
+            i64::try_from(offset).expect("offset"),
+        )
+        .unwrap();
+        self.inst
+            .transfer(
+                Direction::Get,
+                slice,
+                &mut self.world.server.session(Op::Get),
+            )
+            .unwrap();
+    }
+
+    /// `streams` GETs of `len` bytes at once, each from its own thread on
+    /// a connection it established before; their span in simulated time.
+    fn span(&self, streams: usize, len: usize) -> (Duration, u64) {
+        let fabric = &self.world.platform.fabric;
+        let ready = std::sync::Barrier::new(streams + 1);
+        let go = std::sync::Barrier::new(streams + 1);
+        std::thread::scope(|s| {
+            for i in 0..streams {
+                let (ready, go) = (&ready, &go);
+                s.spawn(move || {
+                    self.get(i * len, len);
+                    ready.wait();
+                    go.wait();
+                    self.get(i * len, len);
+                });
+            }
+            ready.wait();
+            fabric.model_reset();
+            go.wait();
+        });
+        fabric.model_span().unwrap()
+    }
+}
+
+fn at(bytes: usize, per_sec: f64) -> Duration {
+    Duration::from_secs_f64(bytes as f64 / per_sec)
+}
+
+/// Equal up to the model's rounding (a nanosecond a message).
+fn close(a: Duration, b: Duration) -> bool {
+    a.abs_diff(b) < Duration::from_nanos(10)
+}
+
+/// The proof's 52 bytes on the queue pair.
+fn proof() -> Duration {
+    at(52, MODEL.qp_bytes_per_sec)
+}
+
+#[test]
+fn a_reused_get_is_its_bytes_at_the_queue_pairs_rate_and_three_round_trips() {
+    let up = Up::new(MIB);
+    let (span, bytes) = up.span(1, MIB);
+    // The proof and the grant (one round trip), the WRITE and its ACK
+    // (one), the final message and its ACK (one).
+    let want = proof() + at(MIB, MODEL.qp_bytes_per_sec) + 3 * MODEL.rtt;
+    assert!(close(span, want), "{span:?}, not {want:?}");
+    assert_eq!(bytes, (MIB + 52) as u64, "the data and the proof");
+    let (small, _) = up.span(1, 8);
+    assert!(
+        close(
+            small,
+            proof() + at(8, MODEL.qp_bytes_per_sec) + 3 * MODEL.rtt
+        ),
+        "{small:?}"
+    );
+}
+
+#[test]
+fn transfers_on_several_connections_share_the_link() {
+    let up = Up::new(4 * MIB);
+    let (one, _) = up.span(1, 4 * MIB);
+    let (four, bytes) = up.span(4, MIB);
+    // One queue pair: 2 GB/s. Four at once: the port's 4 GB/s, whose
+    // slowest stream waits for the other three's bytes.
+    let want = proof() + at(4 * MIB, MODEL.qp_bytes_per_sec) + 3 * MODEL.rtt;
+    assert!(close(one, want), "{one:?}, not {want:?}");
+    let link = at(4 * MIB, MODEL.link_bytes_per_sec);
+    assert!(
+        four >= link && four < link + 4 * MODEL.rtt,
+        "{four:?} for {bytes} bytes (the link alone: {link:?})"
+    );
+}
+
+#[test]
+fn without_a_model_there_is_no_span() {
+    let up = Up::new(MIB);
+    up.world.platform.fabric.model_link(None);
+    up.get(0, MIB);
+    assert_eq!(up.world.platform.fabric.model_span(), None);
+}
