@@ -68,7 +68,9 @@ pub struct Snapshot {
     /// Times a thread of the library (a transfer's, or the connection
     /// driver) went to sleep waiting for a transfer's next step and was
     /// woken by another thread or the device: the hand-offs that cost a
-    /// wake-up each (`docs/performance.md`).
+    /// wake-up each (`docs/performance.md`). Where the library does not
+    /// poll (`HIPOBJ_POLL_US` 0), a wait of the driver that found something
+    /// at once is counted too.
     pub wakeups: u64,
 }
 

@@ -538,9 +538,16 @@ impl State {
             } else {
                 next
             };
-            // A look without waiting first, so that a sleep that something
-            // ends is counted (a wake-up: `Stats::woken`).
-            ready = wait_readable(&fds, Some(Instant::now()))?;
+            // Where the driver polls, a look without waiting first, so that
+            // only a sleep that something ends is counted as a wake-up
+            // (`Stats::woken`); where it does not (a software NIC, whose
+            // path stays as it was), every wait that something ends is.
+            let polls = !s.settings.poll.is_zero();
+            ready = if polls {
+                wait_readable(&fds, Some(Instant::now()))?
+            } else {
+                vec![false; fds.len()]
+            };
             if !ready.contains(&true) && until.is_none_or(|t| t > Instant::now()) {
                 ready = wait_readable(&fds, until)?;
                 if ready.contains(&true) {
