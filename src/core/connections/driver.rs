@@ -214,8 +214,8 @@ pub struct Settings {
     pub idle_timeout: Duration,
     /// `HIPOBJ_RDMA_DEBUG`.
     pub debug: bool,
-    /// How long the driver polls for a busy connection's next event before
-    /// it sleeps (`HIPOBJ_POLL_US`, by device).
+    /// How long the driver polls for the next event, after each round of
+    /// work, before it sleeps (`HIPOBJ_POLL_US`, by device).
     pub poll: Duration,
     /// The instance's counters (handshakes, in-band proofs).
     pub stats: Arc<Stats>,
