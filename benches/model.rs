@@ -10,108 +10,50 @@
 //! last completion; the library's own CPU time per transfer is what
 //! `benches/transfer.rs` measures.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use hipobj::core::args::{BufferRange, Slice};
 use hipobj::core::transfer::Direction;
-use hipobj::core::{Config, Current, Instance, Options};
-use hipobj::server::Op;
+use hipobj::core::Options;
 use hipobj::testing::fabric::LinkModel;
-use hipobj::testing::world::{World, WorldSpec};
+use hipobj::testing::world::{HostClient, World, WorldSpec};
 
-/// AMD Pensando's PCI vendor id: a hardware NIC, for the fake devices.
-const HARDWARE_VENDOR_ID: u32 = 0x1dd8;
 const GIB: usize = 1 << 30;
 
 struct Setup {
     world: World,
-    _current: Current,
-    instance: Arc<Instance>,
-    buf: Box<[u8]>,
+    client: HostClient,
 }
 
 impl Setup {
     fn new(len: usize) -> Setup {
-        let mut spec = WorldSpec::default();
-        spec.client.vendor_id = HARDWARE_VENDOR_ID;
-        spec.server.vendor_id = HARDWARE_VENDOR_ID;
-        spec.server_bytes = len;
-        let world = World::with(spec);
+        let world = World::with(WorldSpec {
+            server_bytes: len,
+            ..WorldSpec::hardware()
+        });
         world
             .platform
             .fabric
             .model_link(Some(LinkModel::pollara_400()));
-        let current = Current::new();
         let options = Options {
             completion_timeout: Duration::from_secs(30),
             max_transfers: 16,
             ..Options::default()
         };
-        current
-            .init_with(
-                world.platform(),
-                Config {
-                    gpu_device: 0,
-                    ..Config::default()
-                },
-                options,
-            )
-            .expect("init");
-        let instance = current.instance().expect("instance");
-        let buf = vec![0u8; len].into_boxed_slice();
-        instance
-            .register(
-                BufferRange::new(buf.as_ptr() as usize, len).expect("range"),
-                true,
-            )
-            .expect("register");
-        Setup {
-            world,
-            _current: current,
-            instance,
-            buf,
-        }
-    }
-
-    fn get(&self, offset: usize, len: usize) {
-        let slice = Slice::new(
-            self.buf.as_ptr() as usize,
-            len,
-            i64::try_from(offset).expect("offset"),
-        )
-        .expect("slice");
-        self.instance
-            .transfer(
-                Direction::Get,
-                slice,
-                &mut self.world.server.session(Op::Get),
-            )
-            .expect("transfer");
+        let client = HostClient::new(&world, options, len).expect("a client");
+        Setup { world, client }
     }
 
     /// `streams` GETs of `len` bytes each at once, each from its own
     /// thread on its own connection (established by a GET before); the
     /// span of all of them in simulated time.
     fn span(&self, streams: usize, len: usize) -> (Duration, u64) {
-        let fabric = &self.world.platform.fabric;
-        let ready = std::sync::Barrier::new(streams + 1);
-        let go = std::sync::Barrier::new(streams + 1);
-        std::thread::scope(|s| {
-            for i in 0..streams {
-                let (ready, go) = (&ready, &go);
-                s.spawn(move || {
-                    self.get(i * len, len);
-                    ready.wait();
-                    go.wait();
-                    self.get(i * len, len);
-                });
-            }
-            ready.wait();
-            fabric.model_reset();
-            go.wait();
-        });
-        fabric.model_span().expect("a span")
+        self.world
+            .model_span(streams, |i| {
+                self.client
+                    .transfer(&self.world.server, Direction::Get, i * len, len)
+                    .expect("transfer");
+            })
+            .expect("a span")
     }
 }
 

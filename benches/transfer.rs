@@ -17,76 +17,47 @@
 //! which counts instructions per transfer under callgrind.
 
 use std::hint::black_box;
-use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, Criterion};
-use hipobj::core::args::{BufferRange, Slice};
+use hipobj::core::args::Slice;
 use hipobj::core::transfer::Direction;
-use hipobj::core::{Config, Current, Instance, Options};
+use hipobj::core::Options;
 use hipobj::server::Op;
-use hipobj::testing::fabric::RXE_VENDOR_ID;
-use hipobj::testing::world::{World, WorldSpec};
-
-/// AMD Pensando's PCI vendor id: a hardware NIC, for the fake devices.
-const HARDWARE_VENDOR_ID: u32 = 0x1dd8;
+use hipobj::testing::world::{HostClient, World, WorldSpec};
 
 struct Setup {
     world: World,
-    _current: Current,
-    instance: Arc<Instance>,
-    _buf: Box<[u8]>,
+    client: HostClient,
     slice: Slice,
 }
 
 impl Setup {
     fn new(windows: bool, polling: bool) -> Setup {
-        let vendor = if polling {
-            HARDWARE_VENDOR_ID
+        let mut spec = if polling {
+            WorldSpec::hardware()
         } else {
-            RXE_VENDOR_ID
+            WorldSpec::default()
         };
-        let mut spec = WorldSpec::default();
         spec.client.supports_mw = windows;
-        spec.client.vendor_id = vendor;
-        spec.server.vendor_id = vendor;
         let world = World::with(spec);
-        let current = Current::new();
         let options = Options {
             completion_timeout: Duration::from_secs(5),
             max_transfers: 4,
             ..Options::default()
         };
-        current
-            .init_with(
-                world.platform(),
-                Config {
-                    gpu_device: 0,
-                    ..Config::default()
-                },
-                options,
-            )
-            .expect("init");
-        let instance = current.instance().expect("instance");
-        let buf = vec![0u8; 8].into_boxed_slice();
-        instance
-            .register(
-                BufferRange::new(buf.as_ptr() as usize, 8).expect("range"),
-                true,
-            )
-            .expect("register");
-        let slice = Slice::new(buf.as_ptr() as usize, 8, 0).expect("slice");
+        let client = HostClient::new(&world, options, 8).expect("a client");
+        let slice = client.slice(0, 8).expect("slice");
         Setup {
             world,
-            _current: current,
-            instance,
-            _buf: buf,
+            client,
             slice,
         }
     }
 
     fn get(&self) {
-        self.instance
+        self.client
+            .instance
             .transfer(
                 Direction::Get,
                 black_box(self.slice),
@@ -128,12 +99,12 @@ fn transfers(c: &mut Criterion) {
 fn wakeups_per_transfer(name: &str, setup: &Setup) {
     const N: u64 = 2000;
     setup.get();
-    let before = setup.instance.stats().wakeups;
+    let before = setup.client.instance.stats().wakeups;
     let server_before = setup.world.server.side().sleeps();
     for _ in 0..N {
         setup.get();
     }
-    let woken = setup.instance.stats().wakeups - before;
+    let woken = setup.client.instance.stats().wakeups - before;
     let server = setup.world.server.side().sleeps() - server_before;
     println!(
         "wake-ups per reused 8-byte GET, {name} (mean of {N}): library {:.3}, test server {:.3}",

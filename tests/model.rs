@@ -4,15 +4,12 @@
 //! protocol's round trips, the same whatever this machine's CPUs do. These
 //! are exact figures of the model, not times.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use hipobj::core::args::{BufferRange, Slice};
 use hipobj::core::transfer::Direction;
-use hipobj::core::{Config, Current, Instance, Options};
-use hipobj::server::Op;
+use hipobj::core::Options;
 use hipobj::testing::fabric::LinkModel;
-use hipobj::testing::world::{World, WorldSpec};
+use hipobj::testing::world::{HostClient, World, WorldSpec};
 
 const MIB: usize = 1 << 20;
 /// A slow link, so that small buffers take many round trips: 4 GB/s a
@@ -25,9 +22,7 @@ const MODEL: LinkModel = LinkModel {
 
 struct Up {
     world: World,
-    _current: Current,
-    inst: Arc<Instance>,
-    buf: Box<[u8]>,
+    client: HostClient,
 }
 
 impl Up {
@@ -37,69 +32,26 @@ impl Up {
             ..WorldSpec::default()
         });
         world.platform.fabric.model_link(Some(MODEL));
-        let current = Current::new();
-        current
-            .init_with(
-                world.platform(),
-                Config {
-                    gpu_device: 0,
-                    ..Config::default()
-                },
-                Options {
-                    max_transfers: 4,
-                    ..Options::default()
-                },
-            )
-            .unwrap();
-        let inst = current.instance().unwrap();
-        let buf = vec![0u8; len].into_boxed_slice();
-        inst.register(BufferRange::new(buf.as_ptr() as usize, len).unwrap(), true)
-            .unwrap();
-        Up {
-            world,
-            _current: current,
-            inst,
-            buf,
-        }
+        let options = Options {
+            max_transfers: 4,
+            ..Options::default()
+        };
+        let client = HostClient::new(&world, options, len).unwrap();
+        Up { world, client }
     }
 
     fn get(&self, offset: usize, len: usize) {
-        let slice = Slice::new(
-            self.buf.as_ptr() as usize,
-            len,
-            i64::try_from(offset).expect("offset"),
-        )
-        .unwrap();
-        self.inst
-            .transfer(
-                Direction::Get,
-                slice,
-                &mut self.world.server.session(Op::Get),
-            )
+        self.client
+            .transfer(&self.world.server, Direction::Get, offset, len)
             .unwrap();
     }
 
     /// `streams` GETs of `len` bytes at once, each from its own thread on
     /// a connection it established before; their span in simulated time.
     fn span(&self, streams: usize, len: usize) -> (Duration, u64) {
-        let fabric = &self.world.platform.fabric;
-        let ready = std::sync::Barrier::new(streams + 1);
-        let go = std::sync::Barrier::new(streams + 1);
-        std::thread::scope(|s| {
-            for i in 0..streams {
-                let (ready, go) = (&ready, &go);
-                s.spawn(move || {
-                    self.get(i * len, len);
-                    ready.wait();
-                    go.wait();
-                    self.get(i * len, len);
-                });
-            }
-            ready.wait();
-            fabric.model_reset();
-            go.wait();
-        });
-        fabric.model_span().unwrap()
+        self.world
+            .model_span(streams, |i| self.get(i * len, len))
+            .unwrap()
     }
 }
 

@@ -7,71 +7,36 @@
 //! The fake devices model a hardware NIC here (a PCI vendor id that is not
 //! a software NIC's), so the test server polls too.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use hipobj::core::args::{BufferRange, Slice};
 use hipobj::core::transfer::Direction;
-use hipobj::core::{Code, Config, Current, Instance, Options};
-use hipobj::server::Op;
-use hipobj::testing::world::{Behaviour, World, WorldSpec};
+use hipobj::core::{Code, Options};
+use hipobj::testing::world::{Behaviour, HostClient, World, WorldSpec};
 
-/// AMD Pensando's PCI vendor id.
-const HARDWARE_VENDOR_ID: u32 = 0x1dd8;
 const LEN: usize = 32768;
 
 struct Up {
     world: World,
-    _current: Current,
-    inst: Arc<Instance>,
-    buf: Box<[u8]>,
+    client: HostClient,
 }
 
 impl Up {
     /// An instance on a hardware-like fabric, polling for `poll` (`None`:
     /// the device's default), with one registered host buffer.
     fn new(poll: Option<Duration>) -> Up {
-        let mut spec = WorldSpec::default();
-        spec.client.vendor_id = HARDWARE_VENDOR_ID;
-        spec.server.vendor_id = HARDWARE_VENDOR_ID;
-        let world = World::with(spec);
-        let current = Current::new();
+        let world = World::with(WorldSpec::hardware());
         let options = Options {
             completion_timeout: Duration::from_millis(300),
             max_transfers: 4,
             poll,
             ..Options::default()
         };
-        current
-            .init_with(
-                world.platform(),
-                Config {
-                    gpu_device: 0,
-                    ..Config::default()
-                },
-                options,
-            )
-            .expect("init on the fake platform");
-        let inst = current.instance().expect("instance");
-        let buf = vec![0u8; LEN].into_boxed_slice();
-        inst.register(BufferRange::new(buf.as_ptr() as usize, LEN).unwrap(), true)
-            .unwrap();
-        Up {
-            world,
-            _current: current,
-            inst,
-            buf,
-        }
+        let client = HostClient::new(&world, options, LEN).expect("init on the fake platform");
+        Up { world, client }
     }
 
     fn transfer(&self, direction: Direction, len: usize) -> hipobj::core::Result<()> {
-        let op = match direction {
-            Direction::Get => Op::Get,
-            Direction::Put => Op::Put,
-        };
-        let slice = Slice::new(self.buf.as_ptr() as usize, len, 0)?;
-        self.inst
-            .transfer(direction, slice, &mut self.world.server.session(op))
+        self.client.transfer(&self.world.server, direction, 0, len)
     }
 }
 
@@ -83,20 +48,15 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn a_hardware_nic_polls_by_default_and_a_software_one_does_not() {
-    assert_eq!(Up::new(None).inst.poll, Duration::from_micros(50));
+    assert_eq!(
+        Up::new(None).client.instance.poll,
+        Duration::from_micros(50)
+    );
     let up = Up::new(Some(Duration::from_micros(7)));
-    assert_eq!(up.inst.poll, Duration::from_micros(7));
-    let soft = Current::new();
-    soft.init_with(
-        World::new().platform(),
-        Config {
-            gpu_device: 0,
-            ..Config::default()
-        },
-        Options::default(),
-    )
-    .unwrap();
-    assert_eq!(soft.instance().unwrap().poll, Duration::ZERO);
+    assert_eq!(up.client.instance.poll, Duration::from_micros(7));
+    let world = World::new();
+    let soft = HostClient::new(&world, Options::default(), 8).unwrap();
+    assert_eq!(soft.instance.poll, Duration::ZERO);
 }
 
 #[test]
@@ -110,9 +70,9 @@ fn polling_transfers_move_every_byte_and_save_the_wake_ups() {
         let data = pattern(LEN, seed);
         up.world.server.set_object(&data);
         up.transfer(Direction::Get, LEN).unwrap();
-        assert_eq!(&up.buf[..], &data[..], "GET {i}");
+        assert_eq!(&up.client.buf[..], &data[..], "GET {i}");
     }
-    let stats = up.inst.stats();
+    let stats = up.client.instance.stats();
     assert_eq!(stats.direct, N);
     assert_eq!(stats.handshakes, 1, "one handshake, then kept");
     // Without polling each reused transfer costs two or three (the driver
@@ -130,9 +90,9 @@ fn polling_transfers_move_every_byte_and_save_the_wake_ups() {
         sleeping.transfer(Direction::Get, 4096).unwrap();
     }
     assert!(
-        sleeping.inst.stats().wakeups >= 20,
+        sleeping.client.instance.stats().wakeups >= 20,
         "without polling every transfer wakes a thread: {:?}",
-        sleeping.inst.stats()
+        sleeping.client.instance.stats()
     );
 }
 
@@ -141,7 +101,7 @@ fn a_polling_put_reads_exactly_its_range() {
     let mut up = Up::new(Some(Duration::from_millis(10)));
     for seed in 0..20u8 {
         let data = pattern(LEN, seed);
-        up.buf.copy_from_slice(&data);
+        up.client.buf.copy_from_slice(&data);
         up.transfer(Direction::Put, LEN).unwrap();
         assert_eq!(up.world.server.object(LEN), data, "PUT {seed}");
     }
@@ -165,12 +125,16 @@ fn misbehaving(behaviour: Behaviour, expected: Code) {
         "{behaviour:?} took {:?}",
         started.elapsed()
     );
-    assert_eq!(up.inst.pool().free_count(), 4, "{behaviour:?}");
+    assert_eq!(up.client.instance.pool().free_count(), 4, "{behaviour:?}");
     up.world.server.set_behaviour(Behaviour::Normal);
     let data = pattern(LEN, 9);
     up.world.server.set_object(&data);
     up.transfer(Direction::Get, LEN).unwrap();
-    assert_eq!(&up.buf[..], &data[..], "{behaviour:?}: then a good one");
+    assert_eq!(
+        &up.client.buf[..],
+        &data[..],
+        "{behaviour:?}: then a good one"
+    );
 }
 
 #[test]
@@ -203,11 +167,15 @@ fn a_server_that_reaches_past_its_range_gets_nothing_while_polling() {
     let up = Up::new(Some(Duration::from_millis(10)));
     up.world.server.set_object(&pattern(LEN, 1));
     up.transfer(Direction::Get, 4096).unwrap();
-    let before = up.buf[4096..].to_vec();
+    let before = up.client.buf[4096..].to_vec();
     up.world.server.set_object(&pattern(LEN, 2));
     up.world.server.set_behaviour(Behaviour::Overreach);
     let err = up.transfer(Direction::Get, 4096).unwrap_err();
     assert_eq!(err.code(), Code::S3, "{err}");
-    assert_eq!(&up.buf[4096..], &before[..], "nothing past the range");
-    assert_eq!(up.inst.pool().free_count(), 4);
+    assert_eq!(
+        &up.client.buf[4096..],
+        &before[..],
+        "nothing past the range"
+    );
+    assert_eq!(up.client.instance.pool().free_count(), 4);
 }

@@ -15,10 +15,12 @@ use super::gpu::{FakeGpu, FakeGpuDevice};
 use super::real_gpu::RealGpu;
 use super::topology::{roce_nic, FakeTopology};
 use super::{Counters, Faults};
+use crate::core::args::{BufferRange, Slice};
 use crate::core::protocol::{encode_connect, final_imm};
 use crate::core::reply::REPLY_BUFFER_LEN;
 use crate::core::token::{Token, TOKEN_HEX_LEN};
-use crate::core::transfer::S3Client;
+use crate::core::transfer::{Direction, S3Client};
+use crate::core::{Config, Current, Instance, Options};
 use crate::error::HIP_ERROR_NO_DEVICE;
 use crate::error::{Error, Result};
 use crate::platform::{
@@ -215,6 +217,107 @@ impl World {
     /// The platform as the trait object `Current::init_with` takes.
     pub fn platform(&self) -> Arc<dyn Platform> {
         self.platform.clone()
+    }
+
+    /// Runs `each(stream)` for `streams` streams, each on a thread of its
+    /// own, twice: once to establish its connections, then, all together,
+    /// from a new span of the modelled link ([`Fabric::model_reset`]).
+    /// Returns that span and its bytes ([`Fabric::model_span`]); `None`
+    /// without a model.
+    pub fn model_span(
+        &self,
+        streams: usize,
+        each: impl Fn(usize) + Sync,
+    ) -> Option<(Duration, u64)> {
+        let fabric = &self.platform.fabric;
+        let ready = std::sync::Barrier::new(streams + 1);
+        let go = std::sync::Barrier::new(streams + 1);
+        std::thread::scope(|s| {
+            for stream in 0..streams {
+                let (ready, go, each) = (&ready, &go, &each);
+                s.spawn(move || {
+                    each(stream);
+                    ready.wait();
+                    go.wait();
+                    each(stream);
+                });
+            }
+            ready.wait();
+            fabric.model_reset();
+            go.wait();
+        });
+        fabric.model_span()
+    }
+}
+
+/// AMD Pensando's PCI vendor id: fake devices with it model a hardware NIC,
+/// where the library and the server poll before sleeping by default
+/// (`HIPOBJ_POLL_US`); the default devices are Soft-RoCE's, where they do
+/// not.
+pub const HARDWARE_VENDOR_ID: u32 = 0x1dd8;
+
+impl WorldSpec {
+    /// The default world, its two devices modelling a hardware NIC
+    /// ([`HARDWARE_VENDOR_ID`]).
+    pub fn hardware() -> WorldSpec {
+        let mut spec = WorldSpec::default();
+        spec.client.vendor_id = HARDWARE_VENDOR_ID;
+        spec.server.vendor_id = HARDWARE_VENDOR_ID;
+        spec
+    }
+}
+
+/// An instance on a world's client platform (GPU 0) with one registered
+/// host buffer: what tests and benchmarks of whole transfers start from.
+pub struct HostClient {
+    _current: Current,
+    /// The instance.
+    pub instance: Arc<Instance>,
+    /// The registered buffer.
+    pub buf: Box<[u8]>,
+}
+
+impl HostClient {
+    /// An instance on `world` with `options`, and `len` bytes of host
+    /// memory registered.
+    pub fn new(world: &World, options: Options, len: usize) -> Result<HostClient> {
+        let current = Current::new();
+        let config = Config {
+            gpu_device: 0,
+            ..Config::default()
+        };
+        current.init_with(world.platform(), config, options)?;
+        let instance = current.instance()?;
+        let buf = vec![0u8; len].into_boxed_slice();
+        instance.register(BufferRange::new(buf.as_ptr() as usize, len)?, true)?;
+        Ok(HostClient {
+            _current: current,
+            instance,
+            buf,
+        })
+    }
+
+    /// The slice of `len` bytes at `offset` of the buffer.
+    pub fn slice(&self, offset: usize, len: usize) -> Result<Slice> {
+        let offset = i64::try_from(offset).map_err(|_| Error::InvalidValue("offset"))?;
+        Slice::new(self.buf.as_ptr() as usize, len, offset)
+    }
+
+    /// A whole transfer of `len` bytes at `offset` of the buffer, with
+    /// `server` as the S3 server.
+    pub fn transfer(
+        &self,
+        server: &TestServer,
+        direction: Direction,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        let op = match direction {
+            Direction::Get => Op::Get,
+            Direction::Put => Op::Put,
+        };
+        self.instance
+            .transfer(direction, self.slice(offset, len)?, &mut server.session(op))
     }
 }
 
