@@ -44,7 +44,10 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RawMutex};
 
 use crate::core::nic::ip_of;
-use crate::core::protocol::{encode_connect, encode_proof, final_imm, grant_imm, is_refusal};
+use crate::core::protocol::{
+    decode_stripes, encode_connect, encode_connect_v3, encode_proof, encode_proof_v3, final_imm,
+    grant_imm, is_refusal, Share, STRIPES_MAX_LEN, VERSION, VERSION_3,
+};
 use crate::core::token::{Token, Transport};
 use crate::error::{Error, Result};
 use crate::platform::{
@@ -112,9 +115,16 @@ pub struct ServerConn {
     pub qp: Arc<dyn Qp>,
     /// Its completion queue.
     pub cq: Arc<dyn Cq>,
+    /// The protocol version its proofs are written in: the version of the
+    /// connect request that made it (a client that refused version 3 is
+    /// sent version 2).
+    pub version: u8,
     /// Where an in-band proof is written before it is sent (local only).
     proof: Box<[AtomicU8]>,
     proof_mr: Arc<dyn Mr>,
+    /// Where a version-3 grant's plan arrives.
+    grant: Box<[AtomicU8]>,
+    grant_mr: Arc<dyn Mr>,
     next_wr: u64,
     /// When its last transfer ended.
     pub last_used: Instant,
@@ -221,6 +231,10 @@ pub struct ServerConfig {
     /// (`None`: by device, as the client library decides:
     /// `core::options::poll_for`).
     pub poll: Option<Duration>,
+    /// The highest protocol version it speaks: 3 offers clients striping
+    /// (a client that refuses version 3 is connected again with version 2
+    /// and remembered); 2 behaves as servers before it.
+    pub protocol: u8,
 }
 
 impl Default for ServerConfig {
@@ -234,6 +248,7 @@ impl Default for ServerConfig {
             proof_timeout: Duration::from_secs(2),
             delay_before_final: Duration::ZERO,
             poll: None,
+            protocol: VERSION_3,
         }
     }
 }
@@ -358,9 +373,16 @@ pub struct ServerSide {
     poll: Duration,
     /// Times a transfer slept for a completion ([`ServerSide::sleeps`]).
     sleeps: Arc<AtomicU64>,
+    /// Clients (GID, listener port) that refused a version-3 connect
+    /// request and took version 2: sent version 2 from then on.
+    version_2: Mutex<std::collections::HashSet<(Gid, u16)>>,
     /// How it behaves.
     pub config: ServerConfig,
 }
+
+/// Clients remembered as speaking version 2 at most; past it the memory
+/// starts again (a client then costs one refused request more).
+const VERSION_2_MEMORY: usize = 4096;
 
 /// A transfer in progress ([`ServerSide::begin`]): the connection is
 /// held, the token proved, the client's grant in. Dropped without
@@ -370,10 +392,41 @@ pub struct Session<'a> {
     side: &'a ServerSide,
     key: ConnKey,
     conn: Arc<Mutex<ServerConn>>,
-    guard: Option<parking_lot::lock_api::ArcMutexGuard<RawMutex, ServerConn>>,
+    guard: Option<Guard>,
     token: Token,
     deadline: Instant,
     proven: Proven,
+    /// Bytes of the range the token's own connection moves: all of them,
+    /// unless the client striped the transfer.
+    own_len: u64,
+    /// A striped transfer's other shares, in the range's order, each on
+    /// its own connection, proved and granted.
+    shares: Vec<ShareConn>,
+}
+
+type Guard = parking_lot::lock_api::ArcMutexGuard<RawMutex, ServerConn>;
+/// A kept connection, shared through the map.
+type Shared = Arc<Mutex<ServerConn>>;
+
+/// One share of a striped transfer past the first, held by its session.
+struct ShareConn {
+    key: ConnKey,
+    conn: Arc<Mutex<ServerConn>>,
+    guard: Option<Guard>,
+    /// The share, as the client's plan gives it.
+    share: Share,
+}
+
+/// One piece of data to move: on connection `conn` of a session (0 the
+/// token's own, `i` its share `i`), `len` bytes at `remote_addr` with
+/// `rkey`, from or into the local buffer at `local_offset`.
+#[derive(Clone, Copy)]
+struct Piece {
+    conn: usize,
+    remote_addr: u64,
+    rkey: u32,
+    local_offset: u64,
+    len: u64,
 }
 
 impl ServerSide {
@@ -405,6 +458,7 @@ impl ServerSide {
             max_msg_sz,
             poll,
             sleeps: Arc::default(),
+            version_2: Mutex::new(std::collections::HashSet::new()),
             config,
         }
     }
@@ -413,6 +467,12 @@ impl ServerSide {
     /// data, its final message) rather than finding it by polling.
     pub fn sleeps(&self) -> u64 {
         self.sleeps.load(Ordering::Relaxed)
+    }
+
+    /// Clients remembered as speaking protocol version 2 (they refused a
+    /// version-3 connect request).
+    pub fn version_2_clients(&self) -> usize {
+        self.version_2.lock().len()
     }
 
     /// The protection domain, for registering the server's memory.
@@ -526,9 +586,9 @@ impl ServerSide {
                 )));
             };
             let until = deadline.min(Instant::now() + self.config.proof_timeout);
-            match prove(&mut guard, token, until) {
-                Ok(()) => {
-                    return Ok(Session {
+            match prove_share(&mut guard, token, 0, until) {
+                Ok(plan) => {
+                    let session = Session {
                         side: self,
                         key,
                         conn,
@@ -536,7 +596,10 @@ impl ServerSide {
                         token: *token,
                         deadline,
                         proven: Proven::OnItsConnection,
-                    })
+                        own_len: token.length,
+                        shares: Vec::new(),
+                    };
+                    return self.stripe(session, plan, client);
                 }
                 Err(e) => {
                     // The client refused the proof (it re-aimed its QP, or
@@ -553,11 +616,13 @@ impl ServerSide {
                 }
             }
         }
-        let made = self.connect(&key, token, client, deadline).map_err(quiet)?;
+        let (made, plan) = self
+            .connect(&key, token, client, deadline, 0, token.qp_num)
+            .map_err(quiet)?;
         let Some(guard) = made.try_lock_arc_until(deadline) else {
             return Err(quiet(Error::Rdma("the new connection is busy".into())));
         };
-        Ok(Session {
+        let session = Session {
             side: self,
             key,
             conn: made,
@@ -565,7 +630,111 @@ impl ServerSide {
             token: *token,
             deadline,
             proven: Proven::Connected,
-        })
+            own_len: token.length,
+            shares: Vec::new(),
+        };
+        self.stripe(session, plan, client)
+    }
+
+    /// A striped transfer (the client's grant carried a plan): proves the
+    /// token for every other share on its own connection to the client
+    /// connection the plan names (kept connections first, their proofs
+    /// sent at once, then connects for the rest), each granting exactly its
+    /// share. Any share that cannot be proved fails the whole transfer,
+    /// and every connection it holds is disconnected (the client then
+    /// revokes every share).
+    fn stripe<'s>(
+        &'s self,
+        mut session: Session<'s>,
+        plan: Option<Vec<Share>>,
+        client: IpAddr,
+    ) -> std::result::Result<Session<'s>, TransferFailure> {
+        let Some(plan) = plan else {
+            return Ok(session);
+        };
+        session.own_len = plan[0].len;
+        let token = session.token;
+        let deadline = session.deadline;
+        let tenant = session.key.tenant.clone();
+        let key_of = |share: &Share| ConnKey {
+            tenant: tenant.clone(),
+            qp: ClientQp {
+                gid: token.gid,
+                qp_num: share.name,
+                port: token.lid,
+            },
+        };
+        let index = |i: usize| u16::try_from(i).unwrap_or(u16::MAX);
+        // Kept connections: every proof out, then every grant awaited.
+        let mut proving = Vec::new();
+        let mut fresh = Vec::new();
+        for (i, share) in plan.iter().enumerate().skip(1) {
+            let key = key_of(share);
+            let held = self
+                .established(&key)
+                .and_then(|conn| conn.try_lock_arc_until(deadline).map(|g| (conn, g)));
+            match held {
+                Some((conn, mut guard)) => {
+                    guard.version = VERSION_3;
+                    if send_proof_share(&mut guard, &token, index(i)).is_ok() {
+                        proving.push((*share, key, conn, guard));
+                    } else {
+                        let cm = guard.cm.clone();
+                        drop(guard);
+                        self.drop_this(&key, &conn, &cm);
+                        fresh.push((i, *share, key));
+                    }
+                }
+                None => fresh.push((i, *share, key)),
+            }
+        }
+        let until = deadline.min(Instant::now() + self.config.proof_timeout);
+        for (share, key, conn, guard) in proving {
+            match wait_grant(&guard, until) {
+                Ok((imm, 0)) if imm == grant_imm(token.secret) => {
+                    session.shares.push(ShareConn {
+                        key,
+                        conn,
+                        guard: Some(guard),
+                        share,
+                    });
+                }
+                _ => {
+                    // Refused (the client re-aimed that connection) or
+                    // dead: connect afresh for the share.
+                    let cm = guard.cm.clone();
+                    drop(guard);
+                    self.drop_this(&key, &conn, &cm);
+                    let i = plan.iter().position(|s| s.name == share.name).unwrap_or(0);
+                    fresh.push((i, share, key));
+                }
+            }
+        }
+        for (i, share, key) in fresh {
+            let conn = match self.connect(&key, &token, client, deadline, index(i), share.name) {
+                Ok((conn, _)) => conn,
+                Err(e) => {
+                    let why = Error::Rdma(format!(
+                        "share {i} of the striped transfer could not be proved on the \
+                         client's connection {}: {e}",
+                        share.name
+                    ));
+                    return Err(session.fail_all(why, Vec::new()));
+                }
+            };
+            let Some(guard) = conn.try_lock_arc_until(deadline) else {
+                let why = Error::Rdma("a share's new connection is busy".into());
+                return Err(session.fail_all(why, Vec::new()));
+            };
+            session.shares.push(ShareConn {
+                key,
+                conn,
+                guard: Some(guard),
+                share,
+            });
+        }
+        session.shares.sort_by_key(|s| s.share.addr);
+        Ok(session)
     }
 
     /// The established connection to `key`, if it is still connected.
@@ -588,24 +757,66 @@ impl ServerSide {
     /// room within the limits first (the dial counts as a connection while
     /// it lasts, at most [`ServerConfig::connect_timeout`]), and records
     /// the connection under `key`.
+    ///
+    /// The request is for `share` of the token's transfer, on the client
+    /// connection named `name` (the token's own for share 0). In version
+    /// 3 unless this side speaks 2 or the client is remembered as a
+    /// version-2 client; a client that refuses share 0 in version 3 is
+    /// asked again at once in version 2 (a version-2 client refuses
+    /// version 3 as it decodes it, before it looks at the token) and
+    /// remembered. Returns the connection and, for share 0 of version 3,
+    /// the plan the REP carried if the client striped the transfer.
     fn connect(
         &self,
         key: &ConnKey,
         token: &Token,
         client: IpAddr,
         deadline: Instant,
-    ) -> Result<Arc<Mutex<ServerConn>>> {
+        share: u16,
+        name: u32,
+    ) -> Result<(Shared, Option<Vec<Share>>)> {
         let dial = self.make_room(&key.tenant, client)?;
         let timeout = self.config.connect_timeout;
         let until = deadline.min(Instant::now() + timeout);
-        let made = self
-            .connect_with(token, &encode_connect(token), until)
-            .map_err(|e| match e {
-                Error::Rdma(why) if until < deadline && Instant::now() >= until => Error::Rdma(
-                    format!("{why} (a dial may take {} ms)", timeout.as_millis()),
-                ),
-                e => e,
-            })?;
+        let by = (token.gid, token.lid);
+        let v3 = self.config.protocol >= VERSION_3
+            && (share > 0 || !self.version_2.lock().contains(&by));
+        let attempt = |data: &[u8]| {
+            self.connect_or_refused(token, data, until)
+                .map_err(|e| match e {
+                    Error::Rdma(why) if until < deadline && Instant::now() >= until => Error::Rdma(
+                        format!("{why} (a dial may take {} ms)", timeout.as_millis()),
+                    ),
+                    e => e,
+                })
+        };
+        let refused = || {
+            Error::Rdma(format!(
+                "the client at {} refused the connection",
+                SocketAddr::new(client, token.lid)
+            ))
+        };
+        let made = if v3 {
+            match attempt(&encode_connect_v3(token, share, name))? {
+                Some(made) => made,
+                None if share == 0 => {
+                    let made = attempt(&encode_connect(token))?.ok_or_else(refused)?;
+                    let mut v2 = self.version_2.lock();
+                    if v2.len() >= VERSION_2_MEMORY {
+                        v2.clear();
+                    }
+                    v2.insert(by);
+                    made
+                }
+                None => return Err(refused()),
+            }
+        } else {
+            attempt(&encode_connect(token))?.ok_or_else(refused)?
+        };
+        let plan = match (share, made.version) {
+            (0, VERSION_3) => plan_in(made.cm.reply_data(), token)?,
+            _ => None,
+        };
         let cm = made.cm.clone();
         let conn = Arc::new(Mutex::new(made));
         let replaced = {
@@ -632,7 +843,7 @@ impl ServerSide {
         if let Some(old) = replaced {
             let _ = old.cm.disconnect();
         }
-        Ok(conn)
+        Ok((conn, plan))
     }
 
     /// Keeps the connections within the limits before one more dial by
@@ -687,11 +898,30 @@ impl ServerSide {
         private_data: &[u8],
         deadline: Instant,
     ) -> Result<ServerConn> {
+        let addr = SocketAddr::new(ip_of(&token.gid), token.lid);
+        self.connect_or_refused(token, private_data, deadline)?
+            .ok_or_else(|| Error::Rdma(format!("the client at {addr} refused the connection")))
+    }
+
+    /// [`ServerSide::connect_with`], `None` when a hipobj client refused
+    /// the request.
+    fn connect_or_refused(
+        &self,
+        token: &Token,
+        private_data: &[u8],
+        deadline: Instant,
+    ) -> Result<Option<ServerConn>> {
         let cq = self.ctx.create_cq(32)?;
         let proof: Box<[AtomicU8]> = (0..PROOF_BUF_LEN).map(|_| AtomicU8::new(0)).collect();
         let proof_mr = self.pd.reg_mr(
             proof.as_ptr().expose_provenance(),
             PROOF_BUF_LEN,
+            Access::LOCAL_WRITE,
+        )?;
+        let grant: Box<[AtomicU8]> = (0..STRIPES_MAX_LEN).map(|_| AtomicU8::new(0)).collect();
+        let grant_mr = self.pd.reg_mr(
+            grant.as_ptr().expose_provenance(),
+            STRIPES_MAX_LEN,
             Access::LOCAL_WRITE,
         )?;
         let addr = SocketAddr::new(ip_of(&token.gid), token.lid);
@@ -712,28 +942,29 @@ impl ServerSide {
                 let qp = cm
                     .qp()
                     .ok_or_else(|| Error::Internal("the active side has no QP".into()))?;
-                Ok(ServerConn {
+                Ok(Some(ServerConn {
                     cm,
                     qp,
                     cq,
+                    version: match private_data.get(4) {
+                        Some(&VERSION_3) => VERSION_3,
+                        _ => VERSION,
+                    },
                     proof,
                     proof_mr,
+                    grant,
+                    grant_mr,
                     next_wr: 0,
                     last_used: Instant::now(),
                     poll: self.poll,
                     sleeps: self.sleeps.clone(),
-                })
-            }
-            ConnectOutcome::Rejected { private_data } => {
-                Err(Error::Rdma(if is_refusal(&private_data) {
-                    format!("the client at {addr} refused the connection")
-                } else {
-                    format!(
-                        "the connection to {addr} was rejected without a hipobj reason \
-                         (nothing listening there?)"
-                    )
                 }))
             }
+            ConnectOutcome::Rejected { private_data } if is_refusal(&private_data) => Ok(None),
+            ConnectOutcome::Rejected { .. } => Err(Error::Rdma(format!(
+                "the connection to {addr} was rejected without a hipobj reason \
+                 (nothing listening there?)"
+            ))),
         }
     }
 
@@ -872,14 +1103,51 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// Proves `token` on an established connection: SENDs it, with a receive
 /// posted for the client's grant, and waits until `until` for both.
 pub fn prove(conn: &mut ServerConn, token: &Token, until: Instant) -> Result<()> {
-    send_proof(conn, token)?;
-    let grant = wait_grant(conn, until)?;
+    prove_share(conn, token, 0, until).map(|_| ())
+}
+
+/// Proves `token` for `share` of its transfer on an established
+/// connection, in the connection's version, and waits until `until` for
+/// the grant: for share 0 of version 3, with the client's plan if it
+/// striped the transfer.
+pub fn prove_share(
+    conn: &mut ServerConn,
+    token: &Token,
+    share: u16,
+    until: Instant,
+) -> Result<Option<Vec<Share>>> {
+    send_proof_share(conn, token, share)?;
+    let (grant, len) = wait_grant(conn, until)?;
     if grant != grant_imm(token.secret) {
         return Err(Error::Rdma(
             "the client's grant is not this transfer's".into(),
         ));
     }
-    Ok(())
+    match (len, share, conn.version) {
+        (0, ..) => Ok(None),
+        (len, 0, VERSION_3) => {
+            let data: Vec<u8> = conn.grant[..len.min(STRIPES_MAX_LEN)]
+                .iter()
+                .map(|b| b.load(Ordering::Acquire))
+                .collect();
+            plan_in(&data, token)
+        }
+        _ => Err(Error::Rdma(
+            "the client's grant carries data where none was expected".into(),
+        )),
+    }
+}
+
+/// The plan of a striped transfer in a grant (or a REP's private data):
+/// `None` for none (nothing, or zeros), an error for a plan that is not
+/// valid for `token`.
+fn plan_in(data: &[u8], token: &Token) -> Result<Option<Vec<Share>>> {
+    if data.iter().all(|&b| b == 0) {
+        return Ok(None);
+    }
+    decode_stripes(data, token)
+        .map(Some)
+        .map_err(|e| Error::Rdma(format!("the client's plan of a striped transfer: {e}")))
 }
 
 /// A hostile server's move, for tests: one raw WRITE (`Op::Get`) or READ
@@ -921,12 +1189,28 @@ pub fn probe(
 /// Posts the receive of the grant and SENDs `token` as a proof (the first
 /// half of [`prove`], for tests that do not wait for the grant).
 pub fn send_proof(conn: &mut ServerConn, token: &Token) -> Result<()> {
+    send_proof_share(conn, token, 0)
+}
+
+/// [`send_proof`] for `share` of the token's transfer, in the connection's
+/// version (version 2 knows only share 0); a version-3 grant's receive has
+/// room for a plan.
+pub fn send_proof_share(conn: &mut ServerConn, token: &Token, share: u16) -> Result<()> {
     let grant_wr = conn.next_wr();
+    let v3 = conn.version >= VERSION_3;
     conn.qp.post_recv(RecvWr {
         wr_id: grant_wr | GRANT_TAG,
-        sge: None,
+        sge: v3.then(|| Sge {
+            addr: conn.grant.as_ptr().expose_provenance() as u64,
+            len: u32::try_from(STRIPES_MAX_LEN).unwrap_or(0),
+            lkey: conn.grant_mr.lkey(),
+        }),
     })?;
-    let bytes = encode_proof(token);
+    let bytes = if v3 {
+        encode_proof_v3(token, share)
+    } else {
+        encode_proof(token)
+    };
     for (slot, b) in conn.proof.iter().zip(bytes) {
         slot.store(b, Ordering::Release);
     }
@@ -949,8 +1233,8 @@ pub fn send_proof(conn: &mut ServerConn, token: &Token) -> Result<()> {
 const GRANT_TAG: u64 = 1 << 63;
 
 /// Waits until `until` for the proof's completion and the client's grant;
-/// returns the grant's immediate.
-fn wait_grant(conn: &ServerConn, until: Instant) -> Result<u32> {
+/// returns the grant's immediate and the bytes it carried.
+fn wait_grant(conn: &ServerConn, until: Instant) -> Result<(u32, usize)> {
     let mut sent = false;
     let mut grant = None;
     while !(sent && grant.is_some()) {
@@ -974,10 +1258,11 @@ fn wait_grant(conn: &ServerConn, until: Instant) -> Result<u32> {
             if c.opcode != WcOpcode::Recv {
                 return Err(Error::Rdma("the client's grant is not a SEND".into()));
             }
-            grant = Some(
+            grant = Some((
                 c.imm
                     .ok_or_else(|| Error::Rdma("a grant without immediate".into()))?,
-            );
+                usize::try_from(c.byte_len).unwrap_or(usize::MAX),
+            ));
         } else {
             sent = true;
         }
@@ -1025,6 +1310,21 @@ impl Session<'_> {
         self.proven
     }
 
+    /// The shares it moves, in the range's order: the token's own (all of
+    /// the range unless the client striped the transfer), then each other
+    /// share of the client's plan.
+    pub fn shares(&self) -> Vec<Share> {
+        let own = Share {
+            name: self.token.qp_num,
+            rkey: self.token.rkey,
+            addr: self.token.addr,
+            len: self.own_len,
+        };
+        std::iter::once(own)
+            .chain(self.shares.iter().map(|s| s.share))
+            .collect()
+    }
+
     /// Moves the session's deadline (its data and its final message must
     /// complete by then): a transfer in chunks gives each chunk its own.
     pub fn set_deadline(&mut self, deadline: Instant) {
@@ -1069,14 +1369,39 @@ impl Session<'_> {
         if !inside {
             return Err(self.fail(Error::InvalidValue("outside the token's range"), Vec::new()));
         }
-        let (addr, rkey) = (self.token.addr + remote_offset, self.token.rkey);
-        self.data_unchecked(op, addr, rkey, local, local_offset, len)
+        // Each connection moves what of the range lies in its own share.
+        let own = (self.token.addr, self.own_len, self.token.rkey);
+        let shares = std::iter::once(own).chain(
+            self.shares
+                .iter()
+                .map(|s| (s.share.addr, s.share.len, s.share.rkey)),
+        );
+        let (from, to) = (
+            self.token.addr + remote_offset,
+            self.token.addr + remote_offset + len,
+        );
+        let pieces: Vec<Piece> = shares
+            .enumerate()
+            .filter_map(|(conn, (addr, share_len, rkey))| {
+                let start = from.max(addr);
+                let end = to.min(addr + share_len);
+                (start < end).then(|| Piece {
+                    conn,
+                    remote_addr: start,
+                    rkey,
+                    local_offset: local_offset + (start - from),
+                    len: end - start,
+                })
+            })
+            .collect();
+        self.move_pieces(op, local, &pieces)
     }
 
     /// Moves `len` bytes between `local` and the client's `remote_addr`
-    /// with `rkey`, without looking at the token's range: split into work
-    /// requests of at most `max_msg_sz`, a few in flight. Public for tests
-    /// of servers that reach past their range.
+    /// with `rkey` on the token's own connection, without looking at the
+    /// token's range: split into work requests of at most `max_msg_sz`, a
+    /// few in flight. Public for tests of servers that reach past their
+    /// range.
     pub fn data_unchecked(
         &mut self,
         op: Op,
@@ -1086,57 +1411,114 @@ impl Session<'_> {
         local_offset: u64,
         len: u64,
     ) -> std::result::Result<(), TransferFailure> {
+        let piece = Piece {
+            conn: 0,
+            remote_addr,
+            rkey,
+            local_offset,
+            len,
+        };
+        self.move_pieces(op, local, &[piece])
+    }
+
+    /// The session's connection `conn` (0 the token's own, `i` share `i`).
+    fn conn_at(&mut self, conn: usize) -> Option<&mut ServerConn> {
+        match conn {
+            0 => self.guard.as_deref_mut(),
+            i => self.shares.get_mut(i - 1)?.guard.as_deref_mut(),
+        }
+    }
+
+    /// Moves `pieces`, each on its connection in work requests of at most
+    /// `max_msg_sz`, up to [`DATA_IN_FLIGHT`] in flight on each connection
+    /// at once: the connections move their shares side by side.
+    fn move_pieces(
+        &mut self,
+        op: Op,
+        local: &LocalBuf,
+        pieces: &[Piece],
+    ) -> std::result::Result<(), TransferFailure> {
         let max = self.side.max_msg_sz;
         let deadline = self.deadline;
-        let mut outstanding = std::collections::VecDeque::new();
-        let mut done = 0u64;
-        while done < len || !outstanding.is_empty() {
-            while done < len && outstanding.len() < DATA_IN_FLIGHT {
-                let n = (len - done).min(max);
-                let conn = self.conn();
-                let id = conn.next_wr();
-                let remote_addr = remote_addr + done;
-                let wr = SendWr {
-                    wr_id: id,
-                    op: match op {
-                        Op::Get => SendOp::Write { remote_addr, rkey },
-                        Op::Put => SendOp::Read { remote_addr, rkey },
-                    },
-                    sge: Some(Sge {
-                        addr: local.addr + local_offset + done,
-                        len: u32::try_from(n).unwrap_or(u32::MAX),
-                        lkey: local.mr.lkey(),
-                    }),
-                    signaled: true,
-                };
-                if let Err(e) = conn.qp.post_send(&[wr]) {
-                    return Err(self.fail(e, outstanding.into_iter().collect()));
-                }
-                outstanding.push_back(id);
+        let conns = 1 + self.shares.len();
+        let mut todo: Vec<std::collections::VecDeque<Piece>> = vec![Default::default(); conns];
+        for piece in pieces {
+            let Some(queue) = todo.get_mut(piece.conn) else {
+                continue;
+            };
+            let mut done = 0;
+            while done < piece.len {
+                let n = (piece.len - done).min(max);
+                queue.push_back(Piece {
+                    remote_addr: piece.remote_addr + done,
+                    local_offset: piece.local_offset + done,
+                    len: n,
+                    ..*piece
+                });
                 done += n;
             }
-            let conn = self.conn();
-            let waited = next_completion(conn, deadline);
+        }
+        let mut outstanding: Vec<Vec<u64>> = vec![Vec::new(); conns];
+        loop {
+            for (c, queue) in todo.iter_mut().enumerate() {
+                while outstanding[c].len() < DATA_IN_FLIGHT {
+                    let Some(piece) = queue.pop_front() else {
+                        break;
+                    };
+                    let Some(conn) = self.conn_at(c) else {
+                        let why = Error::Internal("a share without its connection".into());
+                        return Err(self.fail_all(why, outstanding));
+                    };
+                    let id = conn.next_wr();
+                    let remote_addr = piece.remote_addr;
+                    let rkey = piece.rkey;
+                    let wr = SendWr {
+                        wr_id: id,
+                        op: match op {
+                            Op::Get => SendOp::Write { remote_addr, rkey },
+                            Op::Put => SendOp::Read { remote_addr, rkey },
+                        },
+                        sge: Some(Sge {
+                            addr: local.addr + piece.local_offset,
+                            len: u32::try_from(piece.len).unwrap_or(u32::MAX),
+                            lkey: local.mr.lkey(),
+                        }),
+                        signaled: true,
+                    };
+                    if let Err(e) = conn.qp.post_send(&[wr]) {
+                        return Err(self.fail_all(e, outstanding));
+                    }
+                    outstanding[c].push(id);
+                }
+            }
+            // The first connection with work out: its next completion.
+            let Some(c) = outstanding.iter().position(|o| !o.is_empty()) else {
+                return Ok(());
+            };
+            let waited = match self.conn_at(c) {
+                Some(conn) => next_completion(conn, deadline),
+                None => Err(Error::Internal("a share without its connection".into())),
+            };
             let error = match waited {
-                Ok(Some(c)) if c.status == WcStatus::Success => {
-                    outstanding.retain(|&id| id != c.wr_id);
+                Ok(Some(c_)) if c_.status == WcStatus::Success => {
+                    outstanding[c].retain(|&id| id != c_.wr_id);
                     continue;
                 }
-                Ok(Some(c)) => {
-                    outstanding.retain(|&id| id != c.wr_id);
-                    Error::Rdma(format!("server {:?}: {:?}", op, c.status))
+                Ok(Some(c_)) => {
+                    outstanding[c].retain(|&id| id != c_.wr_id);
+                    Error::Rdma(format!("server {:?}: {:?}", op, c_.status))
                 }
                 Ok(None) => Error::Rdma("server data: no completion before the deadline".into()),
                 Err(e) => e,
             };
-            return Err(self.fail(error, outstanding.into_iter().collect()));
+            return Err(self.fail_all(error, outstanding));
         }
-        Ok(())
     }
 
     /// The final message (a zero-length SEND with the immediate derived
     /// from the token's secret), waited for: only then may the S3 reply be
-    /// sent. The connection stays for the next transfer.
+    /// sent. The connection stays for the next transfer. A striped
+    /// transfer sends it on every share's connection.
     pub fn finish(self) -> std::result::Result<(), TransferFailure> {
         let imm = final_imm(self.token.secret);
         self.finish_with(imm)
@@ -1149,64 +1531,116 @@ impl Session<'_> {
             std::thread::sleep(delay.min(self.deadline.saturating_duration_since(Instant::now())));
         }
         let deadline = self.deadline;
-        let conn = self.conn();
-        let id = conn.next_wr();
-        let posted = conn.qp.post_send(&[SendWr {
-            wr_id: id,
-            op: SendOp::SendImm { imm },
-            sge: None,
-            signaled: true,
-        }]);
-        let outcome = posted.and_then(|()| match next_completion(conn, deadline)? {
-            Some(c) if c.status == WcStatus::Success => Ok(()),
-            Some(c) => Err(Error::Rdma(format!("the final message: {:?}", c.status))),
-            None => Err(Error::Rdma(
-                "the final message: no completion before the deadline".into(),
-            )),
-        });
-        match outcome {
-            Ok(()) => {
-                conn.last_used = Instant::now();
-                self.guard = None;
-                Ok(())
+        let conns = 1 + self.shares.len();
+        let mut sent = Vec::with_capacity(conns);
+        for c in 0..conns {
+            let Some(conn) = self.conn_at(c) else {
+                let why = Error::Internal("a share without its connection".into());
+                return Err(self.fail_all(why, Vec::new()));
+            };
+            let id = conn.next_wr();
+            let posted = conn.qp.post_send(&[SendWr {
+                wr_id: id,
+                op: SendOp::SendImm { imm },
+                sge: None,
+                signaled: true,
+            }]);
+            if let Err(e) = posted {
+                // The final messages carry no data: the buffer is quiet.
+                return Err(self.fail_all(e, Vec::new()));
             }
-            // The final message carries no data: the buffer is quiet.
-            Err(e) => Err(self.fail(e, Vec::new())),
+            sent.push(id);
         }
+        for c in 0..sent.len() {
+            let Some(conn) = self.conn_at(c) else {
+                continue;
+            };
+            let outcome = match next_completion(conn, deadline) {
+                Ok(Some(done)) if done.status == WcStatus::Success => Ok(()),
+                Ok(Some(done)) => Err(Error::Rdma(format!("the final message: {:?}", done.status))),
+                Ok(None) => Err(Error::Rdma(
+                    "the final message: no completion before the deadline".into(),
+                )),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = outcome {
+                return Err(self.fail_all(e, Vec::new()));
+            }
+        }
+        let now = Instant::now();
+        for c in 0..conns {
+            if let Some(conn) = self.conn_at(c) {
+                conn.last_used = now;
+            }
+        }
+        self.guard = None;
+        for share in &mut self.shares {
+            share.guard = None;
+        }
+        Ok(())
     }
 
     /// Ends the session without the final message, keeping the
-    /// connection (tests of a server that never sends it).
+    /// connections (tests of a server that never sends it).
     pub fn abandon(mut self) {
         self.guard = None;
+        for share in &mut self.shares {
+            share.guard = None;
+        }
     }
 
-    /// Disconnects the connection and reports `error`; `outstanding` data
-    /// work requests are waited for (their flush) to tell whether the
-    /// buffer is quiet.
+    /// [`Session::fail_all`] with the token's own connection's
+    /// outstanding work requests.
     fn fail(&mut self, error: Error, outstanding: Vec<u64>) -> TransferFailure {
-        let Some(guard) = self.guard.take() else {
-            return TransferFailure::quiet(error);
-        };
-        self.side.drop_this(&self.key, &self.conn, &guard.cm);
-        let mut left = outstanding;
-        let until = Instant::now() + QUIESCE_TIMEOUT;
-        while !left.is_empty() {
-            match next_completion(&guard, until) {
-                Ok(Some(c)) => left.retain(|&id| id != c.wr_id),
-                _ => break,
+        self.fail_all(error, vec![outstanding])
+    }
+
+    /// Disconnects every connection of the session and reports `error`;
+    /// the data work requests still outstanding on each (`outstanding`,
+    /// by connection) are waited for (their flush) to tell whether the
+    /// buffer is quiet.
+    fn fail_all(&mut self, error: Error, outstanding: Vec<Vec<u64>>) -> TransferFailure {
+        let mut held: Vec<Option<Guard>> = Vec::with_capacity(1 + self.shares.len());
+        if let Some(guard) = self.guard.take() {
+            self.side.drop_this(&self.key, &self.conn, &guard.cm);
+            held.push(Some(guard));
+        } else {
+            held.push(None);
+        }
+        for share in &mut self.shares {
+            match share.guard.take() {
+                Some(guard) => {
+                    self.side.drop_this(&share.key, &share.conn, &guard.cm);
+                    held.push(Some(guard));
+                }
+                None => held.push(None),
             }
+        }
+        let until = Instant::now() + QUIESCE_TIMEOUT;
+        let mut quiet = true;
+        for (c, mut left) in outstanding.into_iter().enumerate() {
+            let Some(Some(guard)) = held.get(c) else {
+                quiet &= left.is_empty();
+                continue;
+            };
+            while !left.is_empty() {
+                match next_completion(guard, until) {
+                    Ok(Some(done)) => left.retain(|&id| id != done.wr_id),
+                    _ => break,
+                }
+            }
+            quiet &= left.is_empty();
         }
         TransferFailure {
             error,
-            local_quiet: left.is_empty(),
+            local_quiet: quiet,
         }
     }
 }
 
 impl Drop for Session<'_> {
     fn drop(&mut self) {
-        if self.guard.is_some() {
+        if self.guard.is_some() || self.shares.iter().any(|s| s.guard.is_some()) {
             let _ = self.fail(Error::Rdma("the transfer was abandoned".into()), Vec::new());
         }
     }

@@ -15,9 +15,9 @@ use std::net::SocketAddr;
 
 use super::abandoned::AbandonedCopies;
 use super::buffers::BufferMap;
-use super::connections::{Connections, Mode, Pool, Settings};
+use super::connections::{Connections, Mode, Pool, Settings, Striping};
 use super::nic::{self, GpuPlace, NicChoice};
-use super::options::{poll_for, Options};
+use super::options::{poll_for, stripes_for, Options};
 use super::stats::{Snapshot, Stats};
 use super::tokens::TokenBook;
 use crate::error::{Error, Result, HIP_ERROR_NO_DEVICE};
@@ -220,6 +220,11 @@ impl Instance {
             idle_timeout: options.idle_timeout,
             debug: options.rdma_debug,
             poll: poll_for(options.poll, ctx.vendor_id(), ctx.name()),
+            striping: Striping {
+                protocol: options.protocol,
+                stripes: stripes_for(options.stripes, ctx.vendor_id(), ctx.name()),
+                min_len: options.stripe_min,
+            },
             stats: Arc::new(Stats::default()),
             tokens: Arc::new(TokenBook::new()),
             timers_pending: Arc::default(),

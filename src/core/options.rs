@@ -47,6 +47,17 @@ pub struct Options {
     /// polls). Unset: [`DEFAULT_POLL`] on a hardware NIC, none on a
     /// software one ([`poll_for`]).
     pub poll: Option<Duration>,
+    /// `HIPOBJ_PROTOCOL`: the highest protocol version the client accepts
+    /// from a server, 3 (striping) or 2 (as clients before it: for a
+    /// server that mishandles version 3).
+    pub protocol: u8,
+    /// `HIPOBJ_STRIPES`: connections a large transfer moves over at most
+    /// (1 to 8; 1 never stripes). Unset: [`DEFAULT_STRIPES`] on a hardware
+    /// NIC, 1 on a software one ([`stripes_for`]).
+    pub stripes: Option<usize>,
+    /// `HIPOBJ_STRIPE_MIN`: the smallest transfer that is striped, in
+    /// bytes (at least 64 KiB; 4 MiB by default).
+    pub stripe_min: u64,
 }
 
 impl Default for Options {
@@ -65,8 +76,42 @@ impl Default for Options {
             log: Level::Warn,
             stats: false,
             poll: None,
+            protocol: crate::core::protocol::VERSION_3,
+            stripes: None,
+            stripe_min: DEFAULT_STRIPE_MIN,
         }
     }
+}
+
+/// Connections a large transfer moves over by default on a hardware NIC:
+/// four, where one queue pair's cap (about 28 GB/s on a 400 Gb/s NIC)
+/// gives way to the link's (ROCm's mori: gains plateau near eight queue
+/// pairs, four by default for the NIC's resources).
+pub const DEFAULT_STRIPES: usize = 4;
+/// The smallest transfer striped by default: below it the other shares'
+/// proofs (a round trip each, at once) cost more than one queue pair's cap
+/// saves.
+pub const DEFAULT_STRIPE_MIN: u64 = 4 << 20;
+/// Lowest `HIPOBJ_STRIPE_MIN`.
+pub const STRIPE_MIN_LOWEST: u64 = 64 << 10;
+
+/// Whether the device is a software NIC (Soft-RoCE, siw), whose "device"
+/// is the host's CPUs.
+pub fn is_software(vendor_id: u32, name: &str) -> bool {
+    /// Soft-RoCE's vendor id (0 before Linux 5.x) and siw's ("bmt").
+    const SOFTWARE_VENDORS: [u32; 2] = [0x00ff_ffff, 0x0062_6d74];
+    SOFTWARE_VENDORS.contains(&vendor_id) || name.starts_with("rxe") || name.starts_with("siw")
+}
+
+/// The stripes of a transfer on a device with this vendor id and name:
+/// `setting`, else [`DEFAULT_STRIPES`], except on a software NIC, where
+/// every queue pair is the same CPUs' work: 1.
+pub fn stripes_for(setting: Option<usize>, vendor_id: u32, name: &str) -> usize {
+    setting.unwrap_or(if is_software(vendor_id, name) {
+        1
+    } else {
+        DEFAULT_STRIPES
+    })
 }
 
 /// How long a thread polls for a transfer's next step before it sleeps,
@@ -82,11 +127,7 @@ pub const POLL_LIMIT_US: u64 = 10_000;
 /// "device" is the host's CPUs: a thread polling there takes the CPU the
 /// NIC needs to make the step it polls for.
 pub fn poll_for(setting: Option<Duration>, vendor_id: u32, name: &str) -> Duration {
-    /// Soft-RoCE's vendor id (0 before Linux 5.x) and siw's ("bmt").
-    const SOFTWARE_VENDORS: [u32; 2] = [0x00ff_ffff, 0x0062_6d74];
-    let software =
-        SOFTWARE_VENDORS.contains(&vendor_id) || name.starts_with("rxe") || name.starts_with("siw");
-    setting.unwrap_or(if software {
+    setting.unwrap_or(if is_software(vendor_id, name) {
         Duration::ZERO
     } else {
         DEFAULT_POLL
@@ -133,6 +174,16 @@ impl Options {
             poll: value("HIPOBJ_POLL_US")
                 .and_then(|v| decimal_in(&v, 0, POLL_LIMIT_US))
                 .map(Duration::from_micros),
+            protocol: value("HIPOBJ_PROTOCOL")
+                .and_then(|v| decimal_in(&v, 2, 3))
+                .and_then(|n| u8::try_from(n).ok())
+                .unwrap_or(defaults.protocol),
+            stripes: value("HIPOBJ_STRIPES")
+                .and_then(|v| decimal_in(&v, 1, crate::core::protocol::MAX_STRIPES as u64))
+                .and_then(|n| usize::try_from(n).ok()),
+            stripe_min: value("HIPOBJ_STRIPE_MIN")
+                .and_then(|v| decimal_in(&v, STRIPE_MIN_LOWEST, 1 << 40))
+                .unwrap_or(defaults.stripe_min),
             completion_timeout: millis(
                 value("HIPOBJ_COMPLETION_TIMEOUT_MS"),
                 defaults.completion_timeout,
@@ -207,6 +258,27 @@ mod tests {
         assert!(o.dmabuf);
         assert!(!o.require_gpu_direct);
         assert!(!o.rdma_debug);
+    }
+
+    #[test]
+    fn striping_settings_take_their_ranges_and_default_by_device() {
+        let o = |pairs: &[(&str, &str)]| with(pairs);
+        assert_eq!(o(&[]).protocol, 3);
+        assert_eq!(o(&[("HIPOBJ_PROTOCOL", "2")]).protocol, 2);
+        for bad in ["1", "4", "x", ""] {
+            assert_eq!(o(&[("HIPOBJ_PROTOCOL", bad)]).protocol, 3, "{bad}");
+        }
+        assert_eq!(o(&[("HIPOBJ_STRIPES", "8")]).stripes, Some(8));
+        assert_eq!(o(&[("HIPOBJ_STRIPES", "1")]).stripes, Some(1));
+        for bad in ["0", "9", "-1", "four"] {
+            assert_eq!(o(&[("HIPOBJ_STRIPES", bad)]).stripes, None, "{bad}");
+        }
+        assert_eq!(o(&[]).stripe_min, 4 << 20);
+        assert_eq!(o(&[("HIPOBJ_STRIPE_MIN", "65536")]).stripe_min, 65536);
+        assert_eq!(o(&[("HIPOBJ_STRIPE_MIN", "65535")]).stripe_min, 4 << 20);
+        assert_eq!(stripes_for(None, 0x1dd8, "ionic_0"), DEFAULT_STRIPES);
+        assert_eq!(stripes_for(None, 0x00ff_ffff, "rxe0"), 1);
+        assert_eq!(stripes_for(Some(4), 0, "rxe0"), 4);
     }
 
     #[test]

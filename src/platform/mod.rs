@@ -353,7 +353,7 @@ pub trait CmRequest: Send {
 }
 
 /// `rdma_accept`'s parameters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AcceptParams {
     /// The existing QP that serves the connection.
     pub qp_num: u32,
@@ -363,6 +363,9 @@ pub struct AcceptParams {
     pub initiator_depth: u8,
     /// Becomes the peer's `rnr_retry`: 7 (forever).
     pub rnr_retry_count: u8,
+    /// The REP's private data (at most [`CM_REP_PRIVATE_DATA_MAX`] bytes;
+    /// empty: none).
+    pub private_data: Vec<u8>,
 }
 
 /// An established (or establishing) connection's id.
@@ -378,6 +381,12 @@ pub trait CmConnection: Send + Sync {
     /// Whether a DISCONNECTED event has been seen for this connection
     /// (active side: on its own channel).
     fn is_disconnected(&self) -> bool;
+    /// The active side: the private data of the REP that established the
+    /// connection, as it arrived (padded by the CM); empty on the passive
+    /// side.
+    fn reply_data(&self) -> &[u8] {
+        &[]
+    }
 }
 
 // ---------------------------------------------------------------- GPU

@@ -68,6 +68,8 @@ use crate::platform::{
 pub const REQ_PRIVATE_DATA_LEN: usize = CM_REQ_PRIVATE_DATA_MAX;
 /// Length of a REJ's private data as the active side sees it.
 pub const REJ_PRIVATE_DATA_LEN: usize = 148;
+/// A REP's private data as it arrives: padded to 196 bytes.
+pub const REP_PRIVATE_DATA_LEN: usize = 196;
 /// The CM's local ACK timeout for RoCE (4.096 us * 2^17, about 537 ms).
 const CM_TIMEOUT: u8 = 17;
 /// Access flags `rdma_create_qp` gives its QP at INIT.
@@ -179,7 +181,8 @@ struct RequestRec {
 }
 
 enum Outcome {
-    Established,
+    /// With the REP's private data, padded.
+    Established(Vec<u8>),
     Rejected(Vec<u8>),
     Failed(String),
 }
@@ -483,11 +486,12 @@ impl Cm for FakeCm {
             }
         };
         let result = match outcome {
-            Some(Outcome::Established) => {
+            Some(Outcome::Established(reply)) => {
                 return Ok(ConnectOutcome::Established(Arc::new(FakeConnection {
                     fabric: Arc::clone(&self.fabric),
                     id: active_id,
                     qp: Some(qp),
+                    reply,
                 })));
             }
             Some(Outcome::Rejected(private_data)) => Ok(ConnectOutcome::Rejected { private_data }),
@@ -764,6 +768,7 @@ impl CmRequest for FakeRequest {
     fn accept(mut self: Box<Self>, params: AcceptParams) -> Result<Arc<dyn CmConnection>> {
         self.fabric.check("rdma_accept")?;
         if params.rnr_retry_count > 7
+            || params.private_data.len() > REP_PRIVATE_DATA_LEN
             || params.responder_resources > MAX_RD_ATOMIC
             || params.initiator_depth > MAX_RD_ATOMIC
         {
@@ -852,7 +857,9 @@ impl CmRequest for FakeRequest {
                         sent: false,
                     },
                 );
-                st.outcomes.insert(request.active_id, Outcome::Established);
+                let reply = padded(&params.private_data, REP_PRIVATE_DATA_LEN);
+                st.outcomes
+                    .insert(request.active_id, Outcome::Established(reply));
                 st.queue(listener, Queued::Established(passive));
             }
             Err(why) if why == "stale" => {
@@ -882,6 +889,7 @@ impl CmRequest for FakeRequest {
             fabric: Arc::clone(&self.fabric),
             id: passive,
             qp: None,
+            reply: Vec::new(),
         }))
     }
 
@@ -928,6 +936,8 @@ struct FakeConnection {
     id: u64,
     /// The active side's QP; dropped after the id.
     qp: Option<Arc<dyn Qp>>,
+    /// The active side: the REP's private data, padded.
+    reply: Vec<u8>,
 }
 
 impl CmConnection for FakeConnection {
@@ -937,6 +947,10 @@ impl CmConnection for FakeConnection {
 
     fn qp(&self) -> Option<Arc<dyn Qp>> {
         self.qp.clone()
+    }
+
+    fn reply_data(&self) -> &[u8] {
+        &self.reply
     }
 
     fn disconnect(&self) -> Result<()> {
@@ -1026,6 +1040,7 @@ mod tests {
                     responder_resources: request.responder_resources(),
                     initiator_depth: request.initiator_depth(),
                     rnr_retry_count: 7,
+                    private_data: Vec::new(),
                 };
                 request.accept(params).err().expect("accept must fail")
             });

@@ -193,11 +193,28 @@ impl World {
 
     /// Another S3 server on a device of its own, at `ip`.
     pub fn add_server(&self, name: &str, ip: Ipv4Addr, bytes: usize) -> Arc<TestServer> {
+        self.add_server_with(name, ip, bytes, TestServer::config())
+    }
+
+    /// [`World::add_server`] with the server side's `config` (its
+    /// protocol version, its limits).
+    pub fn add_server_with(
+        &self,
+        name: &str,
+        ip: Ipv4Addr,
+        bytes: usize,
+        config: ServerConfig,
+    ) -> Arc<TestServer> {
         self.platform
             .fabric
             .add_device(DeviceSpec::new(name, ip))
             .expect("a new device");
-        Arc::new(TestServer::new(&self.platform.fabric, name, bytes))
+        Arc::new(TestServer::with_config(
+            &self.platform.fabric,
+            name,
+            bytes,
+            config,
+        ))
     }
 
     /// Another S3 server on the device of an existing one (`device`): a
@@ -382,6 +399,24 @@ pub struct TestServer {
 
 impl TestServer {
     fn new(fabric: &Arc<Fabric>, device: &str, bytes: usize) -> TestServer {
+        TestServer::with_config(fabric, device, bytes, TestServer::config())
+    }
+
+    /// The test server's configuration: it plays every S3 request itself,
+    /// so there is no request source to check a dial against.
+    pub fn config() -> ServerConfig {
+        ServerConfig {
+            dial: DialPolicy::any(),
+            ..ServerConfig::default()
+        }
+    }
+
+    fn with_config(
+        fabric: &Arc<Fabric>,
+        device: &str,
+        bytes: usize,
+        config: ServerConfig,
+    ) -> TestServer {
         let verbs = fabric.verbs(&[device]);
         let ctx = verbs.open(device).expect("server device opens");
         let pd = ctx.alloc_pd().expect("server PD");
@@ -394,12 +429,6 @@ impl TestServer {
                 Access::LOCAL_WRITE,
             )
             .expect("server MR");
-        let config = ServerConfig {
-            // The test server plays every S3 request itself; there is no
-            // request source to check against.
-            dial: DialPolicy::any(),
-            ..ServerConfig::default()
-        };
         TestServer {
             side: ServerSide::with_config(fabric.cm(&[device]), ctx, pd, config),
             fabric: fabric.clone(),

@@ -30,7 +30,10 @@ use super::pool::{Pool, SlotInfo};
 use crate::core::args::Direction;
 use crate::core::buffers::BufEntry;
 use crate::core::mailbox::Mailbox;
-use crate::core::protocol::{self, decode_proof, encode_reject, PROOF_LEN};
+use crate::core::protocol::{
+    self, decode_proof, decode_proof_any, encode_reject, encode_stripes, Presented, Share,
+    PROOF_LEN, STRIPES_MAX_LEN, VERSION_3,
+};
 use crate::core::stats::Stats;
 use crate::core::token::Token;
 use crate::core::tokens::TokenBook;
@@ -53,6 +56,9 @@ pub const ACCEPT_RNR_RETRY: u8 = 7;
 pub const WINDOW_TIMEOUT: Duration = Duration::from_secs(1);
 /// Bytes of one receive buffer: room for an in-band proof.
 pub const RECV_BUF_LEN: usize = 64;
+/// Bytes of a connection's send buffer: room for a striped transfer's
+/// plan, which its grant carries.
+pub const SEND_BUF_LEN: usize = STRIPES_MAX_LEN;
 /// Receives posted on every connection whose QP is not in ERR: one for an
 /// in-band proof and one for the final message, whichever comes first.
 pub const RECVS: usize = 2;
@@ -194,6 +200,78 @@ enum Phase {
     /// The final message came; the window is being invalidated, which must
     /// be done by `until` (else the connection is reset).
     Revoking { until: Instant },
+    /// A striped transfer's primary whose own share has ended (its access
+    /// revoked): it waits for every other share to end.
+    Joining,
+}
+
+/// What part of a transfer a connection's job is.
+enum Stripe {
+    /// The whole range on this connection (not striped, or not yet).
+    Whole,
+    /// The primary of a striped transfer: share 0 here, the other shares on
+    /// the connections its plan took.
+    Primary(Plan),
+    /// Share `share` of the striped transfer whose primary is connection
+    /// `primary` at `epoch`, through this connection's window keyed `rkey`.
+    Share {
+        primary: usize,
+        epoch: u64,
+        share: u16,
+        rkey: u32,
+    },
+}
+
+/// A striped transfer's other shares, as its primary follows them.
+struct Plan {
+    /// Shares not ended yet: (connection, its epoch, share).
+    pending: Vec<(usize, u64, u16)>,
+    /// The first failure of any share: the transfer's outcome.
+    failed: Option<Error>,
+}
+
+/// Something a transition asks of another connection: the driver hands
+/// it to that connection's [`Conn::handle`] right after the transition
+/// returns, before any other event (`driver.rs`, `relay`).
+pub enum Forward {
+    /// Arm share `share` of a striped transfer on a free connection its
+    /// primary took off the free list.
+    ArmShare {
+        /// The connection.
+        index: usize,
+        /// Its epoch on the free list.
+        epoch: u64,
+        /// The share's job.
+        armed: Box<Armed>,
+        /// The primary connection, its epoch, the share, the window key.
+        primary: usize,
+        /// The primary's epoch.
+        primary_epoch: u64,
+        /// The share's index.
+        share: u16,
+        /// The key the share's window is bound with.
+        rkey: u32,
+    },
+    /// End a share: the striped transfer failed or was abandoned.
+    EndShare {
+        /// The connection.
+        index: usize,
+        /// Its job's epoch.
+        epoch: u64,
+        /// Why.
+        why: Error,
+    },
+    /// A share ended, its access revoked: its primary learns the outcome.
+    ShareEnded {
+        /// The primary connection.
+        primary: usize,
+        /// The primary's epoch.
+        epoch: u64,
+        /// The share.
+        share: u16,
+        /// How it ended.
+        outcome: Result<()>,
+    },
 }
 
 /// The transfer a connection serves.
@@ -211,10 +289,12 @@ enum Link {
     /// QP in INIT, receives posted.
     Idle,
     /// A connect request proved the job's token; the QP is in RTS and the
-    /// window is being bound; `rdma_accept` follows the bind.
+    /// window is being bound; `rdma_accept` follows the bind, with `reply`
+    /// as the REP's private data (a striped transfer's plan, or nothing).
     Accepting {
         request: Box<dyn CmRequest>,
         peer: Gid,
+        reply: Vec<u8>,
     },
     /// Established.
     Connected {
@@ -335,6 +415,23 @@ pub struct Env<'a> {
     /// The instance is shut down: application-driven tokens are ended and
     /// no new one is armed.
     pub closing: bool,
+    /// What transitions ask of other connections (striped transfers).
+    pub forward: &'a mut Vec<Forward>,
+    /// How a transfer may be striped.
+    pub striping: Striping,
+}
+
+/// How transfers are striped over several connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Striping {
+    /// The highest protocol version the client accepts: 3, or 2 to behave
+    /// as a client before striping (`HIPOBJ_PROTOCOL`).
+    pub protocol: u8,
+    /// Connections a transfer moves over at most (`HIPOBJ_STRIPES`, by
+    /// device): 1 never stripes.
+    pub stripes: usize,
+    /// The smallest transfer that is striped (`HIPOBJ_STRIPE_MIN`).
+    pub min_len: u64,
 }
 
 /// The receive buffers of every connection: `RECVS` of `RECV_BUF_LEN`
@@ -353,7 +450,7 @@ impl RecvBuffers {
     /// connection's part in its PD (local write only). `shared` says that
     /// every PD is the same one (then one registration serves all).
     pub fn new(pds: &[Arc<dyn Pd>], shared: bool) -> Result<RecvBuffers> {
-        let per_conn = RECVS * RECV_BUF_LEN;
+        let per_conn = Self::PER_CONN;
         let mem: Box<[AtomicU8]> = (0..pds.len() * per_conn)
             .map(|_| AtomicU8::new(0))
             .collect();
@@ -372,8 +469,32 @@ impl RecvBuffers {
         Ok(RecvBuffers { mem, mrs })
     }
 
+    /// Bytes of one connection's part: its receive buffers, then its send
+    /// buffer.
+    const PER_CONN: usize = RECVS * RECV_BUF_LEN + SEND_BUF_LEN;
+
     fn offset(index: usize, buf: usize) -> usize {
-        (index * RECVS + buf) * RECV_BUF_LEN
+        index * Self::PER_CONN + buf * RECV_BUF_LEN
+    }
+
+    /// Writes `bytes` to connection `index`'s send buffer: the gather
+    /// entry of a SEND of them (the driver's thread alone writes it, and
+    /// never while a SEND of it is outstanding: one grant per proof).
+    fn send_sge(&self, index: usize, bytes: &[u8]) -> Option<Sge> {
+        if bytes.len() > SEND_BUF_LEN {
+            return None;
+        }
+        let at = index * Self::PER_CONN + RECVS * RECV_BUF_LEN;
+        for (slot, b) in self.mem[at..at + bytes.len()].iter().zip(bytes) {
+            slot.store(*b, Ordering::Release);
+        }
+        let mr = self.mr(index)?;
+        let base = self.mem.as_ptr().expose_provenance();
+        Some(Sge {
+            addr: u64::try_from(base + at).ok()?,
+            len: u32::try_from(bytes.len()).ok()?,
+            lkey: mr.lkey(),
+        })
     }
 
     fn mr(&self, index: usize) -> Option<&Arc<dyn Mr>> {
@@ -434,8 +555,8 @@ pub enum Event<'e> {
     },
     /// A connect request named this connection.
     ConnectRequest {
-        /// The token its private data carries.
-        token: &'e Token,
+        /// The token its private data carries, with its version and share.
+        token: &'e Presented,
         /// The request, to accept or refuse.
         request: Box<dyn CmRequest>,
     },
@@ -462,6 +583,31 @@ pub enum Event<'e> {
     Shut {
         /// The outcome a job ends with.
         why: &'e Error,
+    },
+    /// A striped transfer's primary armed a share on this free connection
+    /// ([`Forward::ArmShare`]).
+    ArmShare {
+        /// The connection's epoch on the free list.
+        epoch: u64,
+        /// The share's job.
+        armed: Box<Armed>,
+        /// The primary connection.
+        primary: usize,
+        /// The primary's epoch.
+        primary_epoch: u64,
+        /// The share's index.
+        share: u16,
+        /// The key its window is bound with.
+        rkey: u32,
+    },
+    /// One of this primary's shares ended ([`Forward::ShareEnded`]).
+    ShareEnded {
+        /// The primary's epoch the share was armed for.
+        epoch: u64,
+        /// The share.
+        share: u16,
+        /// How it ended.
+        outcome: Result<()>,
     },
 }
 
@@ -499,6 +645,8 @@ pub struct Conn {
     /// Posted send work requests (bind, grant, invalidate) not completed.
     sends: Vec<u64>,
     next_seq: u64,
+    /// The armed job's part of a striped transfer.
+    stripe: Stripe,
 }
 
 impl Conn {
@@ -532,6 +680,7 @@ impl Conn {
             recvs: [None; RECVS],
             sends: Vec::new(),
             next_seq: 0,
+            stripe: Stripe::Whole,
         };
         conn.qp.modify(&init_attr(env.port, env.mode))?;
         conn.post_recvs(env)?;
@@ -555,6 +704,27 @@ impl Conn {
             Event::Disconnected => self.on_disconnected(env),
             Event::Timer { at } => self.on_timer(at, now, env),
             Event::Shut { why } => self.shut(why, env),
+            Event::ArmShare {
+                epoch,
+                armed,
+                primary,
+                primary_epoch,
+                share,
+                rkey,
+            } => {
+                let stripe = Stripe::Share {
+                    primary,
+                    epoch: primary_epoch,
+                    share,
+                    rkey,
+                };
+                self.on_arm_as(epoch, armed, stripe, env)
+            }
+            Event::ShareEnded {
+                epoch,
+                share,
+                outcome,
+            } => self.on_share_ended(epoch, share, outcome, env),
         }
         self.watch(env);
     }
@@ -595,7 +765,7 @@ impl Conn {
             (Job::Armed(a, phase), _) => {
                 let step = match phase {
                     Phase::Binding { until } | Phase::Revoking { until } => Some(*until),
-                    Phase::Waiting | Phase::Granted => None,
+                    Phase::Waiting | Phase::Granted | Phase::Joining => None,
                 };
                 match (a.deadline, step) {
                     (Some(d), Some(s)) => Some(d.min(s)),
@@ -861,6 +1031,13 @@ impl Conn {
     /// `Job::Free` until its Arm (or Release) arrives, with the epoch the
     /// free list handed out.
     fn on_arm(&mut self, epoch: u64, armed: Box<Armed>, env: &mut Env<'_>) {
+        self.on_arm_as(epoch, armed, Stripe::Whole, env);
+    }
+
+    /// [`Conn::on_arm`] for the job's part of a transfer: the whole, or a
+    /// share a striped transfer's primary armed here (whose outcome goes to
+    /// the primary, not to a mailbox).
+    fn on_arm_as(&mut self, epoch: u64, armed: Box<Armed>, stripe: Stripe, env: &mut Env<'_>) {
         if epoch != self.epoch || !matches!(self.job, Job::Free) {
             log!(
                 Level::Error,
@@ -868,17 +1045,15 @@ impl Conn {
                 self.index,
                 self.epoch
             );
-            armed.mailbox.fill(Err(Error::Internal(format!(
+            let why = Error::Internal(format!(
                 "connection {} was not leased at epoch {epoch}",
                 self.index
-            ))));
-            return;
+            ));
+            return Self::not_armed(armed.mailbox, &stripe, why, env);
         }
         if self.is_retired() {
-            armed.mailbox.fill(Err(Error::Rdma(
-                "the connection failed and was retired".into(),
-            )));
-            return;
+            let why = Error::Rdma("the connection failed and was retired".into());
+            return Self::not_armed(armed.mailbox, &stripe, why, env);
         }
         if env.closing && armed.detached {
             // Minted as the library shut down: never armed.
@@ -887,12 +1062,17 @@ impl Conn {
         }
         self.armed_at = Instant::now();
         self.wrong_proofs = 0;
+        let rkey = match &stripe {
+            Stripe::Share { rkey, .. } => *rkey,
+            _ => armed.token.rkey,
+        };
         let window_ok = match (&self.window, &armed.grant) {
-            (Some(w), Grant::Window { .. }) => armed.token.rkey & !0xff == w.rkey & !0xff,
+            (Some(w), Grant::Window { .. }) => rkey & !0xff == w.rkey & !0xff,
             (None, Grant::Region { .. }) => true,
             _ => false,
         };
         self.job = Job::Armed(armed, Phase::Waiting);
+        self.stripe = stripe;
         if !window_ok {
             self.finish(
                 Err(Error::Internal(
@@ -900,6 +1080,25 @@ impl Conn {
                 )),
                 env,
             );
+        }
+    }
+
+    /// A job that could not be armed ends at once: its thread learns why,
+    /// or, for a share, its primary.
+    fn not_armed(mailbox: Arc<Mailbox>, stripe: &Stripe, why: Error, env: &mut Env<'_>) {
+        match stripe {
+            Stripe::Share {
+                primary,
+                epoch,
+                share,
+                ..
+            } => env.forward.push(Forward::ShareEnded {
+                primary: *primary,
+                epoch: *epoch,
+                share: *share,
+                outcome: Err(why),
+            }),
+            _ => mailbox.fill(Err(why)),
         }
     }
 
@@ -1009,11 +1208,91 @@ impl Conn {
                 self.qp.qp_num()
             );
         }
-        let granted = matches!(&self.job, Job::Armed(_, phase) if !matches!(phase, Phase::Waiting));
+        let granted = matches!(&self.job, Job::Armed(_, phase)
+            if !matches!(phase, Phase::Waiting | Phase::Joining));
         if granted || matches!(self.link, Link::Accepting { .. }) {
             self.reset(env);
         }
-        self.end_job(outcome, None, env);
+        self.conclude(outcome, None, env);
+    }
+
+    /// This connection's part of the job is over, its access revoked, with
+    /// `outcome`: a job that is the whole transfer (or a share) ends; a
+    /// striped transfer's primary first ends every other share (on a
+    /// failure) and waits for all of them ([`Phase::Joining`]).
+    fn conclude(&mut self, outcome: Result<()>, peer: Option<Gid>, env: &mut Env<'_>) {
+        let Stripe::Primary(plan) = &mut self.stripe else {
+            return self.end_job(outcome, peer, env);
+        };
+        if let Err(e) = outcome {
+            plan.failed.get_or_insert(e);
+        }
+        if plan.failed.is_some() {
+            for &(index, epoch, _) in &plan.pending {
+                env.forward.push(Forward::EndShare {
+                    index,
+                    epoch,
+                    why: Error::Rdma("another share of the striped transfer failed".into()),
+                });
+            }
+        }
+        if let Job::Armed(_, phase) = &mut self.job {
+            *phase = Phase::Joining;
+        }
+        self.join(env);
+    }
+
+    /// A striped transfer's primary whose own share is over: ends the job
+    /// once no other share is pending, with the first failure, if any.
+    fn join(&mut self, env: &mut Env<'_>) {
+        let Stripe::Primary(plan) = &mut self.stripe else {
+            return;
+        };
+        if !plan.pending.is_empty() || !matches!(self.job, Job::Armed(_, Phase::Joining)) {
+            return;
+        }
+        let outcome = plan.failed.take().map_or(Ok(()), Err);
+        let peer = match (&outcome, &self.link) {
+            (Ok(()), Link::Connected { peer, .. }) => Some(*peer),
+            _ => None,
+        };
+        self.end_job(outcome, peer, env);
+    }
+
+    /// One of this primary's shares ended, its access revoked.
+    fn on_share_ended(&mut self, epoch: u64, share: u16, outcome: Result<()>, env: &mut Env<'_>) {
+        if epoch != self.epoch {
+            return;
+        }
+        let Stripe::Primary(plan) = &mut self.stripe else {
+            return;
+        };
+        let Some(pos) = plan.pending.iter().position(|p| p.2 == share) else {
+            return;
+        };
+        plan.pending.swap_remove(pos);
+        let Err(e) = outcome else {
+            return self.join(env);
+        };
+        let first = plan.failed.is_none();
+        plan.failed.get_or_insert(e.clone());
+        match &self.job {
+            // The primary's own share is still live: it ends too, and with
+            // it every other share.
+            Job::Armed(_, phase) if !matches!(phase, Phase::Joining) => self.finish(Err(e), env),
+            _ => {
+                if first {
+                    for &(index, epoch, _) in &plan.pending {
+                        env.forward.push(Forward::EndShare {
+                            index,
+                            epoch,
+                            why: Error::Rdma("another share of the striped transfer failed".into()),
+                        });
+                    }
+                }
+                self.join(env)
+            }
+        }
     }
 
     /// Takes the job (its access is revoked already), frees the slot, and
@@ -1021,6 +1300,7 @@ impl Conn {
     fn end_job(&mut self, outcome: Result<()>, peer: Option<Gid>, env: &mut Env<'_>) {
         let key = (self.index, self.epoch);
         let armed = std::mem::replace(&mut self.job, Job::Leased);
+        let stripe = std::mem::replace(&mut self.stripe, Stripe::Whole);
         // The slot is free again before the outcome is told, so that a
         // thread that has its outcome finds its connection back.
         self.release(env);
@@ -1039,6 +1319,21 @@ impl Conn {
             // buffer may go, and the outcome may be told.
             drop(grant);
             drop(entry);
+            if let Stripe::Share {
+                primary,
+                epoch,
+                share,
+                ..
+            } = stripe
+            {
+                env.forward.push(Forward::ShareEnded {
+                    primary,
+                    epoch,
+                    share,
+                    outcome,
+                });
+                return;
+            }
             if let Some(peer) = peer {
                 mailbox.set_peer(peer);
             }
@@ -1068,11 +1363,12 @@ impl Conn {
     /// A connect request whose private data named this slot's QP.
     fn on_connect_request(
         &mut self,
-        token: &Token,
+        presented: &Presented,
         request: Box<dyn CmRequest>,
         env: &mut Env<'_>,
     ) {
-        let proved = matches!(&self.job, Job::Armed(a, Phase::Waiting) if a.token.same_as(token));
+        let proved = matches!(&self.job, Job::Armed(a, Phase::Waiting)
+            if proves(&self.stripe, a, presented));
         if !proved || self.is_retired() {
             // Not waiting, another token, or a second request with a token
             // already proved: refused, and the job is not disturbed. The
@@ -1087,7 +1383,7 @@ impl Conn {
                     Level::Debug,
                     "QP {}: refused a connect request: {}",
                     self.qp.qp_num(),
-                    self.why_not_proved(token)
+                    self.why_not_proved(presented)
                 );
             }
             if wrong {
@@ -1138,37 +1434,56 @@ impl Conn {
                 return self.finish(Err(e), env);
             }
         };
+        let plan = match presented.version >= VERSION_3 && presented.share == 0 {
+            true => self.plan(Some(peer), env),
+            false => None,
+        };
         let Job::Armed(armed, phase) = &mut self.job else {
             return refuse(request);
         };
         match &armed.grant {
             Grant::Window { mr, addr, len } => {
-                let (mr, addr, len) = (mr.clone(), *addr, *len);
-                let rkey = armed.token.rkey;
+                let len = plan.as_ref().map_or(*len, |shares| shares[0].len);
+                let (mr, addr, rkey) = (mr.clone(), *addr, key_of(&self.stripe, armed));
                 let access = armed.direction.access();
                 let until = Instant::now() + WINDOW_TIMEOUT;
                 *phase = Phase::Binding { until };
-                self.link = Link::Accepting { request, peer };
-                if let Err(e) = self.post_bind(mr, addr, len, rkey, access, None) {
+                // The plan goes to the server in the REP, once the bind of
+                // share 0 is done.
+                let reply = plan
+                    .map(|shares| encode_stripes(&shares))
+                    .unwrap_or_default();
+                self.link = Link::Accepting {
+                    request,
+                    peer,
+                    reply,
+                };
+                if let Err(e) = self.post_bind(mr, addr, len, rkey, access, None, env) {
                     self.finish(Err(e), env);
                 }
             }
             Grant::Region { .. } => {
                 *phase = Phase::Granted;
-                self.accept(request, peer, env);
+                self.accept(request, peer, Vec::new(), env);
             }
         }
     }
 
     /// Why a connect request's token is no proof for this connection (for
     /// the local log; the peer is told only "refused").
-    fn why_not_proved(&self, token: &Token) -> String {
+    fn why_not_proved(&self, presented: &Presented) -> String {
+        let token = &presented.token;
         match &self.job {
             _ if self.is_retired() => "the connection is retired".into(),
             Job::Free | Job::Leased => format!("no transfer is armed (epoch {})", self.epoch),
             Job::Armed(_, phase) if !matches!(phase, Phase::Waiting) => {
                 "its transfer was proved already".into()
             }
+            Job::Armed(a, _) if a.token.same_as(token) => format!(
+                "the token of this transfer, for share {} (version {}), which is not this \
+                 connection's",
+                presented.share, presented.version
+            ),
             Job::Armed(a, _) => format!(
                 "another token (armed rkey {:#x} length {}, presented rkey {:#x} length {})",
                 a.token.rkey, a.token.length, token.rkey, token.length
@@ -1194,12 +1509,19 @@ impl Conn {
 
     /// `rdma_accept` with this slot's QP: the server's grant on a fresh
     /// connection.
-    fn accept(&mut self, request: Box<dyn CmRequest>, peer: Gid, env: &mut Env<'_>) {
+    fn accept(
+        &mut self,
+        request: Box<dyn CmRequest>,
+        peer: Gid,
+        reply: Vec<u8>,
+        env: &mut Env<'_>,
+    ) {
         let params = AcceptParams {
             qp_num: self.qp.qp_num(),
             responder_resources: request.responder_resources(),
             initiator_depth: request.initiator_depth(),
             rnr_retry_count: ACCEPT_RNR_RETRY,
+            private_data: reply,
         };
         match request.accept(params) {
             Ok(cm) => {
@@ -1230,6 +1552,7 @@ impl Conn {
     /// Posts the bind of the job's window (and, for an in-band proof, the
     /// grant SEND behind it in the same chain: the server hears of the
     /// grant only after the bind is done, or never if it fails).
+    #[allow(clippy::too_many_arguments)]
     fn post_bind(
         &mut self,
         mr: Arc<dyn Mr>,
@@ -1237,7 +1560,8 @@ impl Conn {
         len: u64,
         rkey: u32,
         access: Access,
-        grant: Option<u32>,
+        grant: Option<(u32, Option<Vec<u8>>)>,
+        env: &Env<'_>,
     ) -> Result<()> {
         let Some(w) = &mut self.window else {
             return Err(Error::Internal("no window to bind".into()));
@@ -1262,12 +1586,20 @@ impl Conn {
             sge: None,
             signaled: true,
         }];
-        if let Some(imm) = grant {
+        if let Some((imm, payload)) = grant {
+            let sge = match payload {
+                Some(bytes) => Some(
+                    env.recv_bufs
+                        .send_sge(self.index, &bytes)
+                        .ok_or_else(|| Error::Internal("a plan longer than its buffer".into()))?,
+                ),
+                None => None,
+            };
             let id = self.next_wr(WrKind::Grant);
             wrs.push(SendWr {
                 wr_id: id,
                 op: SendOp::SendImm { imm },
-                sge: None,
+                sge,
                 signaled: true,
             });
         }
@@ -1313,9 +1645,20 @@ impl Conn {
     /// message, or something that is neither.
     fn on_message(&mut self, c: &Completion, buf: usize, env: &mut Env<'_>) {
         let kind = match (c.opcode, c.imm) {
-            (WcOpcode::Recv, None) if usize::try_from(c.byte_len) == Ok(PROOF_LEN) => Some(
-                decode_proof(&env.recv_bufs.read(self.index, buf, PROOF_LEN)),
-            ),
+            (WcOpcode::Recv, None) if usize::try_from(c.byte_len) == Ok(PROOF_LEN) => {
+                let data = env.recv_bufs.read(self.index, buf, PROOF_LEN);
+                Some(if env.striping.protocol >= VERSION_3 {
+                    decode_proof_any(&data, self.name)
+                } else {
+                    // A client of version 2 reads version 2 only.
+                    decode_proof(&data).map(|token| Presented {
+                        token,
+                        version: protocol::VERSION,
+                        share: 0,
+                        name: self.name,
+                    })
+                })
+            }
             (WcOpcode::Recv, Some(_)) if c.byte_len == 0 => None,
             _ => {
                 return self.on_garbage(
@@ -1339,9 +1682,11 @@ impl Conn {
         }
     }
 
-    /// An in-band proof from the server this QP is connected to.
-    fn on_proof(&mut self, token: &Token, env: &mut Env<'_>) {
-        let Job::Armed(armed, phase) = &mut self.job else {
+    /// An in-band proof from the server this QP is connected to: of the
+    /// whole transfer or its share 0 (a version-3 server's, which may
+    /// stripe it), or of the share this connection holds.
+    fn on_proof(&mut self, presented: &Presented, env: &mut Env<'_>) {
+        let Job::Armed(armed, phase) = &self.job else {
             return self.on_garbage("a proof with no transfer waiting", env);
         };
         if !matches!(phase, Phase::Waiting) {
@@ -1349,31 +1694,46 @@ impl Conn {
             // job goes on undisturbed.
             return;
         }
-        if !matches!(self.link, Link::Connected { .. }) {
+        let Link::Connected { peer, .. } = &self.link else {
             return self.on_garbage("a proof on a QP that is not connected", env);
-        }
-        if !armed.token.same_as(token) {
-            // The connected server was not sent this request: it gets
-            // nothing, loses its connection, and the job waits for its
-            // server's connect request.
+        };
+        let peer = *peer;
+        if !proves(&self.stripe, armed, presented) {
+            // The connected server was not sent this request (or not for
+            // this share): it gets nothing, loses its connection, and the
+            // job waits for its server's proof.
             log!(
                 Level::Warn,
-                "QP {}: the connected server's proof is not this transfer's token; \
+                "QP {}: the connected server's proof is not this transfer's token{}; \
                  disconnecting it",
-                self.qp.qp_num()
+                self.qp.qp_num(),
+                if presented.share == 0 {
+                    String::new()
+                } else {
+                    format!(" for share {}", presented.share)
+                }
             );
             return self.reset(env);
         }
         env.stats.reuse();
         armed.mailbox.set_proved();
+        let plan = match presented.version >= VERSION_3 && presented.share == 0 {
+            true => self.plan(Some(peer), env),
+            false => None,
+        };
+        let Job::Armed(armed, phase) = &mut self.job else {
+            return;
+        };
         let imm = protocol::grant_imm(armed.token.secret);
         let access = armed.direction.access();
         let outcome = match &armed.grant {
             Grant::Window { mr, addr, len } => {
-                let (mr, addr, len, rkey) = (mr.clone(), *addr, *len, armed.token.rkey);
+                let len = plan.as_ref().map_or(*len, |shares| shares[0].len);
+                let (mr, addr, rkey) = (mr.clone(), *addr, key_of(&self.stripe, armed));
                 let until = Instant::now() + WINDOW_TIMEOUT;
                 *phase = Phase::Binding { until };
-                self.post_bind(mr, addr, len, rkey, access, Some(imm))
+                let payload = plan.map(|shares| encode_stripes(&shares));
+                self.post_bind(mr, addr, len, rkey, access, Some((imm, payload)), env)
             }
             Grant::Region { .. } => {
                 *phase = Phase::Granted;
@@ -1388,6 +1748,112 @@ impl Conn {
         if let Err(e) = outcome {
             self.finish(Err(e), env);
         }
+    }
+
+    /// At a version-3 proof of a transfer's share 0, from the server at
+    /// `peer`: whether to stripe it. A transfer of at least
+    /// [`Striping::min_len`] bytes through a window takes up to
+    /// [`Striping::stripes`] - 1 free connections (those established with
+    /// `peer` first, then unconnected ones; none that another server
+    /// keeps), arms a share of its range on each (forwarded: they wait for
+    /// their own proofs before any access), and returns the plan, share 0
+    /// (this connection) first, for its grant. `None`: the transfer stays
+    /// whole.
+    fn plan(&mut self, peer: Option<Gid>, env: &mut Env<'_>) -> Option<Vec<Share>> {
+        let Job::Armed(armed, _) = &self.job else {
+            return None;
+        };
+        let Grant::Window { mr, addr, len } = &armed.grant else {
+            return None;
+        };
+        let (addr, len) = (*addr, *len);
+        if env.striping.stripes < 2
+            || len < env.striping.min_len.max(2)
+            || !matches!(self.stripe, Stripe::Whole)
+        {
+            return None;
+        }
+        let (mut taken, windowless): (Vec<_>, Vec<_>) = env
+            .pool
+            .take_for_stripes(env.striping.stripes - 1, peer, self.index)
+            .into_iter()
+            .partition(|info| info.window_rkey.is_some());
+        for info in windowless {
+            env.pool.put_back(info);
+        }
+        let mut keys = Vec::with_capacity(taken.len());
+        for _ in &taken {
+            let Ok(random) = crate::core::transfer::random_bytes() else {
+                break;
+            };
+            keys.push(u32::from_le_bytes([
+                random[0], random[1], random[2], random[3],
+            ]));
+        }
+        // Equal shares of whole pages, the last one shorter; never an
+        // empty one.
+        let mut count = 1 + taken.len().min(keys.len());
+        let share_len = loop {
+            let each = len.div_ceil(count as u64).next_multiple_of(4096);
+            if count == 1 || (count as u64 - 1) * each < len {
+                break each;
+            }
+            count -= 1;
+        };
+        for info in taken.drain(count - 1..) {
+            env.pool.put_back(info);
+        }
+        if count < 2 {
+            return None;
+        }
+        let mut shares = vec![Share {
+            name: self.name,
+            rkey: armed.token.rkey,
+            addr,
+            len: share_len,
+        }];
+        let mut pending = Vec::with_capacity(taken.len());
+        for (i, (info, random)) in taken.into_iter().zip(keys).enumerate() {
+            let share = u16::try_from(i + 1).unwrap_or(u16::MAX);
+            let at = share_len * (i as u64 + 1);
+            let current = info.window_rkey.unwrap_or_default();
+            let part = Share {
+                name: info.qp_num,
+                rkey: crate::core::transfer::fresh_window_key(current, random),
+                addr: addr + at,
+                len: share_len.min(len - at),
+            };
+            let job = Armed {
+                token: armed.token,
+                direction: armed.direction,
+                grant: Grant::Window {
+                    mr: mr.clone(),
+                    addr: part.addr,
+                    len: part.len,
+                },
+                entry: armed.entry.clone(),
+                mailbox: Arc::new(Mailbox::new()),
+                deadline: None,
+                detached: false,
+                released: false,
+            };
+            env.forward.push(Forward::ArmShare {
+                index: info.index,
+                epoch: info.epoch,
+                armed: Box::new(job),
+                primary: self.index,
+                primary_epoch: self.epoch,
+                share,
+                rkey: part.rkey,
+            });
+            pending.push((info.index, info.epoch, share));
+            shares.push(part);
+        }
+        self.stripe = Stripe::Primary(Plan {
+            pending,
+            failed: None,
+        });
+        Some(shares)
     }
 
     fn post_grant(&mut self, imm: u32) -> Result<()> {
@@ -1406,9 +1872,13 @@ impl Conn {
     /// the token, or (in-band) the grant is on its way.
     fn on_bound(&mut self, env: &mut Env<'_>) {
         if let Link::Accepting { .. } = self.link {
-            if let Link::Accepting { request, peer } = std::mem::replace(&mut self.link, Link::Idle)
+            if let Link::Accepting {
+                request,
+                peer,
+                reply,
+            } = std::mem::replace(&mut self.link, Link::Idle)
             {
-                return self.accept(request, peer, env);
+                return self.accept(request, peer, reply, env);
             }
         }
         if let Job::Armed(_, phase @ Phase::Binding { .. }) = &mut self.job {
@@ -1431,7 +1901,9 @@ impl Conn {
             }
             // A second final message: the data is in; the window goes
             // with the connection.
-            Phase::Revoking { .. } => return self.on_garbage("a second final message", env),
+            Phase::Revoking { .. } | Phase::Joining => {
+                return self.on_garbage("a second final message", env)
+            }
             Phase::Binding { .. } => {
                 return self.finish(
                     Err(Error::Rdma(
@@ -1455,7 +1927,7 @@ impl Conn {
                 // window through the QP that bound it.
                 let until = Instant::now() + WINDOW_TIMEOUT;
                 *phase = Phase::Revoking { until };
-                let rkey = armed.token.rkey;
+                let rkey = key_of(&self.stripe, armed);
                 let id = self.next_wr(WrKind::Invalidate);
                 let posted = self.qp.post_send(&[SendWr {
                     wr_id: id,
@@ -1503,7 +1975,7 @@ impl Conn {
             Link::Connected { peer, .. } => Some(*peer),
             _ => None,
         };
-        self.end_job(Ok(()), peer, env);
+        self.conclude(Ok(()), peer, env);
     }
 
     /// The QP is in ERR: a receive or a send failed (flushed, or a remote
@@ -1518,6 +1990,7 @@ impl Conn {
                 Job::Armed(_, Phase::Binding { .. }) => "binding",
                 Job::Armed(_, Phase::Granted) => "granted",
                 Job::Armed(_, Phase::Revoking { .. }) => "revoking",
+                Job::Armed(_, Phase::Joining) => "joining",
             };
             log!(
                 Level::Warn,
@@ -1528,7 +2001,9 @@ impl Conn {
         }
         match &self.job {
             Job::Armed(_, Phase::Revoking { .. }) => self.succeed_by_reset(env),
-            Job::Armed(_, Phase::Waiting) => self.reset(env),
+            // Waiting: nothing granted, the job waits on a fresh QP;
+            // joining: this share's access is gone already.
+            Job::Armed(_, Phase::Waiting | Phase::Joining) => self.reset(env),
             Job::Armed(..) => self.finish(
                 Err(Error::Rdma(format!(
                     "the connection of QP {} failed: {why}",
@@ -1568,8 +2043,10 @@ impl Conn {
 
     /// The last resort of a dying driver: no server may reach anything.
     /// Moves the QP to ERR and deallocates a bound window, without
-    /// replacing anything.
-    pub fn fence(&mut self) {
+    /// replacing anything. Returns the mailbox of the job's thread, for the
+    /// driver to fill once every connection is fenced (a striped transfer's
+    /// other shares are on other connections).
+    pub fn fence(&mut self) -> Option<Arc<Mailbox>> {
         let _ = self.qp.modify(&QpAttr {
             state: Some(QpState::Err),
             ..QpAttr::default()
@@ -1580,11 +2057,33 @@ impl Conn {
         if let Link::Connected { cm, .. } = std::mem::replace(&mut self.link, Link::Retired) {
             let _ = cm.disconnect();
         }
-        if let Job::Armed(armed, _) = std::mem::replace(&mut self.job, Job::Leased) {
-            armed
-                .mailbox
-                .fill(Err(Error::Rdma("the connection driver stopped".into())));
+        let stripe = std::mem::replace(&mut self.stripe, Stripe::Whole);
+        match std::mem::replace(&mut self.job, Job::Leased) {
+            Job::Armed(armed, _) if !matches!(stripe, Stripe::Share { .. }) => Some(armed.mailbox),
+            _ => None,
         }
+    }
+}
+
+/// Whether `presented` proves the job `armed` (part `stripe` of its
+/// transfer): the same token (compared in constant time), for this
+/// connection's share: share 0 for a whole transfer (either version), the
+/// share it holds for a share of a striped one (version 3 only).
+fn proves(stripe: &Stripe, armed: &Armed, presented: &Presented) -> bool {
+    let share_ok = match stripe {
+        Stripe::Share { share, .. } => presented.version >= VERSION_3 && presented.share == *share,
+        Stripe::Whole | Stripe::Primary(_) => presented.share == 0,
+    };
+    // Both compared, whatever the first says.
+    let same = armed.token.same_as(&presented.token);
+    share_ok & same
+}
+
+/// The key of the window a job binds: its share's, or its token's.
+fn key_of(stripe: &Stripe, armed: &Armed) -> u32 {
+    match stripe {
+        Stripe::Share { rkey, .. } => *rkey,
+        _ => armed.token.rkey,
     }
 }
 

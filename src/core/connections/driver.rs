@@ -28,11 +28,12 @@ use crate::core::sync::Mutex;
 use crate::core::tokens::TokenBook;
 
 use super::conn::{
-    refuse, wr_parts, Armed, Conn, Cooling, Env, Event, Mode, RecvBuffers, Timers, QP_CAPS,
+    refuse, wr_parts, Armed, Conn, Cooling, Env, Event, Forward, Mode, RecvBuffers, Striping,
+    Timers, QP_CAPS,
 };
 use super::pool::Pool;
 use crate::core::mailbox::Mailbox;
-use crate::core::protocol::decode_connect;
+use crate::core::protocol::{decode_connect, decode_connect_any, Presented, VERSION, VERSION_3};
 use crate::error::{Error, Result};
 use crate::platform::{wait_readable, AsyncKind, CmEvent, CmListener, Context, Cq, Mw, Pd, Waker};
 /// Completion entries per connection on the pool's CQ: more than a
@@ -223,6 +224,9 @@ pub struct Settings {
     pub tokens: Arc<TokenBook>,
     /// Entries the driver's timer heap holds (after each look at it).
     pub timers_pending: Arc<std::sync::atomic::AtomicUsize>,
+    /// How transfers are striped (`HIPOBJ_PROTOCOL`, `HIPOBJ_STRIPES`,
+    /// `HIPOBJ_STRIPE_MIN`).
+    pub striping: Striping,
 }
 
 /// Creates `count` connections on `ctx`: one CQ for all, a window each
@@ -278,6 +282,7 @@ pub fn build(
     let mut by_qp = HashMap::new();
     let mut cooling = Cooling::new(count);
     let mut timers = Timers::default();
+    let mut forward = Vec::new();
     let env = Env {
         pool,
         cq: &cq,
@@ -294,6 +299,8 @@ pub fn build(
         stats: &settings.stats,
         tokens: &settings.tokens,
         closing: false,
+        forward: &mut forward,
+        striping: settings.striping,
     };
     let mut windows = windows.map(Vec::into_iter);
     let mut conns = Vec::with_capacity(count);
@@ -356,6 +363,7 @@ impl Driver {
                 event_errors: 0,
                 stopping: false,
                 closing: false,
+                forward: Vec::new(),
             },
         };
         let thread = std::thread::Builder::new()
@@ -400,6 +408,57 @@ impl Drop for Driver {
     }
 }
 
+/// Hands each connection what the last transitions asked of it (the
+/// shares of striped transfers: armed, ended, and their ends told to their
+/// primaries), in order, until nothing more is asked: before the driver
+/// looks at any other event, so that a share is armed before its server
+/// can prove it, and every share is revoked before its primary tells the
+/// transfer's outcome.
+fn relay(conns: &mut [Conn], shared: &mut Shared) {
+    while !shared.forward.is_empty() {
+        for forward in std::mem::take(&mut shared.forward) {
+            let (index, event) = match forward {
+                Forward::ArmShare {
+                    index,
+                    epoch,
+                    armed,
+                    primary,
+                    primary_epoch,
+                    share,
+                    rkey,
+                } => (
+                    index,
+                    Event::ArmShare {
+                        epoch,
+                        armed,
+                        primary,
+                        primary_epoch,
+                        share,
+                        rkey,
+                    },
+                ),
+                Forward::EndShare { index, epoch, why } => (index, Event::Abort { epoch, why }),
+                Forward::ShareEnded {
+                    primary,
+                    epoch,
+                    share,
+                    outcome,
+                } => (
+                    primary,
+                    Event::ShareEnded {
+                        epoch,
+                        share,
+                        outcome,
+                    },
+                ),
+            };
+            if let Some(conn) = conns.get_mut(index) {
+                conn.handle(event, &mut shared.env());
+            }
+        }
+    }
+}
+
 /// Everything but the connections, so that a transition can borrow a
 /// connection and these at once.
 struct Shared {
@@ -424,6 +483,8 @@ struct Shared {
     stopping: bool,
     /// A Close command was read.
     closing: bool,
+    /// What the last transition asked of other connections.
+    forward: Vec<Forward>,
 }
 
 impl Shared {
@@ -444,6 +505,8 @@ impl Shared {
             stats: &self.settings.stats,
             tokens: &self.settings.tokens,
             closing: self.closing,
+            forward: &mut self.forward,
+            striping: self.settings.striping,
         }
     }
 
@@ -612,6 +675,7 @@ impl State {
                     let epoch = conn.epoch;
                     conn.handle(Event::Abort { epoch, why }, &mut shared.env());
                 }
+                relay(conns, shared);
                 done.fill(Ok(()));
             }
             Command::Released { qp_num, secret } => {
@@ -633,6 +697,7 @@ impl State {
                     );
                     let epoch = conn.epoch;
                     conn.handle(Event::Abort { epoch, why }, &mut shared.env());
+                    relay(conns, shared);
                     done.fill(Ok(()));
                 } else if conns.iter().any(|c| c.frees_soon(&shared.pool)) {
                     // A transfer will end soon and free its connection.
@@ -652,10 +717,12 @@ impl State {
                     let why = Error::NotInitialized;
                     conn.handle(Event::Abort { epoch, why }, &mut shared.env());
                 }
+                relay(conns, shared);
                 done.fill(Ok(()));
             }
             Command::Stop => shared.stopping = true,
         }
+        relay(conns, shared);
     }
 
     /// Polls the CQ and the command queue for up to `HIPOBJ_POLL_US`
@@ -700,6 +767,7 @@ impl State {
                     kind,
                 };
                 conn.handle(event, &mut self.shared.env());
+                relay(&mut self.conns, &mut self.shared);
             }
         }
         Ok(true)
@@ -723,6 +791,7 @@ impl State {
                     if let Some(conn) = index.and_then(|i| self.conns.get_mut(i)) {
                         let why = format!("the device reported {kind:?}");
                         conn.handle(Event::QpFailed { why: &why }, &mut self.shared.env());
+                        relay(&mut self.conns, &mut self.shared);
                     }
                 }
                 _ => {}
@@ -743,7 +812,19 @@ impl State {
                 CmEvent::ConnectRequest(request) => {
                     // An Arm queued just before its server's request.
                     self.commands();
-                    let token = match decode_connect(request.private_data()) {
+                    let data = request.private_data();
+                    let decoded = if self.shared.settings.striping.protocol >= VERSION_3 {
+                        decode_connect_any(data)
+                    } else {
+                        // A client of version 2 reads version 2 only.
+                        decode_connect(data).map(|token| Presented {
+                            token,
+                            version: VERSION,
+                            share: 0,
+                            name: token.qp_num,
+                        })
+                    };
+                    let token = match decoded {
                         Ok(token) => token,
                         Err(why) => {
                             refuse(request);
@@ -753,14 +834,17 @@ impl State {
                             continue;
                         }
                     };
-                    let index = self.shared.by_name.get(&token.qp_num).copied();
+                    // The connection the request is for: the token's own,
+                    // or (version 3) the one the plan gave a later share.
+                    let index = self.shared.by_name.get(&token.name).copied();
                     match index.and_then(|i| self.conns.get_mut(i)) {
                         Some(conn) => {
                             let event = Event::ConnectRequest {
                                 token: &token,
                                 request,
                             };
-                            conn.handle(event, &mut self.shared.env())
+                            conn.handle(event, &mut self.shared.env());
+                            relay(&mut self.conns, &mut self.shared);
                         }
                         None => {
                             refuse(request);
@@ -768,7 +852,7 @@ impl State {
                                 log!(
                                     Level::Debug,
                                     "refused a connect request: no connection is named QP {}",
-                                    token.qp_num
+                                    token.name
                                 );
                             }
                         }
@@ -784,6 +868,7 @@ impl State {
                     if let Some(c) = index.and_then(|i| self.conns.get_mut(i)) {
                         if c.cm_id() == Some(conn) {
                             c.handle(Event::Disconnected, &mut self.shared.env());
+                            relay(&mut self.conns, &mut self.shared);
                         }
                     }
                 }
@@ -798,6 +883,7 @@ impl State {
         while let Some((at, index)) = self.shared.timers.pop_due(now) {
             if let Some(conn) = self.conns.get_mut(index) {
                 conn.handle(Event::Timer { at }, &mut self.shared.env());
+                relay(&mut self.conns, &mut self.shared);
             }
         }
         self.shared.settings.timers_pending.store(
@@ -815,6 +901,7 @@ impl State {
         for conn in &mut self.conns {
             conn.handle(Event::Shut { why: &why }, &mut self.shared.env());
         }
+        relay(&mut self.conns, &mut self.shared);
     }
 
     /// The driver cannot go on: says so, fences every QP, and fails every
@@ -824,8 +911,9 @@ impl State {
         log!(Level::Error, "{why}; RDMA transfers fail from now on");
         self.shared.commands.kill(&why);
         self.shared.pool.kill(why);
-        for conn in &mut self.conns {
-            conn.fence();
+        let mailboxes: Vec<_> = self.conns.iter_mut().filter_map(Conn::fence).collect();
+        for mailbox in mailboxes {
+            mailbox.fill(Err(Error::Rdma("the connection driver stopped".into())));
         }
     }
 }

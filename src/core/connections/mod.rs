@@ -32,7 +32,7 @@ mod loom_models;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use conn::{Armed, Grant, Mode, MAX_WRONG_PROOFS};
+pub use conn::{Armed, Grant, Mode, Striping, MAX_WRONG_PROOFS};
 pub use driver::Settings;
 pub use pool::{remember_peer, AbortHandle, Lease, Pool, SlotInfo};
 

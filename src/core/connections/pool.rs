@@ -181,6 +181,36 @@ impl Pool {
         self.available.notify_one();
     }
 
+    /// Takes up to `count` free slots for the shares of a striped transfer
+    /// (the driver, for the primary at slot `primary`): those established
+    /// with `peer` first, then those with no server; never one another
+    /// server keeps (its next transfer would lose the connection).
+    pub fn take_for_stripes(
+        &self,
+        count: usize,
+        peer: Option<Gid>,
+        primary: usize,
+    ) -> Vec<SlotInfo> {
+        let mut inner = self.inner.lock();
+        let mut taken = Vec::with_capacity(count);
+        for want in [peer, None] {
+            if want.is_none() && peer.is_none() && !taken.is_empty() {
+                break;
+            }
+            while taken.len() < count {
+                let Some(pos) = inner
+                    .free
+                    .iter()
+                    .position(|s| s.peer == want && s.index != primary)
+                else {
+                    break;
+                };
+                taken.push(inner.free.swap_remove(pos));
+            }
+        }
+        taken
+    }
+
     /// Takes slot `index` off the free list if it is there (the driver,
     /// for a free connection it retired).
     pub fn take_free(&self, index: usize) {

@@ -637,8 +637,21 @@ impl CmRequest for Request {
             id,
         };
         let mut param = rdma_conn_param {
-            private_data: ptr::null(),
-            private_data_len: 0,
+            private_data: if params.private_data.is_empty() {
+                ptr::null()
+            } else {
+                params.private_data.as_ptr().cast()
+            },
+            private_data_len: u8::try_from(params.private_data.len())
+                .ok()
+                .filter(|&n| usize::from(n) <= CM_REP_PRIVATE_DATA_MAX)
+                .ok_or_else(|| {
+                    Error::Rdma(format!(
+                        "rdma_accept(QP {}) failed: Invalid argument (private data longer \
+                         than {CM_REP_PRIVATE_DATA_MAX} bytes)",
+                        params.qp_num
+                    ))
+                })?,
             responder_resources: params.responder_resources,
             initiator_depth: params.initiator_depth,
             flow_control: 0,
@@ -649,7 +662,8 @@ impl CmRequest for Request {
         };
         // SAFETY: the id is a live request id with no QP, so librdmacm
         // sends `qp_num` in the REP and touches no QP (rdma_accept(3));
-        // `param` is valid for the call.
+        // `param` and the private data it points at (`params`, alive for
+        // the call) are valid for the call; librdmacm copies them.
         let rc = unsafe { (connection.id.table().accept)(connection.id.raw, &mut param) };
         check(format_args!("rdma_accept(QP {})", params.qp_num), rc)?;
         Ok(Arc::new(connection))
@@ -813,8 +827,8 @@ fn connect(table: &Arc<CmTable>, request: ConnectRequest<'_>) -> Result<ConnectO
     let rc = unsafe { (table.connect)(id.raw, &mut param) };
     check(format_args!("rdma_connect({addr})"), rc)?;
     let outcome = channel.next_until(request.deadline)?;
-    match outcome {
-        Some(e) if e.kind == rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_RESPONSE => {}
+    let reply = match outcome {
+        Some(e) if e.kind == rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_RESPONSE => e.private_data,
         Some(e) if e.kind == rdma_cm_event_type::RDMA_CM_EVENT_REJECTED => {
             return Ok(ConnectOutcome::Rejected {
                 private_data: e.private_data,
@@ -832,7 +846,7 @@ fn connect(table: &Arc<CmTable>, request: ConnectRequest<'_>) -> Result<ConnectO
                 "rdma_connect({addr}): neither CONNECT_RESPONSE nor REJECTED before the deadline"
             )))
         }
-    }
+    };
     // PSNs, path MTU and read depths as the CM negotiated them.
     qp.modify(&id_qp_attr(table, &id, QpState::Rtr)?)?;
     qp.modify(&id_qp_attr(table, &id, QpState::Rts)?)?;
@@ -842,6 +856,7 @@ fn connect(table: &Arc<CmTable>, request: ConnectRequest<'_>) -> Result<ConnectO
     Ok(ConnectOutcome::Established(Arc::new(ActiveConnection {
         conn: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
         qp,
+        reply,
         state: Mutex::new(ActiveState::default()),
         id: Arc::new(id),
     })))
@@ -875,6 +890,8 @@ struct ActiveState {
 struct ActiveConnection {
     conn: u64,
     qp: Arc<dyn Qp>,
+    /// The REP's private data.
+    reply: Vec<u8>,
     /// Serializes the calls on the id and its channel.
     state: Mutex<ActiveState>,
     id: Arc<Id>,
@@ -887,6 +904,10 @@ impl CmConnection for ActiveConnection {
 
     fn qp(&self) -> Option<Arc<dyn Qp>> {
         Some(Arc::clone(&self.qp))
+    }
+
+    fn reply_data(&self) -> &[u8] {
+        &self.reply
     }
 
     fn disconnect(&self) -> Result<()> {

@@ -237,6 +237,7 @@ pub(crate) fn accept_like_the_design(
         responder_resources: request.responder_resources(),
         initiator_depth: request.initiator_depth(),
         rnr_retry_count: 7,
+        private_data: Vec::new(),
     };
     let conn = request.accept(params)?;
     Ok(Accepted {
