@@ -25,7 +25,9 @@ struct Setup {
 }
 
 impl Setup {
-    fn new(len: usize) -> Setup {
+    /// A client on the modelled link whose transfers move over at most
+    /// `stripes` connections (from 4 MiB on, the default threshold).
+    fn new(len: usize, stripes: usize) -> Setup {
         let world = World::with(WorldSpec {
             server_bytes: len,
             ..WorldSpec::hardware()
@@ -37,6 +39,7 @@ impl Setup {
         let options = Options {
             completion_timeout: Duration::from_secs(30),
             max_transfers: 16,
+            stripes: Some(stripes),
             ..Options::default()
         };
         let client = HostClient::new(&world, options, len).expect("a client");
@@ -77,17 +80,28 @@ fn main() {
         model.qp_bytes_per_sec / 1e9,
         model.rtt
     );
-    let small = Setup::new(16 << 20);
+    let small = Setup::new(16 << 20, 1);
     report("8-byte GET, reused connection", small.span(1, 8));
     report("64 KiB GET, reused connection", small.span(1, 64 << 10));
     report("1 MiB GET, reused connection", small.span(1, 1 << 20));
+    report("4 MiB GET, reused connection", small.span(1, 4 << 20));
     report("16 MiB GET, reused connection", small.span(1, 16 << 20));
     report(
         "16 GETs of 1 MiB at once, one connection each",
         small.span(16, 1 << 20),
     );
     drop(small);
-    let big = Setup::new(GIB);
+    let striped = Setup::new(16 << 20, 4);
+    report(
+        "4 MiB GET striped over 4 connections",
+        striped.span(1, 4 << 20),
+    );
+    report(
+        "16 MiB GET striped over 4 connections",
+        striped.span(1, 16 << 20),
+    );
+    drop(striped);
+    let big = Setup::new(GIB, 1);
     report("1 GiB GET, one connection", big.span(1, GIB));
     report(
         "4 GETs of 256 MiB at once, one connection each",
@@ -97,4 +111,12 @@ fn main() {
         "8 GETs of 128 MiB at once, one connection each",
         big.span(8, GIB / 8),
     );
+    drop(big);
+    for stripes in [2, 4, 8] {
+        let big = Setup::new(GIB, stripes);
+        report(
+            &format!("1 GiB GET striped over {stripes} connections"),
+            big.span(1, GIB),
+        );
+    }
 }

@@ -27,15 +27,21 @@ struct Up {
 
 impl Up {
     fn new(len: usize) -> Up {
+        Up::with(
+            len,
+            Options {
+                max_transfers: 4,
+                ..Options::default()
+            },
+        )
+    }
+
+    fn with(len: usize, options: Options) -> Up {
         let world = World::with(WorldSpec {
             server_bytes: len,
             ..WorldSpec::default()
         });
         world.platform.fabric.model_link(Some(MODEL));
-        let options = Options {
-            max_transfers: 4,
-            ..Options::default()
-        };
         let client = HostClient::new(&world, options, len).unwrap();
         Up { world, client }
     }
@@ -102,6 +108,38 @@ fn transfers_on_several_connections_share_the_link() {
         four >= link && four < link + 4 * MODEL.rtt,
         "{four:?} for {bytes} bytes (the link alone: {link:?})"
     );
+}
+
+#[test]
+fn a_get_striped_over_four_queue_pairs_fills_the_link() {
+    let len = 16 * MIB;
+    let striped = Up::with(
+        len,
+        Options {
+            max_transfers: 4,
+            stripes: Some(4),
+            stripe_min: MIB as u64,
+            ..Options::default()
+        },
+    );
+    let (span, bytes) = striped.span(1, len);
+    let whole = Up::new(len);
+    let (one, _) = whole.span(1, len);
+    let rate = |span: Duration| len as f64 / span.as_secs_f64();
+    // The link's rate, less the protocol's few round trips: at least 0.9
+    // of it; one queue pair alone reaches only its own cap.
+    assert!(
+        rate(span) >= 0.9 * MODEL.link_bytes_per_sec,
+        "{:.3} GB/s striped ({span:?} for {bytes} bytes)",
+        rate(span) / 1e9
+    );
+    assert!(rate(one) <= MODEL.qp_bytes_per_sec, "{one:?}");
+    assert!(
+        rate(span) >= 1.8 * rate(one),
+        "striped {span:?}, one queue pair {one:?}"
+    );
+    // The data, four proofs, and the plan in share 0's grant.
+    assert_eq!(bytes, (len + 4 * 52 + 8 + 4 * 16) as u64);
 }
 
 #[test]

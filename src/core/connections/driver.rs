@@ -860,6 +860,10 @@ impl State {
                 }
                 CmEvent::Established { .. } => {}
                 CmEvent::Disconnected { conn } => {
+                    // What the server sent before it disconnected (its final
+                    // message) is in the CQ already: read first.
+                    let polled = self.completions();
+                    self.shared.tolerate("ibv_poll_cq", polled)?;
                     let index = self.shared.by_cm.get(&conn).copied();
                     log!(
                         Level::Info,
