@@ -3,7 +3,10 @@
 //! the values of the grant and final immediates. These are what the code
 //! computes.
 
-use hipobj::core::protocol::{encode_connect, final_imm, grant_imm};
+use hipobj::core::protocol::{
+    decode_stripes, encode_connect, encode_connect_v3, encode_proof_v3, encode_stripes, final_imm,
+    grant_imm, Share,
+};
 use hipobj::core::token::{Token, Transport};
 
 const DOC: &str = include_str!("../docs/protocol.md");
@@ -56,4 +59,35 @@ fn the_documented_immediates_are_what_the_protocol_computes() {
             final_imm(secret)
         ));
     }
+}
+
+#[test]
+fn the_documented_version_3_messages_are_what_the_codec_writes() {
+    let t = example();
+    assert_documented(&hex::encode(encode_connect_v3(&t, 0, t.qp_num)));
+    assert_documented(&hex::encode(encode_connect_v3(&t, 2, 0x19)));
+    assert_documented(&hex::encode(encode_proof_v3(&t, 1)));
+    let share = 4 << 20;
+    let plan: Vec<Share> = [
+        (0x11, 0x0002_51a7),
+        (0x18, 0x0002_52c3),
+        (0x19, 0x0002_534e),
+        (0x1a, 0x0002_5410),
+    ]
+    .iter()
+    .zip(0u64..)
+    .map(|(&(name, rkey), i)| Share {
+        name,
+        rkey,
+        addr: t.addr + i * share,
+        len: share,
+    })
+    .collect();
+    let bytes = encode_stripes(&plan);
+    assert_documented(&hex::encode(&bytes));
+    assert_eq!(
+        decode_stripes(&bytes, &t),
+        Ok(plan),
+        "a valid plan for the token"
+    );
 }
