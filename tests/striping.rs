@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use hipobj::core::protocol::{decode_stripes, encode_connect, encode_connect_v3, final_imm, Share};
 use hipobj::core::token::Token;
-use hipobj::core::transfer::Direction;
+use hipobj::core::transfer::{Direction, S3Client};
 use hipobj::core::Options;
 use hipobj::platform::{SendOp, SendWr, WcStatus};
 use hipobj::server::{probe, ClientQp, LocalBuf, Op, ServerConfig, ServerConn};
@@ -55,6 +55,16 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 fn client(world: &World, options: Options) -> HostClient {
     HostClient::new(world, options, LEN).expect("a client")
+}
+
+/// A client after a first striped GET, which leaves a kept connection on
+/// every share's slot.
+fn warmed() -> (World, std::sync::Arc<TestServer>, HostClient) {
+    let world = world();
+    let server = world.server.clone();
+    let c = client(&world, options());
+    c.transfer(&server, Direction::Get, 0, LEN).expect("warm");
+    (world, server, c)
 }
 
 fn all_free(c: &HostClient) -> bool {
@@ -204,6 +214,34 @@ fn a_striping_server_serves_a_version_2_client_and_remembers_it() {
     assert_eq!(&old.buf[..], &pattern(LEN, 10)[..]);
     let stats = old.instance.stats();
     assert_eq!((stats.handshakes, stats.reused), (2, 1));
+}
+
+/// Share 0 proved on the server's kept connection: the client's plan.
+fn prove_share_0_in_band(server: &TestServer, token: &Token) -> Vec<Share> {
+    let c0 = server
+        .side()
+        .connection(&key(token, token.qp_num))
+        .expect("kept");
+    let mut c0 = c0.lock();
+    hipobj::server::prove_share(&mut c0, token, 0, deadline())
+        .expect("share 0")
+        .expect("a plan")
+}
+
+/// A hand-played transfer that must fail: `s3` plays the server. Nothing
+/// lands in the buffer, every connection comes back, and the client's
+/// next GET (of `server`'s object, seeded `seed`) works.
+fn fails_and_stays_usable(c: &HostClient, server: &TestServer, s3: &mut dyn S3Client, seed: u8) {
+    let before = c.buf.to_vec();
+    let outcome = c
+        .instance
+        .transfer(Direction::Get, c.slice(0, LEN).unwrap(), s3);
+    assert!(outcome.is_err(), "{outcome:?}");
+    assert_eq!(&c.buf[..], &before[..], "nothing landed");
+    assert!(all_free(c));
+    server.set_object(&pattern(LEN, seed));
+    c.transfer(server, Direction::Get, 0, LEN).expect("usable");
+    assert_eq!(&c.buf[..], &pattern(LEN, seed)[..]);
 }
 
 /// What a hand-played server has after share 0's connect: that
@@ -385,38 +423,20 @@ fn a_share_reaches_only_its_own_range_and_a_write_past_it_fails_the_whole() {
         );
         b"200".to_vec()
     });
-    let before = c.buf.to_vec();
-    let outcome = c
-        .instance
-        .transfer(Direction::Get, c.slice(0, LEN).unwrap(), &mut s3);
-    assert!(outcome.is_err(), "{outcome:?}");
-    assert_eq!(&c.buf[..], &before[..], "nothing landed");
-    assert!(all_free(&c));
+    fails_and_stays_usable(&c, &server, &mut s3, 13);
+    drop(s3);
     seen.expect("a token");
-    server.set_object(&pattern(LEN, 13));
-    c.transfer(&server, Direction::Get, 0, LEN).expect("usable");
-    assert_eq!(&c.buf[..], &pattern(LEN, 13)[..]);
 }
 
 #[test]
 fn a_share_never_proved_fails_the_whole_and_revokes_every_other_share() {
-    let world = world();
-    let server = world.server.clone();
-    let c = client(&world, options());
-    // A first transfer leaves a kept connection on every share's slot.
-    c.transfer(&server, Direction::Get, 0, LEN).expect("warm");
+    let (_world, server, c) = warmed();
     let mut plan_seen = Vec::new();
     let mut token_seen = None;
     let mut s3 = Scripted::new(|t: &Token| {
         token_seen = Some(*t);
         let side = server.side();
-        let c0 = side.connection(&key(t, t.qp_num)).expect("kept");
-        let plan = {
-            let mut c0 = c0.lock();
-            hipobj::server::prove_share(&mut c0, t, 0, deadline())
-                .expect("share 0")
-                .expect("a plan")
-        };
+        let plan = prove_share_0_in_band(&server, t);
         // Shares 1 and 2 proved, share 3 never.
         for (i, share) in plan.iter().enumerate().take(3).skip(1) {
             let conn = side.connection(&key(t, share.name)).expect("kept");
@@ -459,13 +479,7 @@ fn a_final_message_before_a_shares_proof_gets_its_server_nothing() {
     c.transfer(&server, Direction::Get, 0, LEN).expect("warm");
     let mut s3 = Scripted::new(|t: &Token| {
         let side = server.side();
-        let c0 = side.connection(&key(t, t.qp_num)).expect("kept");
-        let plan = {
-            let mut c0 = c0.lock();
-            hipobj::server::prove_share(&mut c0, t, 0, deadline())
-                .expect("share 0")
-                .expect("a plan")
-        };
+        let plan = prove_share_0_in_band(&server, t);
         // Share 1's final message first: its connection is dropped, and a
         // proof on it afterwards gets no grant.
         assert!(server
@@ -476,37 +490,19 @@ fn a_final_message_before_a_shares_proof_gets_its_server_nothing() {
         assert!(hipobj::server::prove_share(&mut conn, t, 1, Instant::now() + SHORT).is_err());
         b"500".to_vec()
     });
-    let before = c.buf.to_vec();
-    let outcome = c
-        .instance
-        .transfer(Direction::Get, c.slice(0, LEN).unwrap(), &mut s3);
-    assert!(outcome.is_err());
-    assert_eq!(&c.buf[..], &before[..]);
-    assert!(all_free(&c));
-    server.set_object(&pattern(LEN, 15));
-    c.transfer(&server, Direction::Get, 0, LEN).expect("usable");
-    assert_eq!(&c.buf[..], &pattern(LEN, 15)[..]);
+    fails_and_stays_usable(&c, &server, &mut s3, 15);
 }
 
 #[test]
 fn a_share_whose_connection_fails_mid_transfer_fails_the_whole() {
-    let world = world();
-    let server = world.server.clone();
-    let c = client(&world, options());
-    c.transfer(&server, Direction::Get, 0, LEN).expect("warm");
+    let (_world, server, c) = warmed();
     let mut plan_seen = Vec::new();
     let mut token_seen = None;
     let mut s3 = Scripted::new(|t: &Token| {
         token_seen = Some(*t);
         let side = server.side();
         let mut conns = Vec::new();
-        let c0 = side.connection(&key(t, t.qp_num)).expect("kept");
-        let plan = {
-            let mut c0 = c0.lock();
-            hipobj::server::prove_share(&mut c0, t, 0, deadline())
-                .expect("share 0")
-                .expect("a plan")
-        };
+        let plan = prove_share_0_in_band(&server, t);
         for (i, share) in plan.iter().enumerate().skip(1) {
             let conn = side.connection(&key(t, share.name)).expect("kept");
             hipobj::server::prove_share(&mut conn.lock(), t, u16::try_from(i).unwrap(), deadline())
@@ -519,24 +515,17 @@ fn a_share_whose_connection_fails_mid_transfer_fails_the_whole() {
         plan_seen = plan;
         b"200".to_vec()
     });
-    let outcome = c
-        .instance
-        .transfer(Direction::Get, c.slice(0, LEN).unwrap(), &mut s3);
-    assert!(outcome.is_err());
-    assert!(all_free(&c));
+    fails_and_stays_usable(&c, &server, &mut s3, 17);
+    drop(s3);
     let t = token_seen.unwrap();
     for share in &plan_seen {
         assert!(!reaches(&server, &t, share.name, share.addr, share.rkey));
     }
-    c.transfer(&server, Direction::Get, 0, LEN).expect("usable");
 }
 
 #[test]
 fn after_a_striped_transfer_no_share_is_reachable() {
-    let world = world();
-    let server = world.server.clone();
-    let c = client(&world, options());
-    c.transfer(&server, Direction::Get, 0, LEN).expect("warm");
+    let (_world, server, c) = warmed();
     let mut token_seen = None;
     let mut plan_seen = Vec::new();
     let mut s3 = Scripted::new(|t: &Token| {

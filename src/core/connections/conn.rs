@@ -222,6 +222,23 @@ enum Stripe {
     },
 }
 
+/// A share of a striped transfer, as its primary arms it on another
+/// connection.
+pub struct ShareArm {
+    /// The connection's epoch on the free list.
+    pub epoch: u64,
+    /// The share's job: the transfer's token, a window over the share.
+    pub armed: Box<Armed>,
+    /// The primary connection.
+    pub primary: usize,
+    /// The primary's epoch.
+    pub primary_epoch: u64,
+    /// The share's index.
+    pub share: u16,
+    /// The key the share's window is bound with.
+    pub rkey: u32,
+}
+
 /// A striped transfer's other shares, as its primary follows them.
 struct Plan {
     /// Shares not ended yet: (connection, its epoch, share).
@@ -234,23 +251,13 @@ struct Plan {
 /// it to that connection's [`Conn::handle`] right after the transition
 /// returns, before any other event (`driver.rs`, `relay`).
 pub enum Forward {
-    /// Arm share `share` of a striped transfer on a free connection its
-    /// primary took off the free list.
+    /// Arm a share of a striped transfer on the free connection `index`,
+    /// which its primary took off the free list.
     ArmShare {
         /// The connection.
         index: usize,
-        /// Its epoch on the free list.
-        epoch: u64,
-        /// The share's job.
-        armed: Box<Armed>,
-        /// The primary connection, its epoch, the share, the window key.
-        primary: usize,
-        /// The primary's epoch.
-        primary_epoch: u64,
-        /// The share's index.
-        share: u16,
-        /// The key the share's window is bound with.
-        rkey: u32,
+        /// The share.
+        arm: ShareArm,
     },
     /// End a share: the striped transfer failed or was abandoned.
     EndShare {
@@ -586,20 +593,7 @@ pub enum Event<'e> {
     },
     /// A striped transfer's primary armed a share on this free connection
     /// ([`Forward::ArmShare`]).
-    ArmShare {
-        /// The connection's epoch on the free list.
-        epoch: u64,
-        /// The share's job.
-        armed: Box<Armed>,
-        /// The primary connection.
-        primary: usize,
-        /// The primary's epoch.
-        primary_epoch: u64,
-        /// The share's index.
-        share: u16,
-        /// The key its window is bound with.
-        rkey: u32,
-    },
+    ArmShare(ShareArm),
     /// One of this primary's shares ended ([`Forward::ShareEnded`]).
     ShareEnded {
         /// The primary's epoch the share was armed for.
@@ -704,21 +698,14 @@ impl Conn {
             Event::Disconnected => self.on_disconnected(env),
             Event::Timer { at } => self.on_timer(at, now, env),
             Event::Shut { why } => self.shut(why, env),
-            Event::ArmShare {
-                epoch,
-                armed,
-                primary,
-                primary_epoch,
-                share,
-                rkey,
-            } => {
+            Event::ArmShare(arm) => {
                 let stripe = Stripe::Share {
-                    primary,
-                    epoch: primary_epoch,
-                    share,
-                    rkey,
+                    primary: arm.primary,
+                    epoch: arm.primary_epoch,
+                    share: arm.share,
+                    rkey: arm.rkey,
                 };
-                self.on_arm_as(epoch, armed, stripe, env)
+                self.on_arm_as(arm.epoch, arm.armed, stripe, env)
             }
             Event::ShareEnded {
                 epoch,
@@ -1839,12 +1826,14 @@ impl Conn {
             };
             env.forward.push(Forward::ArmShare {
                 index: info.index,
-                epoch: info.epoch,
-                armed: Box::new(job),
-                primary: self.index,
-                primary_epoch: self.epoch,
-                share,
-                rkey: part.rkey,
+                arm: ShareArm {
+                    epoch: info.epoch,
+                    armed: Box::new(job),
+                    primary: self.index,
+                    primary_epoch: self.epoch,
+                    share,
+                    rkey: part.rkey,
+                },
             });
             pending.push((info.index, info.epoch, share));
             shares.push(part);

@@ -418,25 +418,7 @@ fn relay(conns: &mut [Conn], shared: &mut Shared) {
     while !shared.forward.is_empty() {
         for forward in std::mem::take(&mut shared.forward) {
             let (index, event) = match forward {
-                Forward::ArmShare {
-                    index,
-                    epoch,
-                    armed,
-                    primary,
-                    primary_epoch,
-                    share,
-                    rkey,
-                } => (
-                    index,
-                    Event::ArmShare {
-                        epoch,
-                        armed,
-                        primary,
-                        primary_epoch,
-                        share,
-                        rkey,
-                    },
-                ),
+                Forward::ArmShare { index, arm } => (index, Event::ArmShare(arm)),
                 Forward::EndShare { index, epoch, why } => (index, Event::Abort { epoch, why }),
                 Forward::ShareEnded {
                     primary,
