@@ -288,10 +288,13 @@ impl Channel {
         };
         // Every id of this library is RDMA_PS_TCP (RC), so the parameter
         // union holds `conn` (rdma_get_cm_event(3)); it is meaningful for
-        // these events only.
+        // these events only. CONNECT_RESPONSE (an id without a QP of
+        // librdmacm's) carries the REP's private data: a striped
+        // transfer's plan.
         if matches!(
             ev.event,
             rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST
+                | rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_RESPONSE
                 | rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED
                 | rdma_cm_event_type::RDMA_CM_EVENT_REJECTED
         ) {
