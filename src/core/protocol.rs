@@ -276,6 +276,35 @@ pub fn decode_proof_any(data: &[u8], name: u32) -> Result<Presented, Malformed> 
     presented(token, version, share, name)
 }
 
+/// What a peer that speaks versions up to `highest` makes of a connect
+/// request: version 2 alone (as clients before version 3 read it) when
+/// `highest` is 2, either version otherwise.
+pub fn decode_connect_up_to(data: &[u8], highest: u8) -> Result<Presented, Malformed> {
+    if highest >= VERSION_3 {
+        return decode_connect_any(data);
+    }
+    decode_connect(data).map(|token| Presented {
+        token,
+        version: VERSION,
+        share: 0,
+        name: token.qp_num,
+    })
+}
+
+/// [`decode_connect_up_to`] for an in-band proof received on the
+/// connection named `name`.
+pub fn decode_proof_up_to(data: &[u8], name: u32, highest: u8) -> Result<Presented, Malformed> {
+    if highest >= VERSION_3 {
+        return decode_proof_any(data, name);
+    }
+    decode_proof(data).map(|token| Presented {
+        token,
+        version: VERSION,
+        share: 0,
+        name,
+    })
+}
+
 /// One share of a striped transfer, as the plan gives it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Share {

@@ -31,8 +31,8 @@ use crate::core::args::Direction;
 use crate::core::buffers::BufEntry;
 use crate::core::mailbox::Mailbox;
 use crate::core::protocol::{
-    self, decode_proof, decode_proof_any, encode_reject, encode_stripes, Presented, Share,
-    PROOF_LEN, STRIPES_MAX_LEN, VERSION_3,
+    self, decode_proof_up_to, encode_reject, encode_stripes, Presented, Share, PROOF_LEN,
+    STRIPES_MAX_LEN, VERSION_3,
 };
 use crate::core::stats::Stats;
 use crate::core::token::Token;
@@ -245,6 +245,20 @@ struct Plan {
     pending: Vec<(usize, u64, u16)>,
     /// The first failure of any share: the transfer's outcome.
     failed: Option<Error>,
+}
+
+impl Plan {
+    /// Asks the driver to end every share still pending: the striped
+    /// transfer failed.
+    fn end_pending(&self, env: &mut Env<'_>) {
+        for &(index, epoch, _) in &self.pending {
+            env.forward.push(Forward::EndShare {
+                index,
+                epoch,
+                why: Error::Rdma("another share of the striped transfer failed".into()),
+            });
+        }
+    }
 }
 
 /// Something a transition asks of another connection: the driver hands
@@ -1215,13 +1229,7 @@ impl Conn {
             plan.failed.get_or_insert(e);
         }
         if plan.failed.is_some() {
-            for &(index, epoch, _) in &plan.pending {
-                env.forward.push(Forward::EndShare {
-                    index,
-                    epoch,
-                    why: Error::Rdma("another share of the striped transfer failed".into()),
-                });
-            }
+            plan.end_pending(env);
         }
         if let Job::Armed(_, phase) = &mut self.job {
             *phase = Phase::Joining;
@@ -1269,13 +1277,7 @@ impl Conn {
             Job::Armed(_, phase) if !matches!(phase, Phase::Joining) => self.finish(Err(e), env),
             _ => {
                 if first {
-                    for &(index, epoch, _) in &plan.pending {
-                        env.forward.push(Forward::EndShare {
-                            index,
-                            epoch,
-                            why: Error::Rdma("another share of the striped transfer failed".into()),
-                        });
-                    }
+                    plan.end_pending(env);
                 }
                 self.join(env)
             }
@@ -1634,17 +1636,7 @@ impl Conn {
         let kind = match (c.opcode, c.imm) {
             (WcOpcode::Recv, None) if usize::try_from(c.byte_len) == Ok(PROOF_LEN) => {
                 let data = env.recv_bufs.read(self.index, buf, PROOF_LEN);
-                Some(if env.striping.protocol >= VERSION_3 {
-                    decode_proof_any(&data, self.name)
-                } else {
-                    // A client of version 2 reads version 2 only.
-                    decode_proof(&data).map(|token| Presented {
-                        token,
-                        version: protocol::VERSION,
-                        share: 0,
-                        name: self.name,
-                    })
-                })
+                Some(decode_proof_up_to(&data, self.name, env.striping.protocol))
             }
             (WcOpcode::Recv, Some(_)) if c.byte_len == 0 => None,
             _ => {

@@ -33,7 +33,7 @@ use super::conn::{
 };
 use super::pool::Pool;
 use crate::core::mailbox::Mailbox;
-use crate::core::protocol::{decode_connect, decode_connect_any, Presented, VERSION, VERSION_3};
+use crate::core::protocol::decode_connect_up_to;
 use crate::error::{Error, Result};
 use crate::platform::{wait_readable, AsyncKind, CmEvent, CmListener, Context, Cq, Mw, Pd, Waker};
 /// Completion entries per connection on the pool's CQ: more than a
@@ -795,18 +795,8 @@ impl State {
                     // An Arm queued just before its server's request.
                     self.commands();
                     let data = request.private_data();
-                    let decoded = if self.shared.settings.striping.protocol >= VERSION_3 {
-                        decode_connect_any(data)
-                    } else {
-                        // A client of version 2 reads version 2 only.
-                        decode_connect(data).map(|token| Presented {
-                            token,
-                            version: VERSION,
-                            share: 0,
-                            name: token.qp_num,
-                        })
-                    };
-                    let token = match decoded {
+                    let highest = self.shared.settings.striping.protocol;
+                    let token = match decode_connect_up_to(data, highest) {
                         Ok(token) => token,
                         Err(why) => {
                             refuse(request);
