@@ -677,7 +677,7 @@ impl ServerSide {
                 Some((conn, mut guard)) => {
                     guard.version = VERSION_3;
                     if send_proof_share(&mut guard, &token, index(i)).is_ok() {
-                        proving.push((*share, key, conn, guard));
+                        proving.push((i, *share, key, conn, guard));
                     } else {
                         let cm = guard.cm.clone();
                         drop(guard);
@@ -689,7 +689,7 @@ impl ServerSide {
             }
         }
         let until = deadline.min(Instant::now() + self.config.proof_timeout);
-        for (share, key, conn, guard) in proving {
+        for (i, share, key, conn, guard) in proving {
             match wait_grant(&guard, until) {
                 Ok((imm, 0)) if imm == grant_imm(token.secret) => {
                     session.shares.push(ShareConn {
@@ -705,7 +705,6 @@ impl ServerSide {
                     let cm = guard.cm.clone();
                     drop(guard);
                     self.drop_this(&key, &conn, &cm);
-                    let i = plan.iter().position(|s| s.name == share.name).unwrap_or(0);
                     fresh.push((i, share, key));
                 }
             }
