@@ -46,7 +46,7 @@ use parking_lot::{Mutex, RawMutex};
 use crate::core::nic::ip_of;
 use crate::core::protocol::{
     decode_stripes, encode_connect, encode_connect_v3, encode_proof, encode_proof_v3, final_imm,
-    grant_imm, is_refusal, Share, STRIPES_MAX_LEN, VERSION, VERSION_3,
+    grant_imm, is_refusal, Share, MAX_STRIPES, STRIPES_MAX_LEN, VERSION, VERSION_3,
 };
 use crate::core::token::{Token, Transport};
 use crate::error::{Error, Result};
@@ -417,16 +417,55 @@ struct ShareConn {
     share: Share,
 }
 
-/// One piece of data to move: on connection `conn` of a session (0 the
-/// token's own, `i` its share `i`), `len` bytes at `remote_addr` with
-/// `rkey`, from or into the local buffer at `local_offset`.
-#[derive(Clone, Copy)]
+/// What is left to move on one connection of a session: `len` bytes at
+/// `remote_addr` with `rkey`, from or into the local buffer at
+/// `local_offset`.
+#[derive(Clone, Copy, Default)]
 struct Piece {
-    conn: usize,
     remote_addr: u64,
     rkey: u32,
     local_offset: u64,
     len: u64,
+}
+
+/// The data work requests in flight on one connection, at most
+/// [`DATA_IN_FLIGHT`], kept without allocating.
+#[derive(Clone, Copy, Default)]
+struct InFlight {
+    ids: [u64; DATA_IN_FLIGHT],
+    len: usize,
+}
+
+impl InFlight {
+    fn ids(&self) -> &[u64] {
+        &self.ids[..self.len]
+    }
+
+    fn is_full(&self) -> bool {
+        self.len == DATA_IN_FLIGHT
+    }
+
+    fn push(&mut self, id: u64) {
+        self.ids[self.len] = id;
+        self.len += 1;
+    }
+
+    /// Forgets `id` (a completion of another work request changes nothing).
+    fn remove(&mut self, id: u64) {
+        if let Some(i) = self.ids().iter().position(|&x| x == id) {
+            self.ids.copy_within(i + 1..self.len, i);
+            self.len -= 1;
+        }
+    }
+}
+
+/// One connection's part of a data move: what is left of its piece, and
+/// what it has in flight. A session has at most [`MAX_STRIPES`] of them,
+/// on the stack: a transfer's data path allocates nothing.
+#[derive(Clone, Copy, Default)]
+struct Lane {
+    left: Piece,
+    flight: InFlight,
 }
 
 impl ServerSide {
@@ -718,12 +757,12 @@ impl ServerSide {
                          client's connection {}: {e}",
                         share.name
                     ));
-                    return Err(session.fail_all(why, Vec::new()));
+                    return Err(session.fail_all(why, &[]));
                 }
             };
             let Some(guard) = conn.try_lock_arc_until(deadline) else {
                 let why = Error::Rdma("a share's new connection is busy".into());
-                return Err(session.fail_all(why, Vec::new()));
+                return Err(session.fail_all(why, &[]));
             };
             session.shares.push(ShareConn {
                 key,
@@ -1366,7 +1405,7 @@ impl Session<'_> {
             .checked_add(len)
             .is_some_and(|end| end <= self.token.length);
         if !inside {
-            return Err(self.fail(Error::InvalidValue("outside the token's range"), Vec::new()));
+            return Err(self.fail_all(Error::InvalidValue("outside the token's range"), &[]));
         }
         // Each connection moves what of the range lies in its own share.
         let own = (self.token.addr, self.own_len, self.token.rkey);
@@ -1379,21 +1418,21 @@ impl Session<'_> {
             self.token.addr + remote_offset,
             self.token.addr + remote_offset + len,
         );
-        let pieces: Vec<Piece> = shares
-            .enumerate()
-            .filter_map(|(conn, (addr, share_len, rkey))| {
-                let start = from.max(addr);
-                let end = to.min(addr + share_len);
-                (start < end).then(|| Piece {
-                    conn,
+        let mut lanes = [Lane::default(); MAX_STRIPES];
+        let conns = (1 + self.shares.len()).min(MAX_STRIPES);
+        for (lane, (addr, share_len, rkey)) in lanes.iter_mut().zip(shares) {
+            let start = from.max(addr);
+            let end = to.min(addr + share_len);
+            if start < end {
+                lane.left = Piece {
                     remote_addr: start,
                     rkey,
                     local_offset: local_offset + (start - from),
                     len: end - start,
-                })
-            })
-            .collect();
-        self.move_pieces(op, local, &pieces)
+                };
+            }
+        }
+        self.move_lanes(op, local, &mut lanes[..conns])
     }
 
     /// Moves `len` bytes between `local` and the client's `remote_addr`
@@ -1410,14 +1449,16 @@ impl Session<'_> {
         local_offset: u64,
         len: u64,
     ) -> std::result::Result<(), TransferFailure> {
-        let piece = Piece {
-            conn: 0,
-            remote_addr,
-            rkey,
-            local_offset,
-            len,
+        let mut lane = Lane {
+            left: Piece {
+                remote_addr,
+                rkey,
+                local_offset,
+                len,
+            },
+            flight: InFlight::default(),
         };
-        self.move_pieces(op, local, &[piece])
+        self.move_lanes(op, local, std::slice::from_mut(&mut lane))
     }
 
     /// The session's connection `conn` (0 the token's own, `i` share `i`).
@@ -1428,49 +1469,29 @@ impl Session<'_> {
         }
     }
 
-    /// Moves `pieces`, each on its connection in work requests of at most
-    /// `max_msg_sz`, up to [`DATA_IN_FLIGHT`] in flight on each connection
-    /// at once: the connections move their shares side by side.
-    fn move_pieces(
+    /// Moves each lane's piece on its connection (lane 0 the token's own,
+    /// `i` share `i`) in work requests of at most `max_msg_sz`, up to
+    /// [`DATA_IN_FLIGHT`] in flight on each connection at once: the
+    /// connections move their shares side by side.
+    fn move_lanes(
         &mut self,
         op: Op,
         local: &LocalBuf,
-        pieces: &[Piece],
+        lanes: &mut [Lane],
     ) -> std::result::Result<(), TransferFailure> {
         let max = self.side.max_msg_sz;
         let deadline = self.deadline;
-        let conns = 1 + self.shares.len();
-        let mut todo: Vec<std::collections::VecDeque<Piece>> = vec![Default::default(); conns];
-        for piece in pieces {
-            let Some(queue) = todo.get_mut(piece.conn) else {
-                continue;
-            };
-            let mut done = 0;
-            while done < piece.len {
-                let n = (piece.len - done).min(max);
-                queue.push_back(Piece {
-                    remote_addr: piece.remote_addr + done,
-                    local_offset: piece.local_offset + done,
-                    len: n,
-                    ..*piece
-                });
-                done += n;
-            }
-        }
-        let mut outstanding: Vec<Vec<u64>> = vec![Vec::new(); conns];
         loop {
-            for (c, queue) in todo.iter_mut().enumerate() {
-                while outstanding[c].len() < DATA_IN_FLIGHT {
-                    let Some(piece) = queue.pop_front() else {
-                        break;
-                    };
+            for c in 0..lanes.len() {
+                while lanes[c].left.len > 0 && !lanes[c].flight.is_full() {
                     let Some(conn) = self.conn_at(c) else {
                         let why = Error::Internal("a share without its connection".into());
-                        return Err(self.fail_all(why, outstanding));
+                        return Err(self.fail_all(why, lanes));
                     };
+                    let left = &mut lanes[c].left;
+                    let n = left.len.min(max);
                     let id = conn.next_wr();
-                    let remote_addr = piece.remote_addr;
-                    let rkey = piece.rkey;
+                    let (remote_addr, rkey) = (left.remote_addr, left.rkey);
                     let wr = SendWr {
                         wr_id: id,
                         op: match op {
@@ -1478,20 +1499,23 @@ impl Session<'_> {
                             Op::Put => SendOp::Read { remote_addr, rkey },
                         },
                         sge: Some(Sge {
-                            addr: local.addr + piece.local_offset,
-                            len: u32::try_from(piece.len).unwrap_or(u32::MAX),
+                            addr: local.addr + left.local_offset,
+                            len: u32::try_from(n).unwrap_or(u32::MAX),
                             lkey: local.mr.lkey(),
                         }),
                         signaled: true,
                     };
                     if let Err(e) = conn.qp.post_send(&[wr]) {
-                        return Err(self.fail_all(e, outstanding));
+                        return Err(self.fail_all(e, lanes));
                     }
-                    outstanding[c].push(id);
+                    left.remote_addr += n;
+                    left.local_offset += n;
+                    left.len -= n;
+                    lanes[c].flight.push(id);
                 }
             }
             // The first connection with work out: its next completion.
-            let Some(c) = outstanding.iter().position(|o| !o.is_empty()) else {
+            let Some(c) = lanes.iter().position(|l| l.flight.len > 0) else {
                 return Ok(());
             };
             let waited = match self.conn_at(c) {
@@ -1499,18 +1523,18 @@ impl Session<'_> {
                 None => Err(Error::Internal("a share without its connection".into())),
             };
             let error = match waited {
-                Ok(Some(c_)) if c_.status == WcStatus::Success => {
-                    outstanding[c].retain(|&id| id != c_.wr_id);
+                Ok(Some(done)) if done.status == WcStatus::Success => {
+                    lanes[c].flight.remove(done.wr_id);
                     continue;
                 }
-                Ok(Some(c_)) => {
-                    outstanding[c].retain(|&id| id != c_.wr_id);
-                    Error::Rdma(format!("server {:?}: {:?}", op, c_.status))
+                Ok(Some(done)) => {
+                    lanes[c].flight.remove(done.wr_id);
+                    Error::Rdma(format!("server {:?}: {:?}", op, done.status))
                 }
                 Ok(None) => Error::Rdma("server data: no completion before the deadline".into()),
                 Err(e) => e,
             };
-            return Err(self.fail_all(error, outstanding));
+            return Err(self.fail_all(error, lanes));
         }
     }
 
@@ -1531,11 +1555,10 @@ impl Session<'_> {
         }
         let deadline = self.deadline;
         let conns = 1 + self.shares.len();
-        let mut sent = Vec::with_capacity(conns);
         for c in 0..conns {
             let Some(conn) = self.conn_at(c) else {
                 let why = Error::Internal("a share without its connection".into());
-                return Err(self.fail_all(why, Vec::new()));
+                return Err(self.fail_all(why, &[]));
             };
             let id = conn.next_wr();
             let posted = conn.qp.post_send(&[SendWr {
@@ -1546,11 +1569,10 @@ impl Session<'_> {
             }]);
             if let Err(e) = posted {
                 // The final messages carry no data: the buffer is quiet.
-                return Err(self.fail_all(e, Vec::new()));
+                return Err(self.fail_all(e, &[]));
             }
-            sent.push(id);
         }
-        for c in 0..sent.len() {
+        for c in 0..conns {
             let Some(conn) = self.conn_at(c) else {
                 continue;
             };
@@ -1563,7 +1585,7 @@ impl Session<'_> {
                 Err(e) => Err(e),
             };
             if let Err(e) = outcome {
-                return Err(self.fail_all(e, Vec::new()));
+                return Err(self.fail_all(e, &[]));
             }
         }
         let now = Instant::now();
@@ -1588,17 +1610,11 @@ impl Session<'_> {
         }
     }
 
-    /// [`Session::fail_all`] with the token's own connection's
-    /// outstanding work requests.
-    fn fail(&mut self, error: Error, outstanding: Vec<u64>) -> TransferFailure {
-        self.fail_all(error, vec![outstanding])
-    }
-
     /// Disconnects every connection of the session and reports `error`;
-    /// the data work requests still outstanding on each (`outstanding`,
-    /// by connection) are waited for (their flush) to tell whether the
+    /// the data work requests still in flight on each (`lanes`, by
+    /// connection) are waited for (their flush) to tell whether the
     /// buffer is quiet.
-    fn fail_all(&mut self, error: Error, outstanding: Vec<Vec<u64>>) -> TransferFailure {
+    fn fail_all(&mut self, error: Error, lanes: &[Lane]) -> TransferFailure {
         let mut held: Vec<Option<Guard>> = Vec::with_capacity(1 + self.shares.len());
         if let Some(guard) = self.guard.take() {
             self.side.drop_this(&self.key, &self.conn, &guard.cm);
@@ -1617,18 +1633,19 @@ impl Session<'_> {
         }
         let until = Instant::now() + QUIESCE_TIMEOUT;
         let mut quiet = true;
-        for (c, mut left) in outstanding.into_iter().enumerate() {
+        for (c, lane) in lanes.iter().enumerate() {
+            let mut left = lane.flight;
             let Some(Some(guard)) = held.get(c) else {
-                quiet &= left.is_empty();
+                quiet &= left.len == 0;
                 continue;
             };
-            while !left.is_empty() {
+            while left.len > 0 {
                 match next_completion(guard, until) {
-                    Ok(Some(done)) => left.retain(|&id| id != done.wr_id),
+                    Ok(Some(done)) => left.remove(done.wr_id),
                     _ => break,
                 }
             }
-            quiet &= left.is_empty();
+            quiet &= left.len == 0;
         }
         TransferFailure {
             error,
@@ -1640,7 +1657,7 @@ impl Session<'_> {
 impl Drop for Session<'_> {
     fn drop(&mut self) {
         if self.guard.is_some() || self.shares.iter().any(|s| s.guard.is_some()) {
-            let _ = self.fail(Error::Rdma("the transfer was abandoned".into()), Vec::new());
+            let _ = self.fail_all(Error::Rdma("the transfer was abandoned".into()), &[]);
         }
     }
 }
