@@ -2,7 +2,8 @@
 //! perftest on the same device (`scripts/vm/bench.sh` runs both in the VM
 //! lane and prints the ratios; `docs/performance.md` records them).
 //!
-//! The library runs GPU-less on `rxe0` with host buffers. The application's
+//! The library runs GPU-less on `rxe0` (or the device the hardware lane names:
+//! `tests/common/lane.rs`) with host buffers. The application's
 //! S3 client is played in process: `sendRequest` hands the token to a
 //! [`ServerSide`] on a second context of the same device, which moves the
 //! bytes and sends the final message on the calling thread; `recvReply`
@@ -73,8 +74,10 @@ use hipobj::core::{Instance, CURRENT};
 use hipobj::platform::{self, next_rkey, Access, Cq, QpAttr, SendOp, SendWr, WcStatus};
 use hipobj::server::{ClientQp, DialPolicy, LocalBuf, Op, ServerConfig, ServerSide};
 
-/// The Soft-RoCE device the VM lane brings up.
-const DEVICE: &str = "rxe0";
+#[path = "../tests/common/lane.rs"]
+mod lane;
+
+use lane::device;
 /// Concurrent streams, and the pool's connections (`HIPOBJ_MAX_TRANSFERS`).
 const STREAMS: usize = 16;
 /// The throughput sizes.
@@ -86,9 +89,11 @@ const SMALL: usize = 8;
 const SERVE_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long the client may take to notice that the server side left.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The device's counters (rdma_rxe's `rxe_hw_counters.c`): packets,
-/// retransmissions, sequence errors, RNR NAKs.
-const COUNTERS: &str = "/sys/class/infiniband/rxe0/ports/1/hw_counters";
+/// The device's counters (rdma_rxe's `rxe_hw_counters.c`: packets,
+/// retransmissions, sequence errors, RNR NAKs; a hardware device's own).
+fn counters_dir() -> String {
+    format!("/sys/class/infiniband/{}/ports/1/hw_counters", device())
+}
 
 type Outcome<T> = std::result::Result<T, String>;
 
@@ -632,10 +637,10 @@ impl Samples {
 
 /// The device's counters now, by name.
 fn counters() -> Vec<(String, u64)> {
-    let dir = match std::fs::read_dir(COUNTERS) {
+    let dir = match std::fs::read_dir(counters_dir()) {
         Ok(dir) => dir,
         Err(e) => {
-            eprintln!("bench: no device counters: {COUNTERS}: {e}");
+            eprintln!("bench: no device counters: {}: {e}", counters_dir());
             return Vec::new();
         }
     };
@@ -1370,19 +1375,20 @@ fn run_children(
 
 // ------------------------------------------------------------ main
 
-/// A server side on a context of its own on [`DEVICE`].
+/// A server side on a context of its own on the lane's device.
 fn open_side() -> Outcome<ServerSide> {
     let platform = platform::system();
     let verbs = platform.verbs().map_err(|e| format!("libibverbs: {e}"))?;
     let names = verbs.device_names().map_err(|e| format!("devices: {e}"))?;
-    if !names.iter().any(|n| n == DEVICE) {
+    if !names.iter().any(|n| n == device()) {
         return Err(format!(
-            "no {DEVICE} (devices: {names:?}): run in the VM lane"
+            "no {} (devices: {names:?}): run in the VM lane, or name the device (HIPOBJ_LANE_DEVICE)",
+            device()
         ));
     }
     let ctx = verbs
-        .open(DEVICE)
-        .map_err(|e| format!("open {DEVICE}: {e}"))?;
+        .open(device())
+        .map_err(|e| format!("open {}: {e}", device()))?;
     let pd = ctx.alloc_pd().map_err(|e| format!("PD: {e}"))?;
     let cm = platform.cm().map_err(|e| format!("librdmacm: {e}"))?;
     let config = ServerConfig {
@@ -1410,7 +1416,7 @@ fn run(settings: &Settings) -> Outcome<()> {
         (None, Some(path)) => Server::Process(path),
         (None, None) => unreachable!("a side is opened without a server process"),
     };
-    let hint = CString::new(DEVICE).map_err(|e| e.to_string())?;
+    let hint = CString::new(device()).map_err(|e| e.to_string())?;
     let mut config = hipObjConfig_t {
         endpoint: std::ptr::null(),
         region: std::ptr::null(),
@@ -1514,7 +1520,7 @@ fn in_flight(settings: &Settings, op: Op, size: usize, streams: usize) -> Outcom
     // threads reach it.
     let side: &'static ServerSide = Box::leak(Box::new(open_side()?));
     let client = Client::builder()
-        .nic(DEVICE)
+        .nic(device())
         .max_in_flight(streams)
         .build()
         .map_err(|e| format!("client: {e}"))?;

@@ -9,6 +9,8 @@
 //! The examples print one summary line that says whether RDMA or the plain
 //! HTTP fallback carried the bytes; every test here says which it expects.
 
+#[path = "common/lane.rs"]
+mod lane;
 #[path = "common/s3.rs"]
 mod s3;
 
@@ -18,28 +20,31 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use hipobj::capi::*;
+use lane::{device, ip};
 use s3::S3Server;
 
-const DEVICE: &str = "rxe0";
-const IP: &str = "192.0.2.1";
 const MIB: usize = 1 << 20;
 
-fn server_binary() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_hipobj-s3-server"))
+fn server_binary() -> PathBuf {
+    lane::program("hipobj-s3-server", env!("CARGO_BIN_EXE_hipobj-s3-server"))
 }
 
 /// A server with RDMA on rxe0; the lane has nothing else, so RDMA must be on.
 fn rdma_server(extra: &[&str]) -> S3Server {
-    let mut args = vec!["--device", DEVICE];
+    let mut args = vec!["--device", device()];
     args.extend_from_slice(extra);
-    let server = S3Server::start(server_binary(), IP, &args);
-    assert!(server.rdma, "the server found no RDMA on {DEVICE}");
+    let server = S3Server::start(&server_binary(), ip(), &args);
+    assert!(server.rdma, "the server found no RDMA on {}", device());
     server
 }
 
 /// `target/examples`, where `scripts/build-examples.sh` puts the programs:
-/// two levels above this test binary (`target/<profile>/deps`).
+/// two levels above this test binary (`target/<profile>/deps`); where the
+/// hardware lane carried them, `HIPOBJ_LANE_EXAMPLES`.
 fn examples_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("HIPOBJ_LANE_EXAMPLES") {
+        return dir.into();
+    }
     let exe = std::env::current_exe().expect("the test binary knows its path");
     let target = exe
         .ancestors()
@@ -108,7 +113,7 @@ fn run_example(endpoint: &str, name: &str, args: &[&str], env: &[(&str, &str)]) 
 fn put_then_get_16_mib_byte_exact() {
     let server = rdma_server(&[]);
     let size = (16 * MIB).to_string();
-    let rdma = ["--nic", DEVICE, "--size", &size, "--pattern", "11"];
+    let rdma = ["--nic", device(), "--size", &size, "--pattern", "11"];
     example(
         &server,
         "put-object",
@@ -132,7 +137,7 @@ fn put_then_get_16_mib_byte_exact() {
         "get-object",
         &[
             "--nic",
-            DEVICE,
+            device(),
             "--size",
             "4096",
             "--pattern",
@@ -154,7 +159,7 @@ fn put_then_get_16_mib_byte_exact() {
 fn a_transfer_striped_over_four_connections_is_byte_exact_on_rxe() {
     let server = rdma_server(&[]);
     let size = (16 * MIB).to_string();
-    let rdma = ["--nic", DEVICE, "--size", &size, "--pattern", "23"];
+    let rdma = ["--nic", device(), "--size", &size, "--pattern", "23"];
     let env = [
         ("HIPOBJ_STRIPES", "4"),
         ("HIPOBJ_STRIPE_MIN", "1048576"),
@@ -211,7 +216,7 @@ fn ranged_gets_at_odd_offsets() {
         "put-object",
         &[
             "--nic",
-            DEVICE,
+            device(),
             "--size",
             &size_arg,
             "--pattern",
@@ -229,7 +234,7 @@ fn ranged_gets_at_odd_offsets() {
             "get-object",
             &[
                 "--nic",
-                DEVICE,
+                device(),
                 "--offset",
                 &offset,
                 "--size",
@@ -254,7 +259,7 @@ fn three_part_multipart_upload_reads_back_whole() {
         "put-object",
         &[
             "--nic",
-            DEVICE,
+            device(),
             "--parts",
             "3",
             "--size",
@@ -273,7 +278,7 @@ fn three_part_multipart_upload_reads_back_whole() {
         "get-object",
         &[
             "--nic",
-            DEVICE,
+            device(),
             "--size",
             &size,
             "--pattern",
@@ -292,7 +297,7 @@ fn sixteen_threads_share_eight_connections() {
     let env = [("HIPOBJ_MAX_TRANSFERS", "8")];
     let common = [
         "--nic",
-        DEVICE,
+        device(),
         "--threads",
         "16",
         "--iterations",
@@ -327,7 +332,7 @@ fn the_application_driven_token_path_moves_bytes() {
         "put-object",
         &[
             "--nic",
-            DEVICE,
+            device(),
             "--size",
             &size,
             "--pattern",
@@ -343,7 +348,7 @@ fn the_application_driven_token_path_moves_bytes() {
         "token-get",
         &[
             "--nic",
-            DEVICE,
+            device(),
             "--size",
             &size,
             "--pattern",
@@ -358,12 +363,12 @@ fn the_application_driven_token_path_moves_bytes() {
 
 #[test]
 fn a_server_without_transport_0x02_ends_in_the_http_fallback() {
-    let server = S3Server::start(server_binary(), IP, &["--no-rdma"]);
+    let server = S3Server::start(&server_binary(), ip(), &["--no-rdma"]);
     assert!(!server.rdma);
     let size = (2 * MIB + 1).to_string();
     let args = [
         "--nic",
-        DEVICE,
+        device(),
         "--size",
         &size,
         "--pattern",
@@ -375,7 +380,7 @@ fn a_server_without_transport_0x02_ends_in_the_http_fallback() {
     example(&server, "get-object", &args, &[], "fallback");
     let ranged = [
         "--nic",
-        DEVICE,
+        device(),
         "--offset",
         "99",
         "--size",
@@ -391,7 +396,7 @@ fn a_server_without_transport_0x02_ends_in_the_http_fallback() {
 /// `hipObjInit` with `rxe0` as the NIC and no GPU, as the in-process tests
 /// need it.
 fn init_gpu_less_on_rxe0() {
-    let hint = CString::new(DEVICE).unwrap();
+    let hint = CString::new(device()).unwrap();
     let mut config = hipObjConfig_t {
         endpoint: std::ptr::null(),
         region: std::ptr::null(),
@@ -570,7 +575,12 @@ fn a_server_killed_mid_transfer_fails_the_transfer_and_the_next_one_succeeds() {
     // transfer.
     // SAFETY: the buffer is live and no transfer runs.
     unsafe { std::ptr::write_bytes(addr as *mut u8, 0, len) };
-    let fresh = S3Server::start_at(server_binary(), IP, dying.root(), &["--device", DEVICE]);
+    let fresh = S3Server::start_at(
+        &server_binary(),
+        ip(),
+        dying.root(),
+        &["--device", device()],
+    );
     app.endpoint = fresh.endpoint.clone();
     let again = get(&mut app, &mut ops);
     assert_eq!(
@@ -620,8 +630,8 @@ fn a_connection_attempt_without_the_proof_is_refused() {
     let ctx = platform
         .verbs()
         .expect("libibverbs")
-        .open(DEVICE)
-        .expect("rxe0");
+        .open(device())
+        .expect("the lane's device");
     let pd = ctx.alloc_pd().expect("PD");
     let mut object = pattern(buf.len(), 9);
     let mr = pd
@@ -699,7 +709,7 @@ struct Haproxy {
 
 impl Haproxy {
     fn start(servers: &[&S3Server], dir: &std::path::Path) -> Haproxy {
-        let port = std::net::TcpListener::bind((IP, 0))
+        let port = std::net::TcpListener::bind((ip(), 0))
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
@@ -717,8 +727,9 @@ impl Haproxy {
             format!(
                 "global\n    maxconn 512\n\ndefaults\n    mode http\n    timeout connect 10s\n    \
                  timeout client 120s\n    timeout server 120s\n    option http-server-close\n\n\
-                 frontend s3\n    bind {IP}:{port}\n    default_backend servers\n\n\
-                 backend servers\n    balance roundrobin\n{backends}"
+                 frontend s3\n    bind {}:{port}\n    default_backend servers\n\n\
+                 backend servers\n    balance roundrobin\n{backends}",
+                ip()
             ),
         )
         .expect("haproxy's configuration");
@@ -727,9 +738,9 @@ impl Haproxy {
             .arg(&config)
             .spawn()
             .expect("haproxy runs (scripts/vm/setup.sh installs it)");
-        let endpoint = format!("http://{IP}:{port}");
+        let endpoint = format!("http://{}:{port}", ip());
         let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect((IP, port)).is_err() {
+        while std::net::TcpStream::connect((ip(), port)).is_err() {
             assert!(
                 Instant::now() < deadline,
                 "haproxy did not listen on {port}"
@@ -791,14 +802,15 @@ fn three_servers_behind_haproxy_serve_mixed_threads_every_transfer_proven() {
     let logs: Vec<PathBuf> = (0..3)
         .map(|i| root.join(format!("server{i}.log")))
         .collect();
-    // The servers dial the fabric's subnet: behind a load balancer, a
-    // request's source is the balancer, not the client.
-    let extra = ["--device", DEVICE, "--rdma-allow", "192.0.2.0/24"];
+    // The servers dial the client's address on the fabric: behind a load
+    // balancer, a request's source is the balancer, not the client.
+    let allow = format!("{}/32", ip());
+    let extra = ["--device", device(), "--rdma-allow", &allow];
     let roots: Vec<PathBuf> = (0..3).map(|_| S3Server::root_sharing(&root)).collect();
     let servers: Vec<S3Server> = logs
         .iter()
         .zip(&roots)
-        .map(|(log, own)| S3Server::start_logged(server_binary(), IP, own, &extra, log))
+        .map(|(log, own)| S3Server::start_logged(&server_binary(), ip(), own, &extra, log))
         .collect();
     assert!(servers.iter().all(|s| s.rdma));
     let proxy = Haproxy::start(&servers.iter().collect::<Vec<_>>(), &root);
@@ -806,7 +818,7 @@ fn three_servers_behind_haproxy_serve_mixed_threads_every_transfer_proven() {
     let args = |key: &'static str, pattern: &'static str| {
         vec![
             "--nic",
-            DEVICE,
+            device(),
             "--threads",
             "8",
             "--iterations",
@@ -927,7 +939,7 @@ fn a_3_gib_object_moves_whole_and_ranged_by_rdma_byte_exact() {
     let stall = ["--stall-seconds", "1200"];
     let rdma = [
         "--nic",
-        DEVICE,
+        device(),
         "--size",
         &size,
         "--pattern",
@@ -960,7 +972,7 @@ fn a_3_gib_object_moves_whole_and_ranged_by_rdma_byte_exact() {
         "get-object",
         &[
             "--nic",
-            DEVICE,
+            device(),
             "--offset",
             &offset,
             "--size",
@@ -1011,7 +1023,7 @@ fn a_ranged_get_across_the_4_gib_mark_of_a_larger_object() {
         "get-object",
         &[
             "--nic",
-            DEVICE,
+            device(),
             "--offset",
             &offset,
             "--size",
@@ -1031,7 +1043,10 @@ fn a_ranged_get_across_the_4_gib_mark_of_a_larger_object() {
 // ---------------------------------------------------------------- the command
 
 /// The `hipobj` command, built with this test binary.
-const HIPOBJ: &str = env!("CARGO_BIN_EXE_hipobj");
+/// The command.
+fn command_path() -> PathBuf {
+    lane::program("hipobj", env!("CARGO_BIN_EXE_hipobj"))
+}
 
 /// A scratch directory for the command's files and its HOME.
 fn scratch(name: &str) -> PathBuf {
@@ -1043,7 +1058,7 @@ fn scratch(name: &str) -> PathBuf {
 
 /// Runs `hipobj ARGS` against `server`, keys from the environment.
 fn hipobj(server: &S3Server, home: &Path, args: &[&str]) -> Output {
-    let out = Command::new(HIPOBJ)
+    let out = Command::new(command_path())
         .args(args)
         .env("HOME", home)
         .env("AWS_ACCESS_KEY_ID", s3::ACCESS_KEY)
@@ -1089,24 +1104,24 @@ fn the_command_moves_objects_by_rdma_byte_exact_and_says_so() {
     let input = input.display().to_string();
 
     // doctor on rxe0: RDMA works, no GPU.
-    let out = Command::new(HIPOBJ)
-        .args(["doctor", "--nic", DEVICE])
+    let out = Command::new(command_path())
+        .args(["doctor", "--nic", device()])
         .output()
         .unwrap();
     let report = String::from_utf8_lossy(&out.stdout).into_owned();
     eprintln!("{report}");
     assert_eq!(out.status.code(), Some(2), "host memory only: {report}");
     assert!(report.contains("host memory: host memory only"), "{report}");
-    assert!(report.contains("ok   rxe0"), "{report}");
+    assert!(report.contains(&format!("ok   {}", device())), "{report}");
     assert!(report.contains("ok   RDMA CM listener"), "{report}");
     assert!(report.contains("<- chosen"), "{report}");
-    let out = Command::new(HIPOBJ)
+    let out = Command::new(command_path())
         .args(["doctor", "--json"])
         .output()
         .unwrap();
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor --json");
     assert_eq!(json["verdicts"][0]["verdict"], "host-only");
-    assert_eq!(json["verdicts"][0]["nic"], DEVICE);
+    assert_eq!(json["verdicts"][0]["nic"], device());
     assert_eq!(json["rdma"]["devices"][0]["memory_windows"]["ok"], true);
 
     // A multipart PUT by RDMA, three parts on three streams.
@@ -1115,7 +1130,7 @@ fn the_command_moves_objects_by_rdma_byte_exact_and_says_so() {
         &input,
         "s3://bucket/cmd/obj",
         "--nic",
-        DEVICE,
+        device(),
         "--chunk",
         "8MiB",
         "--streams",
@@ -1245,7 +1260,7 @@ fn the_command_moves_objects_by_rdma_byte_exact_and_says_so() {
 
 #[test]
 fn the_command_shows_the_fallback_against_a_server_without_rdma() {
-    let server = S3Server::start(server_binary(), IP, &["--no-rdma"]);
+    let server = S3Server::start(&server_binary(), ip(), &["--no-rdma"]);
     assert!(!server.rdma);
     let home = scratch("fallback");
     let data = pattern(3 * MIB, 31);
@@ -1320,10 +1335,10 @@ fn gets_in_flight_from_one_thread_by_rdma_each_verified_and_dropped_ones_cancell
             .expect("a plain PUT");
     }
     let client = Client::builder()
-        .nic(DEVICE)
+        .nic(device())
         .max_in_flight(N)
         .build()
-        .expect("a client on rxe0");
+        .expect("a client on the lane's device");
     let submit = |i: usize| {
         let request = OwnedRequest::new(
             s3.clone(),

@@ -1,6 +1,8 @@
 //! Real verbs on Soft-RoCE: run inside the VM lane only (`scripts/vm/lane.sh`
 //! builds this with `--features vm-lane` and runs it in a VM where `rxe0`
-//! sits on a dummy netdev at 192.0.2.1). Outside the lane it is not built;
+//! sits on a dummy netdev at 192.0.2.1), or on a host's own RDMA device by
+//! the hardware lane (`scripts/hw/run.sh`, which names the device and its
+//! address: `tests/common/lane.rs`). Outside the lanes it is not built;
 //! inside, a missing device fails every test.
 
 use std::ffi::{c_char, CStr};
@@ -13,7 +15,36 @@ use hipobj::platform::{
     SendWr, Sge, WcOpcode, WcStatus,
 };
 
-const DEVICE: &str = "rxe0";
+#[path = "common/lane.rs"]
+mod lane;
+
+use lane::device;
+
+/// The index of the device's RoCE v2 GID that carries its IPv4 address
+/// (`::ffff:a.b.c.d`): 1 on the VM's rxe0; hardware keeps its own order
+/// (a RoCE v1 entry of the same address first, on some).
+fn ipv4_gid_index(ctx: &Arc<dyn platform::Context>) -> (u8, platform::Gid) {
+    let octets = lane::ipv4().octets();
+    let mut found = None;
+    for index in 0..=u8::MAX {
+        let Ok(gid) = ctx.query_gid(1, index.into()) else {
+            break;
+        };
+        if gid[10..12] != [0xff, 0xff] || gid[12..] != octets {
+            continue;
+        }
+        let kind = std::fs::read_to_string(format!(
+            "/sys/class/infiniband/{}/ports/1/gid_attrs/types/{index}",
+            device()
+        ))
+        .unwrap_or_default();
+        if kind.trim().eq_ignore_ascii_case("RoCE v2") {
+            return (index, gid);
+        }
+        found.get_or_insert((index, gid));
+    }
+    found.unwrap_or_else(|| panic!("{} has no GID ::ffff:{}", device(), lane::ip()))
+}
 
 // ---------------------------------------------------------------- contract
 //
@@ -22,19 +53,21 @@ const DEVICE: &str = "rxe0";
 // against the production verbs, CM and sysfs topology on rxe0.
 
 mod contract {
-    use std::net::Ipv4Addr;
     use std::time::Duration;
 
     use hipobj::testing::contract::Env;
 
-    /// rxe0's address in the lane's VM.
-    const IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
     /// Long enough for Soft-RoCE, emulated, to have done what it must not.
     const QUIET: Duration = Duration::from_millis(500);
 
     fn rxe0() -> Env {
-        Env::on(&*hipobj::platform::system(), super::DEVICE, IP, QUIET)
-            .unwrap_or_else(|e| panic!("the production platform: {e}"))
+        Env::on(
+            &*hipobj::platform::system(),
+            super::device(),
+            super::lane::ipv4(),
+            QUIET,
+        )
+        .unwrap_or_else(|e| panic!("the production platform: {e}"))
     }
 
     hipobj::contract_tests!(rxe0);
@@ -72,17 +105,15 @@ fn wait_for(cq: &Arc<dyn Cq>, what: &str) -> Completion {
 fn verbs_objects_move_bytes_between_two_queue_pairs() {
     let verbs = platform::system().verbs().expect("libibverbs");
     assert!(
-        verbs.device_names().unwrap().contains(&DEVICE.to_owned()),
-        "the lane has rxe0"
+        verbs.device_names().unwrap().contains(&device().to_owned()),
+        "the lane has its device"
     );
-    let ctx = verbs.open(DEVICE).expect("open rxe0");
+    let ctx = verbs.open(device()).expect("open the lane's device");
     let port = ctx.query_port(1).expect("port 1");
-    let gid = ctx.query_gid(1, 1).expect("GID 1");
-    assert_eq!(
-        &gid[10..],
-        &[0xff, 0xff, 192, 0, 2, 1],
-        "GID 1 is ::ffff:192.0.2.1"
-    );
+    let (gid_index, gid) = ipv4_gid_index(&ctx);
+    if device() == "rxe0" {
+        assert_eq!(gid_index, 1, "the VM's rxe0: GID 1 is ::ffff:192.0.2.1");
+    }
     let pd = ctx.alloc_pd().expect("PD");
     let (cq_a, cq_b) = (
         ctx.create_cq(16).expect("CQ"),
@@ -121,7 +152,7 @@ fn verbs_objects_move_bytes_between_two_queue_pairs() {
         .expect("INIT");
         let av = AddressVector {
             dgid: gid,
-            sgid_index: 1,
+            sgid_index: gid_index,
             hop_limit: 64,
             traffic_class: 0,
             flow_label: 0,
@@ -215,7 +246,7 @@ fn verbs_objects_move_bytes_between_two_queue_pairs() {
 
 #[test]
 fn the_library_initializes_on_soft_roce_without_a_gpu() {
-    let hint = std::ffi::CString::new(DEVICE).unwrap();
+    let hint = std::ffi::CString::new(device()).unwrap();
     let mut config = gpu_less_config(&hint);
     // SAFETY: a valid config whose strings outlive the call.
     let init = unsafe { hipObjInit(&mut config) };
@@ -246,7 +277,7 @@ fn the_library_initializes_on_soft_roce_without_a_gpu() {
             hipObjTokenClientNic(token, ip.as_mut_ptr(), 16).opError,
             hipObjOpError_t::hipObjSuccess
         );
-        assert_eq!(CStr::from_ptr(ip.as_ptr()).to_str().unwrap(), "192.0.2.1");
+        assert_eq!(CStr::from_ptr(ip.as_ptr()).to_str().unwrap(), lane::ip());
         assert!(CStr::from_ptr(token).to_bytes().starts_with(b"02"));
         assert_eq!(
             hipObjPutRdmaToken(token).opError,
@@ -331,7 +362,7 @@ fn app_serving(
     store: &mut [u8],
 ) -> (App, hipObjOps_t) {
     let verbs = platform.verbs().expect("libibverbs");
-    let ctx = verbs.open(DEVICE).expect("the server's context");
+    let ctx = verbs.open(device()).expect("the server's context");
     let pd = ctx.alloc_pd().expect("PD");
     let mr = pd
         .reg_mr(
@@ -350,7 +381,7 @@ fn app_serving(
         op: hipobj::server::Op::Get,
         reply: Vec::new(),
     };
-    let hint = std::ffi::CString::new(DEVICE).unwrap();
+    let hint = std::ffi::CString::new(device()).unwrap();
     let mut config = gpu_less_config(&hint);
     // SAFETY: a valid config whose strings outlive the call.
     let init = unsafe { hipObjInit(&mut config) };
@@ -435,16 +466,22 @@ fn get_and_put_move_bytes_over_soft_roce() {
 /// (milliseconds), so this waits a lifespan first: two reads closer
 /// together than that see the same count.
 fn sent_packets() -> u64 {
-    let dir = "/sys/class/infiniband/rxe0/ports/1/hw_counters";
-    let read = |name: &str| -> u64 {
-        let path = format!("{dir}/{name}");
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let sent = lane::sent_packets_file();
+    let read = |path: &std::path::Path| -> u64 {
+        let text =
+            std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         text.trim()
             .parse()
-            .unwrap_or_else(|e| panic!("{path}: {text:?}: {e}"))
+            .unwrap_or_else(|e| panic!("{}: {text:?}: {e}", path.display()))
     };
-    std::thread::sleep(Duration::from_millis(read("lifespan") + 20));
-    read("sent_pkts")
+    let lifespan = sent.with_file_name("lifespan");
+    let wait = if lifespan.exists() {
+        read(&lifespan)
+    } else {
+        0
+    };
+    std::thread::sleep(Duration::from_millis(wait + 20));
+    read(&sent)
 }
 
 /// The lane boots at a path MTU (`scripts/vm/guest.sh --mtu`: 4096 with a
@@ -462,11 +499,11 @@ fn transfers_move_in_packets_of_the_lanes_path_mtu() {
     let port = platform
         .verbs()
         .expect("libibverbs")
-        .open(DEVICE)
+        .open(device())
         .expect("a context")
         .query_port(1)
         .expect("port 1");
-    assert_eq!(port.active_mtu.bytes(), expected, "rxe0's active MTU");
+    assert_eq!(port.active_mtu.bytes(), expected, "the device's active MTU");
     let len = 1usize << 20;
     let mut store: Vec<u8> = (0..len).map(|i| (i * 13 % 251).to_le_bytes()[0]).collect();
     let (mut app, mut ops) = app_serving(&platform, &mut store);
@@ -565,8 +602,8 @@ mod hostile {
             let ctx = platform
                 .verbs()
                 .expect("libibverbs")
-                .open(super::DEVICE)
-                .expect("rxe0");
+                .open(super::device())
+                .expect("the lane's device");
             let pd = ctx.alloc_pd().expect("PD");
             let mut store = vec![0u8; LEN].into_boxed_slice();
             let mr = pd
@@ -640,12 +677,12 @@ mod hostile {
             let current = Current::new();
             let config = Config {
                 gpu_device: -1,
-                nic_hint: vec![super::DEVICE.to_owned()],
+                nic_hint: vec![super::device().to_owned()],
                 ..Config::default()
             };
             current
                 .init_with(platform::system(), config, options)
-                .expect("init on rxe0");
+                .expect("init on the lane's device");
             let inst = current.instance().unwrap();
             let buf = vec![0u8; LEN].into_boxed_slice();
             inst.register(BufferRange::new(buf.as_ptr() as usize, LEN).unwrap(), true)
@@ -820,7 +857,7 @@ mod hostile {
     }
 
     #[test]
-    fn on_rxe_a_window_limits_the_direction_and_the_registration_not_the_range() {
+    fn a_window_limits_the_direction_the_registration_and_on_hardware_the_range() {
         let client = Client::new(options());
         let server = Server::new();
         // A GET's window refuses a READ.
@@ -849,12 +886,14 @@ mod hostile {
         assert!(client.settle());
         // rxe does not enforce a type-2 window's range (rxe_resp.c checks
         // the registration's bounds, not the window's): a WRITE past the
-        // range but inside the buffer's registration lands. Hardware NICs
-        // are expected to refuse it; the fake fabric does.
+        // range but inside the buffer's registration lands there. A
+        // hardware NIC (the hardware lane, scripts/hw/run.sh) must refuse
+        // it, and nothing may land; the fake fabric does the same.
         let token = client
             .inst
             .mint_token(client.slice(HALF), TokenOp::Get)
             .unwrap();
+        let before = client.buf[HALF..HALF + 64].to_vec();
         let mut session = server.side.begin(&token, None, deadline()).unwrap();
         let past = session.data_unchecked(
             Op::Get,
@@ -864,12 +903,28 @@ mod hostile {
             0,
             64,
         );
-        assert!(
-            past.is_ok(),
-            "rxe refused a WRITE past the window: it now enforces the range"
-        );
-        session.finish().unwrap();
+        if super::device().starts_with("rxe") {
+            assert!(
+                past.is_ok(),
+                "rxe refused a WRITE past the window: it now enforces the range"
+            );
+            session.finish().unwrap();
+        } else {
+            assert!(
+                past.is_err(),
+                "{} let a WRITE past the window's range through",
+                super::device()
+            );
+            drop(session);
+        }
         assert!(client.settle());
+        if !super::device().starts_with("rxe") {
+            assert!(
+                client.buf[HALF..HALF + 64] == before[..],
+                "bytes past the range changed on {}",
+                super::device()
+            );
+        }
     }
 
     #[test]

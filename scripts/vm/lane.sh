@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The Soft-RoCE lane: builds the tests that need real RDMA on the host
 # (tests/rxe.rs: verbs, CM and the library on rxe0; tests/e2e.rs: the S3
-# server, the command and the C examples end to end), builds the examples
-# against the installed library, boots the VM and runs every test binary
-# there against the kernel's rdma_rxe at path MTU 4096, and the Python
-# package's lane tests, then tests/rxe.rs again at 1024, then the fault
-# soak's short form (scripts/vm/soak.sh). The first boot also starts the
+# server, the command and the C examples end to end) and the examples
+# against the installed library, into the hardware lane's bundle
+# (scripts/hw/lane.sh build: target/hw), checks that the bundle refuses
+# clearly on this host when it has no RDMA device, boots the VM and runs
+# the bundle's run.sh there against the kernel's rdma_rxe at path MTU 4096
+# (report, tests/rxe.rs, tests/e2e.rs and the quick bench: the hardware
+# lane's steps, so CI keeps them working), and the Python package's lane
+# tests, then tests/rxe.rs again at 1024, then the fault soak's short form
+# (scripts/vm/soak.sh). The first boot also starts the
 # three-node Garage cluster (scripts/garage.sh builds Garage once per
 # machine, into a cache outside the tree), checks it over S3
 # (scripts/vm/garage-check.sh, short form) and puts two gateways in front
@@ -16,7 +20,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 bash scripts/vm/setup.sh
 garage=$(bash scripts/garage.sh)
-bash scripts/build-examples.sh
+bash scripts/hw/lane.sh build
 mapfile -t binaries < <(
     cargo test --locked --features vm-lane,s3-server,cli --test rxe --test e2e --no-run \
         --message-format=json |
@@ -40,6 +44,19 @@ fi
 # examples were built against and the lane's S3 server.
 target="${CARGO_TARGET_DIR:-target}"
 case "$target" in /*) ;; *) target="$root/$target" ;; esac
+# The hardware lane on this host: a host without an RDMA device (CI's)
+# must get a clear refusal (status 3) and nothing run.
+refusal=0
+bash "$target/hw/run.sh" --report-only --out "$target/hw-host" >"$target/hw-host.log" 2>&1 || refusal=$?
+if ((refusal == 3)) && grep -q "hardware lane: refused: this host has no RDMA device" "$target/hw-host.log"; then
+    echo "== hardware lane on the host: refused clearly (no RDMA device)"
+elif ((refusal == 0)); then
+    echo "== hardware lane on the host: it has an RDMA device ($(grep 'hardware lane: device' "$target/hw-host.log"))"
+else
+    cat "$target/hw-host.log"
+    echo "vm/lane: the hardware lane's report on the host failed (status $refusal)" >&2
+    exit 1
+fi
 python="bash scripts/vm/python-guest.sh $(printf %q "$target/demo-prefix/lib/libhipobj.so.0") $(printf %q "$target/debug/hipobj-s3-server")"
 tests='status=0; for test in "$@"; do echo "== $test"; timeout -k 10 1800 "$test" --test-threads=1 || { status=1; dmesg | grep -i rxe | tail -20; }; done; echo "== python/tests/test_lane.py"; timeout -k 10 900 '"$python"' || status=1'
 each="$tests"'; exit $status'
@@ -51,7 +68,8 @@ each="$tests"'; exit $status'
 # GETs, 16 and 256 MiB (scripts/vm/gateway-guest.sh).
 garage_check="env HIPOBJ_GARAGE=$(printf %q "$garage") bash scripts/vm/garage-check.sh 16"
 gateway_check="env HIPOBJ_GARAGE=$(printf %q "$garage") bash scripts/vm/garage-guest.sh bash scripts/vm/gateway-guest.sh $(printf %q "$target/debug/hipobj-s3-server") $(printf %q "$target/debug/hipobj") 16 16 256"
-first="$tests"'; echo "== scripts/vm/garage-check.sh"; timeout -k 10 900 '"$garage_check"' || status=1; echo "== scripts/vm/gateway-guest.sh"; timeout -k 10 1500 '"$gateway_check"' || status=1; exit $status'
+hw="bash $(printf %q "$target/hw/run.sh") --device rxe0 --ip 192.0.2.1 --out $(printf %q "$target/vm/out/hw") --steps contract,e2e,bench --bench quick"
+first='status=0; echo "== the hardware lane (scripts/hw/run.sh) on rxe0"; timeout -k 10 5400 '"$hw"' || { status=1; dmesg | grep -i rxe | tail -20; }; echo "== python/tests/test_lane.py"; timeout -k 10 900 '"$python"' || status=1; echo "== scripts/vm/garage-check.sh"; timeout -k 10 900 '"$garage_check"' || status=1; echo "== scripts/vm/gateway-guest.sh"; timeout -k 10 1500 '"$gateway_check"' || status=1; exit $status'
 # One boot at a RoCE fabric's path MTU (4096, a 9000-byte netdev) runs them
 # all; a second at 1024 (a 1500-byte netdev) runs tests/rxe.rs again, so
 # that both paths stay tested. The lane fails if any test fails.
