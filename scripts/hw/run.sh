@@ -214,9 +214,8 @@ echo "hardware lane: device $device, address $ip, path MTU ${mtu:-?}; logs in $o
 ((report_only)) && exit 0
 export HIPOBJ_LANE_DEVICE="$device" HIPOBJ_LANE_IP="$ip"
 [[ -n $mtu ]] && export HIPOBJ_LANE_PATH_MTU="$mtu"
-# The servers the tests start write under TMPDIR.
-export TMPDIR="${TMPDIR:-$out/tmp}"
-mkdir -p "$TMPDIR"
+# The servers the tests start keep their objects under TMPDIR (/tmp unless
+# set: objects of 3 and 5 GiB; in the VM a tmpfs, not the shared tree).
 
 wants contract && step contract "$bundle/tests/rxe-tests" --test-threads=1
 wants e2e && step e2e "$bundle/tests/e2e-tests" --test-threads=1
