@@ -20,7 +20,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use hipobj::capi::*;
-use lane::{device, ip};
+use lane::{device, ip, server_device, server_ip};
 use s3::S3Server;
 
 const MIB: usize = 1 << 20;
@@ -31,10 +31,14 @@ fn server_binary() -> PathBuf {
 
 /// A server with RDMA on rxe0; the lane has nothing else, so RDMA must be on.
 fn rdma_server(extra: &[&str]) -> S3Server {
-    let mut args = vec!["--device", device()];
+    let mut args = vec!["--device", server_device()];
     args.extend_from_slice(extra);
-    let server = S3Server::start(&server_binary(), ip(), &args);
-    assert!(server.rdma, "the server found no RDMA on {}", device());
+    let server = S3Server::start(&server_binary(), server_ip(), &args);
+    assert!(
+        server.rdma,
+        "the server found no RDMA on {}",
+        server_device()
+    );
     server
 }
 
@@ -363,7 +367,7 @@ fn the_application_driven_token_path_moves_bytes() {
 
 #[test]
 fn a_server_without_transport_0x02_ends_in_the_http_fallback() {
-    let server = S3Server::start(&server_binary(), ip(), &["--no-rdma"]);
+    let server = S3Server::start(&server_binary(), server_ip(), &["--no-rdma"]);
     assert!(!server.rdma);
     let size = (2 * MIB + 1).to_string();
     let args = [
@@ -577,9 +581,9 @@ fn a_server_killed_mid_transfer_fails_the_transfer_and_the_next_one_succeeds() {
     unsafe { std::ptr::write_bytes(addr as *mut u8, 0, len) };
     let fresh = S3Server::start_at(
         &server_binary(),
-        ip(),
+        server_ip(),
         dying.root(),
-        &["--device", device()],
+        &["--device", server_device()],
     );
     app.endpoint = fresh.endpoint.clone();
     let again = get(&mut app, &mut ops);
@@ -625,12 +629,13 @@ fn a_connection_attempt_without_the_proof_is_refused() {
         .to_vec();
     let token = Token::parse_hex(&hex).expect("the library's token");
 
-    // The server's side, on a second context of the same device.
+    // The server's side, on a second context of the same device (or the
+    // servers' own).
     let platform = hipobj::platform::system();
     let ctx = platform
         .verbs()
         .expect("libibverbs")
-        .open(device())
+        .open(server_device())
         .expect("the lane's device");
     let pd = ctx.alloc_pd().expect("PD");
     let mut object = pattern(buf.len(), 9);
@@ -805,12 +810,12 @@ fn three_servers_behind_haproxy_serve_mixed_threads_every_transfer_proven() {
     // The servers dial the client's address on the fabric: behind a load
     // balancer, a request's source is the balancer, not the client.
     let allow = format!("{}/32", ip());
-    let extra = ["--device", device(), "--rdma-allow", &allow];
+    let extra = ["--device", server_device(), "--rdma-allow", &allow];
     let roots: Vec<PathBuf> = (0..3).map(|_| S3Server::root_sharing(&root)).collect();
     let servers: Vec<S3Server> = logs
         .iter()
         .zip(&roots)
-        .map(|(log, own)| S3Server::start_logged(&server_binary(), ip(), own, &extra, log))
+        .map(|(log, own)| S3Server::start_logged(&server_binary(), server_ip(), own, &extra, log))
         .collect();
     assert!(servers.iter().all(|s| s.rdma));
     let proxy = Haproxy::start(&servers.iter().collect::<Vec<_>>(), &root);
@@ -1260,7 +1265,7 @@ fn the_command_moves_objects_by_rdma_byte_exact_and_says_so() {
 
 #[test]
 fn the_command_shows_the_fallback_against_a_server_without_rdma() {
-    let server = S3Server::start(&server_binary(), ip(), &["--no-rdma"]);
+    let server = S3Server::start(&server_binary(), server_ip(), &["--no-rdma"]);
     assert!(!server.rdma);
     let home = scratch("fallback");
     let data = pattern(3 * MIB, 31);

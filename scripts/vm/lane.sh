@@ -81,7 +81,16 @@ timeout -k 30 3600 bash scripts/vm/run.sh --mtu 9000 bash -c "$first" lane "${bi
 rxe=$(printf '%s\n' "${binaries[@]}" | grep '/rxe-')
 echo "== Soft-RoCE lane, path MTU 1024: $rxe"
 timeout -k 30 1200 bash scripts/vm/run.sh --mtu 1500 bash -c "$each" lane "$rxe" || status=1
-# A third boot, on a fabric that packets cross (guest.sh --veth): the fault
+# A third boot, on two devices (guest.sh --veth: rxe0 at 192.0.2.1, rxe1
+# at 192.0.2.2, a veth pair and a bridge between them): the hardware lane's
+# step across, a share of tests/e2e.rs with the S3 servers on rxe1 and the
+# clients on rxe0, as on a host with two ports or two NICs.
+across="put_then_get_16_mib striped ranged_gets three_part token_path without_the_proof"
+echo "== Soft-RoCE lane, two devices: the hardware lane's step across"
+timeout -k 30 1800 bash scripts/vm/run.sh --mtu 9000 --veth bash "$target/hw/run.sh" --device rxe0 --ip 192.0.2.1 \
+    --server-device rxe1 --server-ip 192.0.2.2 --steps across --across-args "$across" \
+    --out "$target/vm/out/hw-across" || status=1
+# A fourth boot, on a fabric that packets cross (guest.sh --veth): the fault
 # soak's short form (docs/reliability.md).
 echo "== Soft-RoCE lane, the fault soak (short form)"
 bash scripts/vm/soak.sh || status=1

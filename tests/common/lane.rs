@@ -3,7 +3,9 @@
 //! `scripts/vm/guest.sh`), or a host's own RDMA device that the hardware
 //! lane names (`scripts/hw/run.sh` sets `HIPOBJ_LANE_DEVICE` and
 //! `HIPOBJ_LANE_IP`, and `HIPOBJ_LANE_BIN` to where it carried the programs
-//! the tests start).
+//! the tests start). The end-to-end tests' S3 servers may sit on another
+//! device of the host (`HIPOBJ_LANE_SERVER_DEVICE`, `HIPOBJ_LANE_SERVER_IP`:
+//! two ports or two NICs, or the VM's rxe1 across a veth pair).
 
 #![allow(dead_code)]
 
@@ -24,6 +26,20 @@ pub fn device() -> &'static str {
 /// The device's IPv4 address: `HIPOBJ_LANE_IP`, or the VM's 192.0.2.1.
 pub fn ip() -> &'static str {
     static IP: LazyLock<String> = LazyLock::new(|| setting("HIPOBJ_LANE_IP", "192.0.2.1"));
+    &IP
+}
+
+/// The device the tests' S3 servers use: `HIPOBJ_LANE_SERVER_DEVICE`, or
+/// the client's own [`device`].
+pub fn server_device() -> &'static str {
+    static NAME: LazyLock<String> =
+        LazyLock::new(|| setting("HIPOBJ_LANE_SERVER_DEVICE", device()));
+    &NAME
+}
+
+/// The servers' address: `HIPOBJ_LANE_SERVER_IP`, or the client's [`ip`].
+pub fn server_ip() -> &'static str {
+    static IP: LazyLock<String> = LazyLock::new(|| setting("HIPOBJ_LANE_SERVER_IP", ip()));
     &IP
 }
 
