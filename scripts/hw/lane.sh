@@ -2,12 +2,16 @@
 # The hardware lane: the real-verbs tests, the end-to-end tests and the
 # benchmark on a host's own RDMA device, not in a VM (docs/hardware.md).
 #
-#   bash scripts/hw/lane.sh build [--gpu]
+#   bash scripts/hw/lane.sh build [--gpu] [--dev-bench]
 #       builds the bundle into target/hw (stripped test binaries, the
 #       command, the S3 server, the release library, the C examples and
 #       scripts/hw/run.sh): carry all of target/hw to a host without a Rust
 #       toolchain and run target/hw/run.sh there. --gpu adds tests/cuda.rs
 #       (scripts/gpu/test.sh build) for a host with an NVIDIA GPU.
+#       --dev-bench builds the bench in the tests' profile, from the
+#       dependencies they were built with, instead of an optimized build of
+#       its own: the VM lane's, which checks that the step works (its
+#       figures are not the library's; the bundle's VERSION says so).
 #   bash scripts/hw/lane.sh [RUN ARGUMENTS]
 #       builds the bundle and runs it here (run.sh --help: the device, the
 #       steps, the bench's length; exit status 3: no usable RDMA device).
@@ -18,6 +22,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 gpu=0
+dev_bench=0
 build_only=0
 if [[ ${1:-} == build ]]; then
     build_only=1
@@ -25,7 +30,8 @@ if [[ ${1:-} == build ]]; then
     while (($#)); do
         case $1 in
             --gpu) gpu=1; shift ;;
-            *) echo "hw/lane: build takes --gpu only, not $1" >&2; exit 2 ;;
+            --dev-bench) dev_bench=1; shift ;;
+            *) echo "hw/lane: build takes --gpu and --dev-bench, not $1" >&2; exit 2 ;;
         esac
     done
 fi
@@ -51,8 +57,15 @@ while read -r name path; do built[$name]=$path; done < <(
     cargo test --locked --features vm-lane,s3-server,cli --test rxe --test e2e --no-run \
         --message-format=json | executables rxe e2e
 )
+if ((dev_bench)); then
+    bench_build=(--profile dev --features vm-lane,s3-server,cli)
+    bench_profile="bench: the tests' profile (unoptimized; its figures are not the library's)"
+else
+    bench_build=(--features vm-lane)
+    bench_profile="bench: optimized"
+fi
 while read -r name path; do built[bench]=$path; done < <(
-    cargo bench --locked --no-run --features vm-lane --bench rxe --message-format=json | executables rxe
+    cargo bench --locked --no-run "${bench_build[@]}" --bench rxe --message-format=json | executables rxe
 )
 for need in rxe e2e bench; do
     [[ -x ${built[$need]:-} ]] || { echo "hw/lane: the $need binary was not built" >&2; exit 1; }
@@ -72,7 +85,7 @@ if ((gpu)); then
 fi
 strip "$hw"/tests/* "$hw"/bench/* "$hw"/bin/*
 install -m 755 scripts/hw/run.sh "$hw/run.sh"
-echo "$(git describe --always --dirty 2>/dev/null || echo unknown), built $(date -u +%FT%TZ)" >"$hw/VERSION"
+echo "$(git describe --always --dirty 2>/dev/null || echo unknown), built $(date -u +%FT%TZ), $bench_profile" >"$hw/VERSION"
 echo "hw/lane: the bundle is $hw ($(du -sh "$hw" | cut -f1)); run it with $hw/run.sh"
 ((build_only)) && exit 0
 exec bash "$hw/run.sh" "$@"

@@ -18,9 +18,17 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
+# Each phase's wall time, for the run's log.
+phase_start=$SECONDS
+took() {
+    echo "== vm/lane: $1: $((SECONDS - phase_start)) s"
+    phase_start=$SECONDS
+}
 bash scripts/vm/setup.sh
+took "the kernel and the guest image"
 garage=$(bash scripts/garage.sh)
-bash scripts/hw/lane.sh build
+bash scripts/hw/lane.sh build --dev-bench
+took "the hardware lane's bundle"
 mapfile -t binaries < <(
     cargo test --locked --features vm-lane,s3-server,cli --test rxe --test e2e --no-run \
         --message-format=json |
@@ -78,9 +86,11 @@ status=0
 # A boot is bounded as a whole too (timeout kills QEMU): a process stuck in
 # the guest's kernel outlives any timeout inside it.
 timeout -k 30 3600 bash scripts/vm/run.sh --mtu 9000 bash -c "$first" lane "${binaries[@]}" || status=1
+took "the first boot (path MTU 4096)"
 rxe=$(printf '%s\n' "${binaries[@]}" | grep '/rxe-')
 echo "== Soft-RoCE lane, path MTU 1024: $rxe"
 timeout -k 30 1200 bash scripts/vm/run.sh --mtu 1500 bash -c "$each" lane "$rxe" || status=1
+took "the second boot (path MTU 1024)"
 # A third boot, on two devices (guest.sh --veth: rxe0 at 192.0.2.1, rxe1
 # at 192.0.2.2, a veth pair and a bridge between them): the hardware lane's
 # step across, a share of tests/e2e.rs with the S3 servers on rxe1 and the
@@ -90,8 +100,10 @@ echo "== Soft-RoCE lane, two devices: the hardware lane's step across"
 timeout -k 30 1800 bash scripts/vm/run.sh --mtu 9000 --veth bash "$target/hw/run.sh" --device rxe0 --ip 192.0.2.1 \
     --server-device rxe1 --server-ip 192.0.2.2 --steps across --across-args "$across" \
     --out "$target/vm/out/hw-across" || status=1
+took "the boot on two devices"
 # A fourth boot, on a fabric that packets cross (guest.sh --veth): the fault
 # soak's short form (docs/reliability.md).
 echo "== Soft-RoCE lane, the fault soak (short form)"
 bash scripts/vm/soak.sh || status=1
+took "the fault soak"
 exit "$status"
