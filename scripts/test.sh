@@ -30,7 +30,9 @@ bash scripts/setup.sh
 
 # One clean build per run: incremental state would only take disk (GiBs).
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
-echo "== disk: $(df -h --output=avail "${CARGO_TARGET_DIR:-target}" 2>/dev/null | tail -1 | tr -d ' ') free where the build goes"
+build_dir="${CARGO_TARGET_DIR:-target}"
+[[ -d $build_dir ]] || build_dir=$(dirname "$build_dir")
+echo "== disk: $(df -h --output=avail "$build_dir" 2>/dev/null | tail -1 | tr -d ' ') free where the build goes"
 
 section "format, lints, docs"
 cargo fmt --check

@@ -8,7 +8,8 @@
 # the bundle's run.sh there against the kernel's rdma_rxe at path MTU 4096
 # (report, tests/rxe.rs, tests/e2e.rs and the quick bench: the hardware
 # lane's steps, so CI keeps them working), and the Python package's lane
-# tests, then tests/rxe.rs again at 1024, then the fault soak's short form
+# tests, then tests/rxe.rs again at 1024, then, on two devices, the
+# hardware lane's step across and the fault soak's short form
 # (scripts/vm/soak.sh). The first boot also starts the
 # three-node Garage cluster (scripts/garage.sh builds Garage once per
 # machine, into a cache outside the tree), checks it over S3
@@ -92,18 +93,14 @@ echo "== Soft-RoCE lane, path MTU 1024: $rxe"
 timeout -k 30 1200 bash scripts/vm/run.sh --mtu 1500 bash -c "$each" lane "$rxe" || status=1
 took "the second boot (path MTU 1024)"
 # A third boot, on two devices (guest.sh --veth: rxe0 at 192.0.2.1, rxe1
-# at 192.0.2.2, a veth pair and a bridge between them): the hardware lane's
-# step across, a share of tests/e2e.rs with the S3 servers on rxe1 and the
-# clients on rxe0, as on a host with two ports or two NICs.
+# at 192.0.2.2, a veth pair and a bridge between them, a fabric that
+# packets cross): first the hardware lane's step across, a share of
+# tests/e2e.rs with the S3 servers on rxe1 and the clients on rxe0, as on a
+# host with two ports or two NICs; then the fault soak's short form
+# (scripts/vm/soak.sh, docs/reliability.md).
 across="put_then_get_16_mib striped ranged_gets three_part token_path without_the_proof"
-echo "== Soft-RoCE lane, two devices: the hardware lane's step across"
-timeout -k 30 1800 bash scripts/vm/run.sh --mtu 9000 --veth bash "$target/hw/run.sh" --device rxe0 --ip 192.0.2.1 \
-    --server-device rxe1 --server-ip 192.0.2.2 --steps across --across-args "$across" \
-    --out "$target/vm/out/hw-across" || status=1
-took "the boot on two devices"
-# A fourth boot, on a fabric that packets cross (guest.sh --veth): the fault
-# soak's short form (docs/reliability.md).
-echo "== Soft-RoCE lane, the fault soak (short form)"
-bash scripts/vm/soak.sh || status=1
-took "the fault soak"
+across_step="bash $(printf %q "$target/hw/run.sh") --device rxe0 --ip 192.0.2.1 --server-device rxe1 --server-ip 192.0.2.2 --steps across --across-args $(printf %q "$across") --out $(printf %q "$target/vm/out/hw-across")"
+echo "== Soft-RoCE lane, two devices: the hardware lane's step across, then the fault soak (short form)"
+bash scripts/vm/soak.sh --first "$across_step" || status=1
+took "the boot on two devices: across and the soak"
 exit "$status"

@@ -8,14 +8,22 @@
 # and the link loses, delays and reorders packets. Takes /tmp/hipobj-vm.lock
 # itself (do not wrap it in flock); run as root.
 #
-# Usage: bash scripts/vm/soak.sh [FAULT_SECONDS [CALM_SECONDS]]
+# Usage: bash scripts/vm/soak.sh [--first COMMAND] [FAULT_SECONDS [CALM_SECONDS]]
 # Defaults 150 and 45: the lane's short form, about 5 minutes with the
-# boot. The long form: bash scripts/vm/soak.sh 1800 120.
+# boot. The long form: bash scripts/vm/soak.sh 1800 120. --first: a
+# command the guest runs on the same two devices before the soak, in the
+# same boot (the VM lane's step across); its failure fails the run, and the
+# soak runs all the same.
 # Outputs under target/vm/out/soak: console.log, faults.log, client.out
 # (the tally), client.err, server.log.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
+first=""
+if [[ ${1:-} == --first ]]; then
+    first=${2:?--first needs a command}
+    shift 2
+fi
 fault_seconds=${1:-150}
 calm_seconds=${2:-45}
 for n in "$fault_seconds" "$calm_seconds"; do
@@ -38,8 +46,10 @@ status=0
 # Bounded as a whole: a process stuck in the guest's kernel outlives any
 # timeout inside it.
 flock /tmp/hipobj-vm.lock timeout -k 30 "$((fault_seconds + calm_seconds + 900))" \
-    bash scripts/vm/run.sh --mtu 9000 --veth bash scripts/vm/soak-guest.sh \
-    "$server" "$soak" "$out" "$fault_seconds" "$calm_seconds" 2>&1 |
+    bash scripts/vm/run.sh --mtu 9000 --veth bash -c \
+    'first=0; if [[ -n $1 ]]; then bash -c "$1" || first=1; fi; shift
+     bash scripts/vm/soak-guest.sh "$@" && exit "$first"' \
+    soak "$first" "$server" "$soak" "$out" "$fault_seconds" "$calm_seconds" 2>&1 |
     tee "$out/console.log" || status=$?
 if ((status != 0)); then
     echo "vm/soak: failed (status $status); see $out" >&2
