@@ -52,13 +52,16 @@ for line in sys.stdin:
 }
 
 bash scripts/build-examples.sh
+# The tests' features: --dev-bench builds the bench with them too, so that
+# it reuses the dependencies the tests were built with.
+test_features=vm-lane,s3-server,cli
 declare -A built
 while read -r name path; do built[$name]=$path; done < <(
-    cargo test --locked --features vm-lane,s3-server,cli --test rxe --test e2e --no-run \
+    cargo test --locked --features "$test_features" --test rxe --test e2e --no-run \
         --message-format=json | executables rxe e2e
 )
 if ((dev_bench)); then
-    bench_build=(--profile dev --features vm-lane,s3-server,cli)
+    bench_build=(--profile dev --features "$test_features")
     bench_profile="bench: the tests' profile (unoptimized; its figures are not the library's)"
 else
     bench_build=(--features vm-lane)
