@@ -524,7 +524,8 @@ fn a_chunk_above_the_memory_budget_is_refused_at_startup() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
         said.contains(
-            "--rdma-chunk-bytes 2147483648 is more than --rdma-memory-bytes 1073741824 holds"
+            "--rdma-chunk-bytes 2147483648: --rdma-memory-bytes 1073741824 holds 3 chunks of \
+             at most 357564416 bytes"
         ),
         "{said}"
     );

@@ -80,12 +80,14 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE]
   --rdma-max-bytes N    the largest RDMA transfer served (default 5368709120, S3's largest PUT);
                         a longer token is declined (501)
   --rdma-memory-bytes N registered memory the transfers in progress may hold at once (default
-                        1073741824, at least 4096); a transfer that finds no room for its next
-                        chunk waits, then fails (503 before its first chunk)
+                        1073741824, at least 12288): each transfer reserves all it holds (its
+                        chunks' buffers) before it starts; one that finds no room waits its
+                        turn, then fails (503 SlowDown) after --rdma-timeout-ms
   --rdma-chunk-bytes N  a transfer moves in chunks of at most N bytes, one registered buffer
-                        each (default 8388608, or the largest buffer --rdma-memory-bytes
-                        holds if less): a GET's bytes are written to the client as the backend
-                        gives them, a PUT's are handed to the backend as they are read
+                        each (default 8388608, or the largest buffer of which
+                        --rdma-memory-bytes holds three if less): a GET's bytes are written to
+                        the client as the backend gives them, a PUT's are handed to the backend
+                        as they are read
   --rdma-chunks N       chunks one transfer holds at once (default 4, at least 3): its memory
                         is at most N x --rdma-chunk-bytes
   --rdma-max-requests N RDMA requests served at once (default 128); one more is answered 503
@@ -996,23 +998,27 @@ const DEFAULT_MAX_BYTES: u64 = 5 << 30;
 const DEFAULT_CHUNK_BYTES: usize = 8 << 20;
 
 /// A transfer's chunk: `--rdma-chunk-bytes` if given, else 8 MiB or the
-/// largest buffer the memory budget holds, if less. A chunk the budget
-/// cannot hold would never move: refused, with what to change.
+/// largest buffer of which the memory budget holds [`MIN_CHUNKS`], if less
+/// (a PUT of several chunks reserves that many at once). A chunk of which
+/// the budget cannot hold that many would never move: refused, with what
+/// to change.
 fn chunk_bytes(given: Option<usize>, memory_bytes: u64) -> Result<usize, String> {
+    let per_chunk = memory_bytes / MIN_CHUNKS as u64;
     let fits =
-        usize::try_from(crate::gateway::rdma::longest_transfer(memory_bytes)).unwrap_or(usize::MAX);
+        usize::try_from(crate::gateway::rdma::longest_transfer(per_chunk)).unwrap_or(usize::MAX);
     if fits == 0 {
         return Err(format!(
-            "--rdma-memory-bytes {memory_bytes}: no transfer fits (a transfer's buffer is at \
-             least {} bytes)",
+            "--rdma-memory-bytes {memory_bytes}: no transfer fits (a transfer may hold \
+             {MIN_CHUNKS} buffers of at least {} bytes at once)",
             crate::gateway::rdma::MIN_BUF
         ));
     }
     match given {
         None => Ok(fits.min(DEFAULT_CHUNK_BYTES)),
         Some(chunk) if chunk > fits => Err(format!(
-            "--rdma-chunk-bytes {chunk} is more than --rdma-memory-bytes {memory_bytes} holds \
-             ({fits} bytes), so no transfer would move: raise --rdma-memory-bytes or lower \
+            "--rdma-chunk-bytes {chunk}: --rdma-memory-bytes {memory_bytes} holds {MIN_CHUNKS} \
+             chunks of at most {fits} bytes, and a PUT of several chunks holds {MIN_CHUNKS} at \
+             once, so it would never move: raise --rdma-memory-bytes or lower \
              --rdma-chunk-bytes"
         )),
         Some(chunk) => Ok(chunk.max(crate::gateway::rdma::MIN_BUF)),
@@ -1190,13 +1196,18 @@ pub(crate) mod tests {
             Ok((8 << 20, 8 << 30, 5 << 30))
         );
         // Whole MiB above 1 MiB, powers of two below: what a buffer takes.
+        // Three chunks fit: a PUT of several chunks holds three at once.
         assert_eq!(
-            with(&["--rdma-memory-bytes", "5767168"]),
-            Ok((5 << 20, 5767168, 5 << 30))
+            with(&["--rdma-memory-bytes", "17825792"]),
+            Ok((5 << 20, 17825792, 5 << 30))
         );
         assert_eq!(
-            with(&["--rdma-memory-bytes", "5000"]),
-            Ok((4096, 5000, 5 << 30))
+            with(&["--rdma-memory-bytes", "5767168"]),
+            Ok((1 << 20, 5767168, 5 << 30))
+        );
+        assert_eq!(
+            with(&["--rdma-memory-bytes", "15000"]),
+            Ok((4096, 15000, 5 << 30))
         );
         assert_eq!(
             with(&["--rdma-chunk-bytes", "65536", "--rdma-chunks", "3"]).map(|t| t.0),
@@ -1208,9 +1219,9 @@ pub(crate) mod tests {
                 "--rdma-max-bytes",
                 "1073741824",
                 "--rdma-memory-bytes",
-                "1048576"
+                "3145728"
             ]),
-            Ok((1 << 20, 1 << 20, 1 << 30))
+            Ok((1 << 20, 3 << 20, 1 << 30))
         );
         let refused = with(&[
             "--rdma-chunk-bytes",
@@ -1220,7 +1231,16 @@ pub(crate) mod tests {
         ])
         .unwrap_err();
         assert!(refused.contains("raise --rdma-memory-bytes"), "{refused}");
-        assert!(with(&["--rdma-memory-bytes", "4095"]).is_err());
+        let refused = with(&[
+            "--rdma-chunk-bytes",
+            "1048576",
+            "--rdma-memory-bytes",
+            "2097152",
+        ])
+        .unwrap_err();
+        assert!(refused.contains("holds 3 at once"), "{refused}");
+        assert!(with(&["--rdma-memory-bytes", "12287"]).is_err());
+        assert!(with(&["--rdma-memory-bytes", "12288"]).is_ok());
         assert!(with(&["--rdma-chunks", "0"]).is_err());
         // Fewer than three would leave a PUT through an upstream waiting
         // on itself (docs/architecture.md, "The RDMA gateway", stream.rs).

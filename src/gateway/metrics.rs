@@ -18,6 +18,7 @@
 //! | `hipobj_s3_rdma_refusals_total` | `op`, `reason` | tokens not served by RDMA: `declined` (501: RDMA off, a token it cannot use), `busy` (503), `failed` (500), `bad_digest` (400), `s3_error` (the S3 error of the request itself) |
 //! | `hipobj_s3_rdma_memory_in_use_bytes` | | registered memory that transfers hold ([`Rdma::memory_in_use`]) |
 //! | `hipobj_s3_rdma_requests_in_progress` | | RDMA requests admitted ([`Rdma::requests_in_progress`]) |
+//! | `hipobj_s3_rdma_budget_waiting`, `hipobj_s3_rdma_budget_waits_total` | | RDMA transfers waiting their turn for room in the memory budget now, and those that have waited ([`Rdma::budget_waits`]) |
 //! | `hipobj_s3_rdma_memory_limit_bytes`, `hipobj_s3_rdma_requests_limit` | | `--rdma-memory-bytes` and `--rdma-max-requests` (0 with RDMA off) |
 //! | `hipobj_s3_upstream_request_duration_seconds` | `op`, `outcome` | requests to the store behind the server ([`upstream_observed`]) |
 //! | `hipobj_s3_build_info` | `version` | 1 |
@@ -97,6 +98,15 @@ pub fn rdma_limits(memory_bytes: u64, max_requests: usize) {
 pub fn render(rdma: Option<&Rdma>) -> String {
     let m = &*METRICS;
     let (memory, requests) = rdma.map_or((0, 0), |r| (r.memory_in_use(), r.requests_in_progress()));
+    if let Some(rdma) = rdma {
+        let (waiting, waited) = rdma.budget_waits();
+        m.rdma_budget_waiting
+            .set(i64::try_from(waiting).unwrap_or(i64::MAX));
+        let seen = m
+            .rdma_budget_waits_seen
+            .fetch_max(waited, std::sync::atomic::Ordering::AcqRel);
+        m.rdma_budget_waits.inc_by(waited.saturating_sub(seen));
+    }
     m.rdma_memory.set(i64::try_from(memory).unwrap_or(i64::MAX));
     m.rdma_requests
         .set(i64::try_from(requests).unwrap_or(i64::MAX));
@@ -476,6 +486,10 @@ struct Metrics {
     rdma_requests_limit: Gauge,
     upstream: Family<UpstreamLabels, Histogram, fn() -> Histogram>,
     rdma_first_byte: Histogram,
+    rdma_budget_waiting: Gauge,
+    rdma_budget_waits: Counter,
+    /// The budget's count of waits when last rendered.
+    rdma_budget_waits_seen: std::sync::atomic::AtomicU64,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -496,6 +510,9 @@ impl Metrics {
             rdma_requests_limit: Gauge::default(),
             upstream: Family::new_with_constructor(latency),
             rdma_first_byte: latency(),
+            rdma_budget_waiting: Gauge::default(),
+            rdma_budget_waits: Counter::default(),
+            rdma_budget_waits_seen: std::sync::atomic::AtomicU64::new(0),
             registry: Registry::default(),
         };
         registry.register(
@@ -563,6 +580,16 @@ impl Metrics {
             "Time from an RDMA GET's arrival to its first chunk written to the client",
             prometheus_client::registry::Unit::Seconds,
             m.rdma_first_byte.clone(),
+        );
+        registry.register(
+            "rdma_budget_waiting",
+            "RDMA transfers waiting their turn for room in the memory budget now",
+            m.rdma_budget_waiting.clone(),
+        );
+        registry.register(
+            "rdma_budget_waits",
+            "RDMA transfers that had to wait for room in the memory budget",
+            m.rdma_budget_waits.clone(),
         );
         registry.register(
             "build",

@@ -91,44 +91,88 @@ impl Drop for Admission {
     }
 }
 
-/// The bytes of the buffers taken (in use by transfers), at most `limit`.
-/// Each taken buffer carries its [`Charge`], which gives its bytes back
-/// when dropped: a request whose handler is dropped half way (its client
-/// went away: hyper drops the future) frees its buffer and its share of
-/// the budget alike, as one given back does.
+/// The bytes of the buffers taken (in use by transfers), at most `limit`,
+/// handed out a transfer's [`Window`] at a time and in the order asked.
+///
+/// A transfer reserves all it will hold at once, before it holds anything
+/// (never hold-and-wait: a transfer holding part of the budget while it
+/// waits for more could wait on others doing the same, until every one of
+/// them timed out), and the reservations are served first come, first
+/// served: one waiting for a large window is not passed over for ever by
+/// smaller ones that keep fitting.
+///
+/// Each buffer carries its own [`Charge`], split off its window's, which
+/// gives its bytes back when dropped: a request whose handler is dropped
+/// half way (its client went away: hyper drops the future) frees its
+/// buffers and its share of the budget alike, as one given back does.
 struct Budget {
-    in_use: Mutex<u64>,
+    state: Mutex<Ledger>,
     returned: Condvar,
     limit: u64,
+}
+
+/// What the budget's lock guards.
+#[derive(Default)]
+struct Ledger {
+    in_use: u64,
+    /// The reservations waiting, in the order they came.
+    queue: std::collections::VecDeque<u64>,
+    /// The next waiter's number.
+    next: u64,
+    /// Reservations that had to wait, since the start.
+    waited: u64,
 }
 
 impl Budget {
     fn new(limit: u64) -> Arc<Budget> {
         Arc::new(Budget {
-            in_use: Mutex::new(0),
+            state: Mutex::new(Ledger::default()),
             returned: Condvar::new(),
             limit,
         })
     }
 
-    /// `bytes` of the budget, waiting until `deadline` for room; `None`
-    /// when there was none by then.
+    /// `bytes` of the budget, once every reservation that came before has
+    /// been served and there is room, waiting until `deadline`; `None`
+    /// when there was none by then. Holds nothing while it waits.
     fn charge(self: &Arc<Budget>, bytes: u64, deadline: Instant) -> Option<Charge> {
-        let mut in_use = self.in_use.lock();
-        while in_use.saturating_add(bytes) > self.limit {
-            if self.returned.wait_until(&mut in_use, deadline).timed_out() {
-                return None;
-            }
+        let mut ledger = self.state.lock();
+        let fits = |l: &Ledger| l.in_use.saturating_add(bytes) <= self.limit;
+        if ledger.queue.is_empty() && fits(&ledger) {
+            ledger.in_use += bytes;
+            return Some(self.charged(bytes));
         }
-        *in_use += bytes;
-        Some(Charge {
+        let me = ledger.next;
+        ledger.next += 1;
+        ledger.waited += 1;
+        ledger.queue.push_back(me);
+        let served = loop {
+            if ledger.queue.front() == Some(&me) && fits(&ledger) {
+                break true;
+            }
+            if self.returned.wait_until(&mut ledger, deadline).timed_out() {
+                break ledger.queue.front() == Some(&me) && fits(&ledger);
+            }
+        };
+        ledger.queue.retain(|&w| w != me);
+        if served {
+            ledger.in_use += bytes;
+        }
+        drop(ledger);
+        // The next in line may fit now (or, after a time-out, be first).
+        self.returned.notify_all();
+        served.then(|| self.charged(bytes))
+    }
+
+    fn charged(self: &Arc<Budget>, bytes: u64) -> Charge {
+        Charge {
             budget: Arc::clone(self),
             bytes,
-        })
+        }
     }
 
     fn in_use(&self) -> u64 {
-        *self.in_use.lock()
+        self.state.lock().in_use
     }
 }
 
@@ -141,19 +185,50 @@ struct Charge {
 }
 
 impl Charge {
-    /// `more` bytes on top (a pooled buffer larger than asked).
-    fn grow(&mut self, more: u64) {
-        *self.budget.in_use.lock() += more;
-        self.bytes += more;
+    /// `bytes` of this share as a share of its own (for one buffer of a
+    /// window); the budget's total is unchanged.
+    fn split(&mut self, bytes: u64) -> Charge {
+        let bytes = bytes.min(self.bytes);
+        self.bytes -= bytes;
+        Charge {
+            budget: Arc::clone(&self.budget),
+            bytes,
+        }
     }
 }
 
 impl Drop for Charge {
     fn drop(&mut self) {
-        let mut in_use = self.budget.in_use.lock();
-        *in_use = in_use.saturating_sub(self.bytes);
-        drop(in_use);
+        if self.bytes == 0 {
+            return;
+        }
+        let mut ledger = self.budget.state.lock();
+        ledger.in_use = ledger.in_use.saturating_sub(self.bytes);
+        drop(ledger);
         self.budget.returned.notify_all();
+    }
+}
+
+/// What a transfer may hold of the memory budget, reserved whole before
+/// it starts ([`Rdma::reserve`]): room for `left` more buffers of `size`
+/// bytes, each taken without waiting ([`Rdma::take`]). What it has not
+/// handed out goes back to the budget when it drops; a buffer taken keeps
+/// its own share until it is given back or dropped.
+pub struct Window {
+    charge: Charge,
+    size: usize,
+    left: usize,
+}
+
+impl Window {
+    /// The buffers it holds room for, not taken yet.
+    pub fn left(&self) -> usize {
+        self.left
+    }
+
+    /// The size of each of its buffers.
+    pub fn buffer_size(&self) -> usize {
+        self.size
     }
 }
 
@@ -408,51 +483,69 @@ impl Rdma {
         self.chunks
     }
 
-    /// A registered buffer of at least `len` bytes (reused when one is
-    /// free), waiting up to the transfer deadline for room in the memory
-    /// budget.
-    pub fn take(&self, len: usize) -> Result<RegBuf, TakeError> {
+    /// Reserves the memory a transfer will hold, all at once and before
+    /// it holds any (never part now and more later: [`Budget`]): room for
+    /// `wanted` buffers of `len` bytes (each registered as
+    /// [`buffer_size`]), fewer if the budget could never hold that many,
+    /// but never fewer than `needed`. Waits its turn up to the transfer
+    /// deadline (`--rdma-timeout-ms`) for room: `Busy` then. `TooLarge`
+    /// (declined) when the budget could never hold `needed` of them.
+    pub fn reserve(&self, len: usize, wanted: usize, needed: usize) -> Result<Window, TakeError> {
         let size = buffer_size(len);
-        let charge = u64::try_from(size).unwrap_or(u64::MAX);
-        if charge > self.budget.limit {
+        if wanted == 0 {
+            // Nothing to move (an empty object): nothing to wait for.
+            return Ok(Window {
+                charge: self.budget.charged(0),
+                size,
+                left: 0,
+            });
+        }
+        let fits = usize::try_from(self.budget.limit / size as u64).unwrap_or(usize::MAX);
+        if fits < needed {
             return Err(TakeError::TooLarge(format!(
-                "{len} bytes take a {size} byte buffer, more than --rdma-memory-bytes {}",
+                "the transfer needs {needed} buffers of {size} bytes at once, more than \
+                 --rdma-memory-bytes {} holds",
                 self.budget.limit
             )));
         }
+        let buffers = wanted.min(fits).max(needed);
+        let bytes = u64::try_from(buffers.saturating_mul(size)).unwrap_or(u64::MAX);
         let deadline = Instant::now() + self.timeout;
-        let Some(charge) = self.budget.charge(charge, deadline) else {
+        let Some(charge) = self.budget.charge(bytes, deadline) else {
             return Err(TakeError::Busy(format!(
-                "the transfers in progress hold the whole memory budget \
-                 (--rdma-memory-bytes {})",
-                self.budget.limit
+                "the transfers in progress held the memory budget (--rdma-memory-bytes {}) \
+                 for {} ms: no room for this transfer's {buffers} buffers of {size} bytes",
+                self.budget.limit,
+                self.timeout.as_millis()
             )));
         };
-        // A failure drops the charge, and so gives it back.
-        self.take_charged(len, size, charge)
+        Ok(Window {
+            charge,
+            size,
+            left: buffers,
+        })
     }
 
-    fn take_charged(
-        &self,
-        len: usize,
-        size: usize,
-        mut charge: Charge,
-    ) -> Result<RegBuf, TakeError> {
+    /// One more registered buffer of `window` (a free one of its size
+    /// reused, else one registered now), without waiting for the budget:
+    /// the window holds its share already.
+    pub fn take(&self, window: &mut Window) -> Result<RegBuf, TakeError> {
+        if window.left == 0 {
+            return Err(TakeError::Failed(
+                "the transfer asked for more buffers than it reserved".into(),
+            ));
+        }
+        let size = window.size;
+        // A failure drops the share, and so gives it back.
+        let charge = window.charge.split(size as u64);
+        window.left -= 1;
         {
             let mut pool = self.pool.lock();
-            let best = pool
-                .free
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| b.mem.len() >= len)
-                .min_by_key(|(_, b)| b.mem.len())
-                .map(|(i, _)| i);
-            if let Some(i) = best {
+            // Only a buffer of exactly this size: a larger one would hold
+            // more memory than its share says.
+            if let Some(i) = pool.free.iter().position(|b| b.mem.len() == size) {
                 let mut buf = pool.free.swap_remove(i);
                 pool.bytes -= buf.mem.len();
-                // Charged for what it is, which may be more than asked.
-                let extra = buf.mem.len().saturating_sub(size);
-                charge.grow(u64::try_from(extra).unwrap_or(0));
                 buf.charge = Some(charge);
                 return Ok(buf);
             }
@@ -489,6 +582,13 @@ impl Rdma {
     /// Bytes of the budget that transfers hold now.
     pub fn memory_in_use(&self) -> u64 {
         self.budget.in_use()
+    }
+
+    /// Transfers waiting for their window now, and how many have waited
+    /// since the start.
+    pub fn budget_waits(&self) -> (usize, u64) {
+        let ledger = self.budget.state.lock();
+        (ledger.queue.len(), ledger.waited)
     }
 
     /// Starts a transfer for `token` (the proof, on a kept connection of
@@ -618,12 +718,15 @@ mod tests {
         let budget = Budget::new(100);
         let soon = || Instant::now() + Duration::from_millis(50);
         let held = budget.charge(60, soon()).expect("room");
-        let mut grown = budget.charge(30, soon()).expect("room");
-        grown.grow(10);
-        assert_eq!(budget.in_use(), 100);
+        let mut window = budget.charge(40, soon()).expect("room");
+        let one = window.split(10);
+        assert_eq!((window.bytes, one.bytes), (30, 10));
+        assert_eq!(budget.in_use(), 100, "a split moves a share, adds nothing");
         assert!(budget.charge(1, soon()).is_none(), "the budget is full");
         // Dropped, as a request's buffer is when its handler is dropped.
-        drop(grown);
+        drop(window);
+        assert_eq!(budget.in_use(), 70);
+        drop(one);
         assert_eq!(budget.in_use(), 60);
         let waiter = {
             let budget = Arc::clone(&budget);
@@ -636,6 +739,71 @@ mod tests {
         drop(held);
         assert_eq!(waiter.join().unwrap(), Some(80), "woken by the drop");
         assert_eq!(budget.in_use(), 0, "the waiter's charge went with it");
+        assert_eq!(budget.state.lock().waited, 2, "the full one and the woken one");
+        assert!(budget.state.lock().queue.is_empty());
+    }
+
+    /// Reservations are served in the order they came: a large one first
+    /// in line is not passed over by a smaller one that would fit, and a
+    /// waiter that gives up leaves the line to the next.
+    #[test]
+    fn reservations_are_served_in_turn_and_one_that_gives_up_leaves_the_line() {
+        let budget = Budget::new(100);
+        let held = budget
+            .charge(70, Instant::now() + Duration::from_millis(50))
+            .expect("room");
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let wait = |bytes: u64, name: &'static str, patience: Duration| {
+            let (b, o) = (Arc::clone(&budget), Arc::clone(&order));
+            let waiter = std::thread::spawn(move || {
+                let got = b.charge(bytes, Instant::now() + patience);
+                o.lock().push(name);
+                got
+            });
+            // In line before the next one comes.
+            while budget.state.lock().queue.is_empty() {
+                std::thread::yield_now();
+            }
+            waiter
+        };
+        let large = wait(90, "large", Duration::from_secs(30));
+        let queued = |n: usize| {
+            while budget.state.lock().queue.len() < n {
+                std::thread::yield_now();
+            }
+        };
+        let small = {
+            let (budget, order) = (Arc::clone(&budget), Arc::clone(&order));
+            std::thread::spawn(move || {
+                let got = budget.charge(20, Instant::now() + Duration::from_secs(30));
+                order.lock().push("small");
+                got
+            })
+        };
+        queued(2);
+        // 20 would fit beside the 70 held, but the large one is first.
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(order.lock().is_empty(), "the small one waits its turn");
+        drop(held);
+        let large = large.join().unwrap().expect("the large one, first");
+        assert_eq!(*order.lock(), ["large"]);
+        drop(large);
+        assert_eq!(small.join().unwrap().map(|c| c.bytes), Some(20));
+        assert_eq!(*order.lock(), ["large", "small"]);
+        // One that gives up: the next behind it is served.
+        let full = budget
+            .charge(100, Instant::now() + Duration::from_millis(50))
+            .expect("room");
+        let impatient = wait(50, "impatient", Duration::from_millis(100));
+        let patient = {
+            let budget = Arc::clone(&budget);
+            std::thread::spawn(move || budget.charge(10, Instant::now() + Duration::from_secs(30)))
+        };
+        queued(2);
+        assert!(impatient.join().unwrap().is_none(), "gave up");
+        drop(full);
+        assert_eq!(patient.join().unwrap().map(|c| c.bytes), Some(10));
+        assert_eq!(budget.in_use(), 0);
     }
 
     #[test]

@@ -53,7 +53,7 @@ use s3s::{s3_error, S3Error, S3Request, S3Response, S3Result, S3};
 
 use crate::gateway::backend::Backend;
 use crate::gateway::range;
-use crate::gateway::rdma::{Admission, Failure, Label, Rdma, RegBuf, TakeError};
+use crate::gateway::rdma::{Admission, Failure, Label, Rdma, RegBuf, TakeError, Window};
 use crate::gateway::stream::{self, ReadFailure};
 
 /// The TCP peer of an HTTP request, put into its extensions by the
@@ -383,6 +383,18 @@ impl RdmaS3 {
                 pending: Bytes::new(),
             },
         };
+        // The transfer's whole share of the budget, before the writer
+        // proves the token (which holds a connection): never part of it
+        // while waiting for more.
+        let window = {
+            let (chunk, depth) = (rdma.chunk_bytes(), rdma.chunks());
+            let wanted = get_chunks(want, chunk).min(depth);
+            let rdma = rdma.clone();
+            job.blocking(move || rdma.reserve(chunk.min(want), wanted, wanted.min(1)))
+                .await
+                .map_err(failed)?
+                .map_err(take_failed)?
+        };
         let (chunk_tx, chunk_rx) = std::sync::mpsc::channel();
         let (free_tx, mut free_rx) = tokio::sync::mpsc::unbounded_channel();
         let principal = job.principal.clone();
@@ -404,7 +416,7 @@ impl RdmaS3 {
             crc: verify,
             stored,
         };
-        let filling = fill_chunks(&job, bytes_from, want, sums, chunk_tx, &mut free_rx);
+        let filling = fill_chunks(&job, window, bytes_from, want, sums, chunk_tx, &mut free_rx);
         let (written, filled) = tokio::join!(writing, filling);
         // Buffers the writer handed back: to the pool.
         free_rx.close();
@@ -659,15 +671,35 @@ struct Wanted {
     stored: Option<Stored>,
 }
 
-/// Fills chunks of `want` bytes from `source` into buffers of the budget
-/// (new ones while fewer than `--rdma-chunks` are held, else those the
-/// writer hands back through `free`) and hands each to the writer, then
+/// How many chunks a GET of `want` bytes moves in: the first an eighth of
+/// `chunk` (at least 64 KiB), the others `chunk` ([`fill_chunks`]).
+fn get_chunks(want: usize, chunk: usize) -> usize {
+    let first = first_chunk(chunk);
+    if want == 0 {
+        0
+    } else if want <= first {
+        1
+    } else {
+        1 + (want - first).div_ceil(chunk)
+    }
+}
+
+/// The first chunk of a GET: an eighth of the others (at least 64 KiB), so
+/// that the client's first bytes wait for it, not for a whole chunk.
+fn first_chunk(chunk: usize) -> usize {
+    (chunk / 8).max(64 << 10).min(chunk)
+}
+
+/// Fills chunks of `want` bytes from `source` into buffers of `window`
+/// (new ones while it has room, else those the writer hands back through
+/// `free`; never more from the budget) and hands each to the writer, then
 /// [`Chunk::Done`](stream::Chunk::Done). Returns the CRC64/NVME of the
 /// bytes (base64, as S3 writes it) when `sums.crc`. Where the backend
 /// stored a checksum of them all, the bytes must match it before `Done`
 /// goes: a mismatch ends the transfer without its final message.
 async fn fill_chunks(
     job: &Job,
+    mut window: Window,
     mut source: Source,
     want: usize,
     sums: Wanted,
@@ -676,30 +708,24 @@ async fn fill_chunks(
 ) -> Result<Option<String>, Fill> {
     let rdma = &job.rdma;
     let chunk = rdma.chunk_bytes();
-    let depth = rdma.chunks();
     let mut hasher =
         (sums.crc || sums.stored.is_some()).then(|| Stored::hasher(sums.stored.as_ref(), sums.crc));
-    let mut held = 0usize;
     let mut offset = 0usize;
     while offset < want {
-        // The first chunk is an eighth of the others (at least 64 KiB): the
-        // client's first bytes wait for it, not for a whole chunk.
-        let size = if offset == 0 {
-            (chunk / 8).max(64 << 10).min(chunk)
-        } else {
-            chunk
-        };
+        let size = if offset == 0 { first_chunk(chunk) } else { chunk };
         let n = (want - offset).min(size);
         let buf = match free.try_recv() {
             Ok(buf) => buf,
-            Err(_) if held < depth => {
-                let size = chunk.min(want);
+            Err(_) if window.left() > 0 => {
                 let rdma = rdma.clone();
-                let taken = job
-                    .blocking(move || rdma.take(size))
+                let (back, taken) = job
+                    .blocking(move || {
+                        let taken = rdma.take(&mut window);
+                        (window, taken)
+                    })
                     .await
                     .map_err(Fill::Failed)?;
-                held += 1;
+                window = back;
                 taken.map_err(Fill::NoBuffer)?
             }
             Err(_) => free.recv().await.ok_or(Fill::WriterGone)?,

@@ -28,7 +28,7 @@ use s3s::stream::{ByteStream, RemainingLength};
 use s3s::StdError;
 use tokio::sync::mpsc;
 
-use super::rdma::{Failure, Label, Rdma, RegBuf, TakeError};
+use super::rdma::{Failure, Label, Rdma, RegBuf, TakeError, MIN_CHUNKS};
 use crate::core::token::Token;
 use crate::server::TransferFailure;
 
@@ -246,11 +246,18 @@ pub fn read_chunks(
     let len = token.length;
     let start = Instant::now();
     let (back_tx, back_rx) = sync_mpsc::channel::<RegBuf>();
-    let mut held = 0usize;
     let mut hasher = declared.hasher();
     let mut last: Option<Bytes> = None;
     let mut gone = false;
     let outcome = (|| {
+        // The transfer's whole share of the budget, before anything else
+        // (the proof holds a connection): never part of it while waiting
+        // for more.
+        let chunks = usize::try_from(len.div_ceil(chunk as u64)).unwrap_or(usize::MAX);
+        let size = chunk.min(usize::try_from(len).unwrap_or(chunk));
+        let mut window = rdma
+            .reserve(size, chunks.min(depth), chunks.min(MIN_CHUNKS))
+            .map_err(Stop::NoBuffer)?;
         let mut session = rdma
             .begin(token, label, start + rdma.timeout())
             .map_err(Stop::from)?;
@@ -258,16 +265,11 @@ pub fn read_chunks(
         let mut offset = 0u64;
         while offset < len {
             let n = usize::try_from((len - offset).min(chunk as u64)).unwrap_or(chunk);
-            // A buffer: one the backend let go of, a new one while fewer
-            // than `depth` are held, else wait for one to come back.
+            // A buffer: one the backend let go of, a new one of the window
+            // while it has room, else wait for one to come back.
             let buf = match back_rx.try_recv() {
                 Ok(buf) => buf,
-                Err(_) if held < depth => {
-                    let size = chunk.min(usize::try_from(len).unwrap_or(chunk));
-                    let buf = rdma.take(size).map_err(Stop::NoBuffer)?;
-                    held += 1;
-                    buf
-                }
+                Err(_) if window.left() > 0 => rdma.take(&mut window).map_err(Stop::NoBuffer)?,
                 // The backend holds them all: it gets the backend's time
                 // to take one (a store that pauses is not a client that
                 // stopped).

@@ -28,6 +28,8 @@ use crate::s3server::{ACCESS_KEY, BUCKET, SECRET_KEY};
 pub struct Gateway {
     /// `http://127.0.0.1:PORT`.
     pub endpoint: String,
+    /// Its RDMA: the memory budget, the requests in progress.
+    pub rdma: Arc<Rdma>,
     root: Option<PathBuf>,
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -37,6 +39,11 @@ impl Gateway {
     /// `world`'s server device, dialing the fake client's network (the
     /// HTTP requests come from 127.0.0.1, not from the fabric).
     pub fn start(world: &World) -> Gateway {
+        Gateway::start_with(world, &[])
+    }
+
+    /// [`Gateway::start`] with `extra` options (`--rdma-memory-bytes`...).
+    pub fn start_with(world: &World, extra: &[&str]) -> Gateway {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos())
@@ -45,7 +52,9 @@ impl Gateway {
             std::env::temp_dir().join(format!("hipobj-gateway-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(root.join(BUCKET)).unwrap();
         let root_s = root.display().to_string();
-        Gateway::with(world, &["--root", &root_s], Some(root))
+        let mut args = vec!["--root", &root_s];
+        args.extend_from_slice(extra);
+        Gateway::with(world, &args, Some(root))
     }
 
     /// The gateway in front of the S3 store at `upstream` (`--upstream`,
@@ -85,6 +94,7 @@ impl Gateway {
             options.limits(),
         )
         .expect("RDMA on the fake server device");
+        let rdma = Arc::new(rdma);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -99,7 +109,7 @@ impl Gateway {
             (None, Some(root)) => Arc::new(Local::open(root).unwrap()),
             (None, None) => unreachable!("a root or an upstream"),
         };
-        let s3 = RdmaS3::new(backend, Ok(Arc::new(rdma)), options.region.clone());
+        let s3 = RdmaS3::new(backend, Ok(Arc::clone(&rdma)), options.region.clone());
         let mut builder = S3ServiceBuilder::new(s3);
         builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
         let service = builder.build();
@@ -128,6 +138,7 @@ impl Gateway {
         });
         Gateway {
             endpoint: format!("http://{local}"),
+            rdma,
             root,
             runtime: Some(runtime),
         }
