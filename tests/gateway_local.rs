@@ -993,6 +993,337 @@ async fn a_key_that_leaves_its_bucket_is_refused_and_makes_nothing() {
     );
 }
 
+/// A GET or HEAD with conditions is answered as S3 answers it (RFC 9110's
+/// order): `If-Match` another ETag, or `If-Unmodified-Since` before the
+/// object's time without `If-Match`, is 412 PreconditionFailed;
+/// `If-None-Match` its ETag, or `If-Modified-Since` at or after its time
+/// without `If-None-Match`, is 304 NotModified; nothing else changes the
+/// answer.
+#[tokio::test]
+async fn conditional_gets_and_heads_are_answered_412_or_304_as_s3_answers_them() {
+    let store = Store::new("conditions");
+    store.put("k", b"version one", |_| {}).await.unwrap();
+    let (_, current) = store.get("k").await;
+    let etag = current.e_tag.clone().expect("an ETag");
+    let modified = current.last_modified.clone().expect("a time");
+    let stale = ETagCondition::ETag(ETag::Strong("0123456789abcdef0123456789abcdef".into()));
+    let this = ETagCondition::ETag(etag.clone());
+    let hour = |ahead: bool| {
+        let at = std::time::SystemTime::now();
+        let hour = std::time::Duration::from_secs(3600);
+        Timestamp::from(if ahead { at + hour } else { at - hour })
+    };
+    type Case = (
+        &'static str,
+        fn(&mut GetObjectInput, &ETagCondition, &ETagCondition, &Timestamp, &Timestamp),
+        Option<S3ErrorCode>,
+    );
+    let cases: [Case; 10] = [
+        (
+            "If-Match another ETag",
+            |i, _, stale, _, _| i.if_match = Some(stale.clone()),
+            Some(S3ErrorCode::PreconditionFailed),
+        ),
+        (
+            "If-Match its ETag",
+            |i, this, _, _, _| i.if_match = Some(this.clone()),
+            None,
+        ),
+        (
+            "If-Match *",
+            |i, _, _, _, _| i.if_match = Some(ETagCondition::Any),
+            None,
+        ),
+        (
+            "If-None-Match its ETag",
+            |i, this, _, _, _| i.if_none_match = Some(this.clone()),
+            Some(S3ErrorCode::NotModified),
+        ),
+        (
+            "If-None-Match another ETag",
+            |i, _, stale, _, _| i.if_none_match = Some(stale.clone()),
+            None,
+        ),
+        (
+            "If-Unmodified-Since an hour ago",
+            |i, _, _, _, ago| i.if_unmodified_since = Some(ago.clone()),
+            Some(S3ErrorCode::PreconditionFailed),
+        ),
+        (
+            "If-Match its ETag and If-Unmodified-Since an hour ago",
+            |i, this, _, _, ago| {
+                i.if_match = Some(this.clone());
+                i.if_unmodified_since = Some(ago.clone());
+            },
+            None,
+        ),
+        (
+            "If-Modified-Since an hour ahead",
+            |i, _, _, ahead, _| i.if_modified_since = Some(ahead.clone()),
+            Some(S3ErrorCode::NotModified),
+        ),
+        (
+            "If-Modified-Since an hour ago",
+            |i, _, _, _, ago| i.if_modified_since = Some(ago.clone()),
+            None,
+        ),
+        (
+            "If-None-Match another ETag and If-Modified-Since an hour ahead",
+            |i, _, stale, ahead, _| {
+                i.if_none_match = Some(stale.clone());
+                i.if_modified_since = Some(ahead.clone());
+            },
+            None,
+        ),
+    ];
+    let (ahead, ago) = (hour(true), hour(false));
+    for (what, set, expected) in cases {
+        let mut input = GetObjectInput {
+            bucket: BUCKET.to_owned(),
+            key: "k".to_owned(),
+            ..GetObjectInput::default()
+        };
+        set(&mut input, &this, &stale, &ahead, &ago);
+        let head = HeadObjectInput {
+            bucket: BUCKET.to_owned(),
+            key: "k".to_owned(),
+            if_match: input.if_match.clone(),
+            if_none_match: input.if_none_match.clone(),
+            if_modified_since: input.if_modified_since.clone(),
+            if_unmodified_since: input.if_unmodified_since.clone(),
+            ..HeadObjectInput::default()
+        };
+        let got = store.local.get_object(request(input)).await;
+        let headed = store.local.head_object(request(head)).await;
+        match expected {
+            Some(code) => {
+                assert_code(&got, code.clone(), &format!("GET {what}"));
+                assert_code(&headed, code, &format!("HEAD {what}"));
+            }
+            None => {
+                let got = got.unwrap_or_else(|e| panic!("GET {what}: {e:?}"));
+                assert_eq!(got.output.e_tag.as_ref(), Some(&etag), "GET {what}");
+                let headed = headed.unwrap_or_else(|e| panic!("HEAD {what}: {e:?}"));
+                assert_eq!(headed.output.e_tag.as_ref(), Some(&etag), "HEAD {what}");
+            }
+        }
+    }
+    assert!(modified <= hour(true));
+}
+
+/// A GET made while PUTs replace its object answers one version: its
+/// bytes are those its ETag (their MD5) names, and so is its file for an
+/// RDMA GET, however the PUTs fall between the file it opens and the ETag
+/// it reads.
+#[test]
+fn gets_during_puts_of_the_same_key_answer_one_version() {
+    let store = std::sync::Arc::new(Store::new("one-version"));
+    let versions: Vec<Vec<u8>> = (0..4u8).map(|v| vec![b'a' + v; 4096]).collect();
+    let md5 = |bytes: &[u8]| {
+        let mut h = s3s::crypto::Md5::new();
+        h.update(bytes);
+        hex_lower(&h.finalize())
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        store.put("k", &versions[0], |_| {}).await.unwrap();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (store, versions, done) = (store.clone(), versions.clone(), done.clone());
+            tokio::spawn(async move {
+                for i in 0..3000usize {
+                    store.put("k", &versions[i % 4], |_| {}).await.unwrap();
+                }
+                done.store(true, Ordering::Release);
+            })
+        };
+        let mut reads = 0usize;
+        let mut mixed = Vec::new();
+        while !done.load(Ordering::Acquire) {
+            let input = GetObjectInput {
+                bucket: BUCKET.to_owned(),
+                key: "k".to_owned(),
+                ..GetObjectInput::default()
+            };
+            let mut resp = store.local.get_object(request(input)).await.unwrap();
+            let file = resp
+                .extensions
+                .remove::<hipobj::gateway::local::ObjectFile>()
+                .expect("the file answered from");
+            let mut body = resp.output.body.take().expect("a body");
+            let mut bytes = Vec::new();
+            while let Some(chunk) = body.next().await {
+                bytes.extend_from_slice(&chunk.unwrap());
+            }
+            let mut from_file = vec![0u8; 4096];
+            std::os::unix::fs::FileExt::read_exact_at(&*file.0, &mut from_file, 0).unwrap();
+            reads += 1;
+            let etag = resp.output.e_tag.as_ref().map(|e| e.value().to_owned());
+            if etag.as_deref() != Some(md5(&bytes).as_str()) || from_file != bytes {
+                mixed.push((etag, bytes[0] as char, from_file[0] as char));
+            }
+        }
+        writer.await.unwrap();
+        assert!(reads > 100, "{reads} reads");
+        assert!(
+            mixed.is_empty(),
+            "{} of {reads} GETs answered one version's bytes under another's ETag: {:?}",
+            mixed.len(),
+            &mixed[..mixed.len().min(5)]
+        );
+    });
+}
+
+fn hex_lower(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// ListObjectsV2 and ListObjects give each object's ETag, as S3 does (a
+/// client pins the downloads of a listing to the versions it lists).
+#[tokio::test]
+async fn listings_give_each_object_s_etag() {
+    let store = Store::new("list-etags");
+    store.put("a", b"first", |_| {}).await.unwrap();
+    store.put("dir/b", b"second", |_| {}).await.unwrap();
+    let (_, a) = store.get("a").await;
+    let (_, b) = store.get("dir/b").await;
+    let v2 = store
+        .local
+        .list_objects_v2(request(ListObjectsV2Input {
+            bucket: BUCKET.to_owned(),
+            ..ListObjectsV2Input::default()
+        }))
+        .await
+        .unwrap()
+        .output;
+    let listed: Vec<(String, Option<ETag>)> = v2
+        .contents
+        .unwrap_or_default()
+        .into_iter()
+        .map(|o| (o.key.unwrap_or_default(), o.e_tag))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("a".to_owned(), a.e_tag.clone()),
+            ("dir/b".to_owned(), b.e_tag.clone())
+        ]
+    );
+    let v1 = store
+        .local
+        .list_objects(request(ListObjectsInput {
+            bucket: BUCKET.to_owned(),
+            ..ListObjectsInput::default()
+        }))
+        .await
+        .unwrap()
+        .output;
+    let etags: Vec<Option<ETag>> = v1
+        .contents
+        .unwrap_or_default()
+        .into_iter()
+        .map(|o| o.e_tag)
+        .collect();
+    assert_eq!(etags, [a.e_tag, b.e_tag]);
+}
+
+/// DeleteObjects checks every key as DeleteObject does: a key that climbs
+/// out of its bucket is refused in the answer's Errors and deletes
+/// nothing (another bucket's object, another object's info file, another
+/// upload's part, an empty bucket), while the other keys are deleted.
+#[tokio::test]
+async fn delete_objects_refuses_keys_that_leave_their_bucket_and_deletes_only_the_others() {
+    let store = Store::new("delete-many");
+    std::fs::create_dir_all(store.root.join("other")).unwrap();
+    std::fs::create_dir_all(store.root.join("empty")).unwrap();
+    std::fs::write(store.root.join("other/secret"), b"another bucket's object").unwrap();
+    store.put("mine", b"to delete", |_| {}).await.unwrap();
+    store.put("kept", b"to keep", |_| {}).await.unwrap();
+    let info = std::fs::read_dir(&store.root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .find(|n| n.ends_with(".internal.json"))
+        .expect("an info file");
+    let escaping = [
+        "../other/secret".to_owned(),
+        format!("../{info}"),
+        "../empty/".to_owned(),
+        "a/../../other/secret".to_owned(),
+    ];
+    let before = store.snapshot();
+    let mut objects: Vec<ObjectIdentifier> = escaping
+        .iter()
+        .map(|key| ObjectIdentifier {
+            key: key.clone(),
+            ..ObjectIdentifier::default()
+        })
+        .collect();
+    objects.push(ObjectIdentifier {
+        key: "mine".into(),
+        ..ObjectIdentifier::default()
+    });
+    let answer = store
+        .local
+        .delete_objects(request(DeleteObjectsInput {
+            bucket: BUCKET.to_owned(),
+            delete: Delete {
+                objects,
+                quiet: None,
+            },
+            bypass_governance_retention: None,
+            checksum_algorithm: None,
+            expected_bucket_owner: None,
+            mfa: None,
+            request_payer: None,
+        }))
+        .await
+        .expect("answered");
+    let errors: Vec<String> = answer
+        .output
+        .errors
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| {
+            assert_eq!(e.code.as_deref(), Some("InvalidArgument"), "{e:?}");
+            e.key.unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(errors, escaping, "each escaping key refused in Errors");
+    let deleted: Vec<String> = answer
+        .output
+        .deleted
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|d| d.key)
+        .collect();
+    assert_eq!(deleted, ["mine"]);
+    let mut after = store.snapshot();
+    assert!(
+        after.contains_key("other/secret"),
+        "another bucket's object kept"
+    );
+    assert!(after.contains_key(&info), "the info file kept");
+    assert!(after.contains_key("empty/"), "the empty bucket kept");
+    // Only `mine` (its file and its info file) went.
+    let gone: Vec<String> = before
+        .keys()
+        .filter(|k| !after.contains_key(*k))
+        .cloned()
+        .collect();
+    assert!(gone.iter().any(|k| k == "bucket/mine"), "{gone:?}");
+    assert!(
+        gone.iter()
+            .all(|k| k == "bucket/mine" || k.ends_with(".internal.json")),
+        "{gone:?}"
+    );
+    after.retain(|k, _| k == "bucket/kept");
+    assert_eq!(after.len(), 1, "the other object kept");
+}
+
 // Over HTTP: checksums that come as aws-chunked trailers, as boto3 sends
 // them (`STREAMING-UNSIGNED-PAYLOAD-TRAILER`: unsigned chunks, then
 // `x-amz-checksum-ALG:VALUE` after the last).

@@ -10,6 +10,7 @@ mod gateway;
 mod s3server;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hipobj::client::{Client, GpuSelect};
@@ -161,4 +162,216 @@ fn concurrent_gets_and_puts_under_a_budget_of_a_few_windows_all_finish_in_turn()
         "{peak} bytes held at once, past the budget of {budget}"
     );
     assert_eq!(gateway.rdma.memory_in_use(), 0, "every share given back");
+}
+
+/// A backend that replaces `bucket/key`'s file with other bytes right
+/// after its first GetObject answered (what a PUT of the same key does
+/// between the answer and its bytes): the race an RDMA GET must not lose.
+struct Racy {
+    inner: hipobj::gateway::local::Local,
+    root: std::path::PathBuf,
+    armed: parking_lot::Mutex<Option<(String, Vec<u8>)>>,
+    /// Replace after a HeadObject too (what a PUT between a HEAD and the
+    /// GET that follows it does).
+    after_head: bool,
+}
+
+impl Racy {
+    fn overwrite(&self) {
+        if let Some((key, bytes)) = self.armed.lock().take() {
+            let dir = self.root.join(BUCKET);
+            let temp = dir.join(format!(".racy-{key}"));
+            std::fs::write(&temp, bytes).unwrap();
+            std::fs::rename(&temp, dir.join(&key)).unwrap();
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl s3s::S3 for Racy {
+    async fn get_object(
+        &self,
+        req: s3s::S3Request<s3s::dto::GetObjectInput>,
+    ) -> s3s::S3Result<s3s::S3Response<s3s::dto::GetObjectOutput>> {
+        let answer = self.inner.get_object(req).await;
+        self.overwrite();
+        answer
+    }
+
+    async fn head_object(
+        &self,
+        req: s3s::S3Request<s3s::dto::HeadObjectInput>,
+    ) -> s3s::S3Result<s3s::S3Response<s3s::dto::HeadObjectOutput>> {
+        let answer = self.inner.head_object(req).await;
+        if self.after_head {
+            self.overwrite();
+        }
+        answer
+    }
+
+    async fn put_object(
+        &self,
+        req: s3s::S3Request<s3s::dto::PutObjectInput>,
+    ) -> s3s::S3Result<s3s::S3Response<s3s::dto::PutObjectOutput>> {
+        self.inner.put_object(req).await
+    }
+}
+
+impl hipobj::gateway::backend::Backend for Racy {
+    fn describe(&self) -> String {
+        "racy".into()
+    }
+}
+
+/// The quoted hex MD5 of `bytes`: a single PUT's ETag.
+fn etag_of(bytes: &[u8]) -> String {
+    use s3s::crypto::Checksum as _;
+    let mut md5 = s3s::crypto::Md5::new();
+    md5.update(bytes);
+    format!("\"{}\"", hex::encode(md5.finalize()))
+}
+
+/// A ranged RDMA GET pinned to a version (If-Match, its answer's ETag
+/// checked) gets that version's bytes, or fails: never another version's
+/// bytes under the pinned ETag, though the object is replaced between the
+/// backend's answer and the transfer.
+#[test]
+fn a_ranged_rdma_get_at_a_version_gets_that_versions_bytes() {
+    let world = World::new();
+    let root = gateway::Gateway::fresh_root();
+    let racy = Arc::new(Racy {
+        inner: hipobj::gateway::local::Local::open(&root).unwrap(),
+        root: root.clone(),
+        armed: parking_lot::Mutex::new(None),
+        after_head: false,
+    });
+    let gateway = gateway::Gateway::over(&world, racy.clone(), root, &[]);
+    let s3 = s3(&gateway.endpoint);
+    let client = client(&world);
+    let a = vec![b'A'; 64 << 10];
+    objects::put_http(Object::new(&s3, BUCKET, "k"), &a, false).expect("a plain PUT");
+    let etag = etag_of(&a);
+    *racy.armed.lock() = Some(("k".into(), vec![b'B'; 64 << 10]));
+    let mut buf = client.host_buffer(32 << 10).unwrap();
+    let pinned = Object {
+        etag: Some(&etag),
+        ..Object::new(&s3, BUCKET, "k")
+    };
+    let got = objects::get(&client, pinned, 0..32 << 10, &mut buf, 0, NO_FALLBACK);
+    assert!(racy.armed.lock().is_none(), "the object was replaced");
+    if let Ok(moved) = got {
+        assert!(matches!(moved.path, Via::Rdma(_)), "{moved:?}");
+        let bytes = buf.as_slice().unwrap();
+        assert!(
+            bytes.iter().all(|&b| b == b'A'),
+            "the GET pinned to version A ({etag}) got {} bytes of version B",
+            bytes.iter().filter(|&&b| b == b'B').count()
+        );
+    }
+}
+
+/// A suffix range (`bytes=-N`, how readers ask for a file's footer) is
+/// answered with the last N bytes of one version, however the object
+/// changes while it is served: never a range resolved against another
+/// version's length.
+#[test]
+fn a_suffix_range_gets_that_many_bytes_of_one_version() {
+    let world = World::new();
+    let root = gateway::Gateway::fresh_root();
+    let racy = Arc::new(Racy {
+        inner: hipobj::gateway::local::Local::open(&root).unwrap(),
+        root: root.clone(),
+        armed: parking_lot::Mutex::new(None),
+        after_head: true,
+    });
+    let gateway = gateway::Gateway::over(&world, racy.clone(), root, &[]);
+    let s3 = s3(&gateway.endpoint);
+    let short: Vec<u8> = (0..100u8).collect();
+    objects::put_http(Object::new(&s3, BUCKET, "k"), &short, false).expect("a plain PUT");
+    let long: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+    *racy.armed.lock() = Some(("k".into(), long.clone()));
+    let mut get = hipobj::s3::Request::new("GET", BUCKET, Some("k"));
+    get.headers.push(("range", "bytes=-10".into()));
+    let mut answer = s3.send(&get).expect("answered").success().expect("206");
+    let range = answer.header("content-range").map(str::to_owned);
+    let len = answer.content_length().expect("a length");
+    let mut body = vec![0u8; usize::try_from(len).unwrap()];
+    answer.read_body_into(&mut body).expect("the body");
+    assert_eq!(
+        body.len(),
+        10,
+        "answered {range:?} with {} bytes",
+        body.len()
+    );
+    assert!(
+        body == short[90..] || body == long[990..],
+        "not the last 10 bytes of either version: {range:?}"
+    );
+}
+
+/// The keys a gateway in front of another in this process signs with:
+/// the test keys, as the AWS tools find them (the environment). Every test
+/// of this binary sets the same values.
+fn upstream_keys() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY);
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_KEY);
+        std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
+    });
+}
+
+/// An RDMA GET through a gateway in front of another store (its bytes
+/// from the store's stream) logs its transfer's line, and nothing for
+/// each piece of the body. The test harness captures what threads of a
+/// test print, so the transfer runs in a child: this binary again, on this
+/// test alone, in `HIPOBJ_TEST_CHILD` mode, its standard error read here.
+#[test]
+fn an_rdma_get_through_an_upstream_logs_its_line_and_no_line_per_piece() {
+    const NAME: &str = "an_rdma_get_through_an_upstream_logs_its_line_and_no_line_per_piece";
+    if std::env::var_os("HIPOBJ_TEST_CHILD").is_some() {
+        return get_through_an_upstream();
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+        .env("HIPOBJ_TEST_CHILD", "1")
+        .output()
+        .expect("the test binary runs");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the child failed: {log}");
+    assert!(
+        log.contains("rdma GET bucket/logged: 4194304 bytes"),
+        "the transfer's own line: {log}"
+    );
+    let debug: Vec<&str> = log.lines().filter(|l| l.contains("DEBUG")).collect();
+    assert!(
+        debug.is_empty(),
+        "{} debug lines: {:?}",
+        debug.len(),
+        &debug[..debug.len().min(3)]
+    );
+}
+
+fn get_through_an_upstream() {
+    upstream_keys();
+    let world = World::new();
+    let store = gateway::Gateway::start(&world);
+    let gateway = gateway::Gateway::upstream(&world, &store.endpoint, &[]);
+    let s3_store = s3(&store.endpoint);
+    let data = pattern(4 * MIB, 9);
+    objects::put_http(Object::new(&s3_store, BUCKET, "logged"), &data, false).expect("a PUT");
+    let client = client(&world);
+    let mut buf = client.host_buffer(data.len()).unwrap();
+    let s3 = s3(&gateway.endpoint);
+    let moved = objects::get(
+        &client,
+        Object::new(&s3, BUCKET, "logged"),
+        0..data.len() as u64,
+        &mut buf,
+        0,
+        NO_FALLBACK,
+    )
+    .expect("the GET");
+    assert!(matches!(moved.path, Via::Rdma(_)), "{moved:?}");
+    assert!(buf.as_slice().unwrap() == &data[..]);
 }

@@ -6,23 +6,17 @@
 //! RDMA paths of GetObject, PutObject and UploadPart in front of it and
 //! hands every other operation to it unchanged, after the region check.
 
-use std::path::PathBuf;
-
 use s3s::S3;
 
-/// A gateway's backend.
+/// A gateway's backend. One that keeps objects as files of this machine
+/// puts the file a GetObject's answer was read from into the answer's
+/// extensions ([`ObjectFile`](super::local::ObjectFile)): an RDMA GET then
+/// reads the answer's bytes from it in chunk-sized calls rather than
+/// through the answer's stream.
 pub trait Backend: S3 {
     /// What it is, for the line the server prints once it listens and
     /// for logs: `directory /srv/objects`, `upstream https://...`.
     fn describe(&self) -> String;
-
-    /// The file that holds `bucket/key`'s bytes whole, for a backend that
-    /// keeps objects as plain files of this machine: an RDMA GET reads it
-    /// in one call rather than through the backend's stream. `None` (the
-    /// default): the stream.
-    fn object_file(&self, _bucket: &str, _key: &str) -> Option<PathBuf> {
-        None
-    }
 }
 
 /// A request for another operation (`input`) in the context of `req`:

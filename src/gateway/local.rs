@@ -31,12 +31,37 @@
 //!   joined: the upload and the object it would replace stay), and keeps
 //!   it in the info file (`WHOLE_CRC64NVME`); GET and HEAD serve it, typed
 //!   `FULL_OBJECT`.
+//! - **A read is one version.** s3s-fs opens an object's file, then reads
+//!   its ETag from its info file; its PutObject renames the new file into
+//!   place, then writes the info; nothing orders a GET after or before a
+//!   PUT of the same key. Here every write that replaces or removes an
+//!   object marks its key while it commits (a PutObject from the end of its
+//!   body to its answer; CompleteMultipartUpload, CopyObject, DeleteObject
+//!   and DeleteObjects for their whole call), and a GET or HEAD is made
+//!   while no commit of its key runs and kept only if none ended meanwhile
+//!   ([`Commits`]); else it is made again. The file it opened goes with a
+//!   GET's answer ([`ObjectFile`]), so an RDMA GET reads the bytes of the
+//!   version it answered for, never a path resolved again. One gateway
+//!   process per root.
+//! - **Conditional reads.** s3s-fs ignores `If-Match`, `If-None-Match`,
+//!   `If-Modified-Since` and `If-Unmodified-Since` on GET and HEAD; here
+//!   they are evaluated on the version read, in RFC 9110's order, as S3
+//!   does: 412 PreconditionFailed or 304 NotModified.
+//! - **Suffix ranges** (`bytes=-N`) are resolved against the length of the
+//!   version read (s3s-fs fails a suffix longer than the object, and
+//!   answers one of an empty object with a last byte of 2^64 - 1;
+//!   [`range::for_backend`](super::range::for_backend)).
+//! - **Listings carry ETags**, from the info files, as S3's do (s3s-fs's
+//!   have none): a client pins the downloads of a listing to them.
 //! - **Buckets are made by CreateBucket only** (or the server's
 //!   `--bucket`). s3s-fs makes a bucket's directory for a PUT into it, and
 //!   answers NoSuchKey for a GET in a missing bucket. Here every operation
 //!   on a bucket that does not exist answers NoSuchBucket before s3s-fs
 //!   sees it; a key whose path climbs out of its bucket (`../b/k`, which
-//!   s3s-fs resolves under the root, not the bucket) is refused.
+//!   s3s-fs resolves under the root, not the bucket) is refused, and so is
+//!   each such key of a DeleteObjects, in its answer's `Errors` (s3s-fs
+//!   would delete another bucket's object, an info file or an upload's
+//!   part).
 
 use std::path::{Component, Path, PathBuf};
 use std::pin::Pin;
@@ -57,6 +82,7 @@ use s3s::{s3_error, S3Request, S3Response, S3Result, StdError, TrailingHeaders, 
 use s3s_fs::FileSystem;
 
 use super::backend::{delegate_s3, Backend};
+use super::range;
 
 /// Buckets as directories of `root`.
 pub struct Local {
@@ -65,7 +91,114 @@ pub struct Local {
     root: PathBuf,
     /// Names this backend's temporary files.
     next_temp: AtomicU64,
+    /// The writes committing now, by key.
+    commits: Arc<Commits>,
 }
+
+/// How long a read waits for the writes of its key to commit before it
+/// gives up (503 SlowDown): a PutObject commits in a rename and a small
+/// write; a CompleteMultipartUpload joins its parts meanwhile.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Stripes of [`Commits`]: keys that share one only wait on one another's
+/// commits now and then.
+const STRIPES: usize = 4096;
+
+/// The writes that replace or remove objects, committing now, by key
+/// (hashed into [`STRIPES`]), and how many have ended: a read made while
+/// its stripe had no commit running, and after which none ended, saw one
+/// version of its object (its file and its info alike).
+struct Commits {
+    stripes: Mutex<Vec<Stripe>>,
+    ended: tokio::sync::Notify,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Stripe {
+    running: usize,
+    ended: u64,
+}
+
+impl Commits {
+    fn new() -> Arc<Commits> {
+        Arc::new(Commits {
+            stripes: Mutex::new(vec![Stripe::default(); STRIPES]),
+            ended: tokio::sync::Notify::new(),
+        })
+    }
+
+    fn stripe(bucket: &str, key: &str) -> usize {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (bucket, key).hash(&mut h);
+        usize::try_from(h.finish() % STRIPES as u64).unwrap_or(0)
+    }
+
+    /// A write of `bucket/key` commits until the guard drops.
+    fn begin(self: &Arc<Commits>, bucket: &str, key: &str) -> Committing {
+        let stripe = Commits::stripe(bucket, key);
+        self.stripes.lock()[stripe].running += 1;
+        Committing {
+            commits: Arc::clone(self),
+            stripe,
+        }
+    }
+
+    /// Once no commit of `bucket/key`'s stripe runs: how many have ended,
+    /// for [`Commits::unchanged`]. SlowDown after [`SETTLE`].
+    async fn settled(&self, bucket: &str, key: &str) -> S3Result<(usize, u64)> {
+        let stripe = Commits::stripe(bucket, key);
+        let deadline = tokio::time::Instant::now() + SETTLE;
+        loop {
+            let ended = self.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            let now = self.stripes.lock()[stripe];
+            if now.running == 0 {
+                return Ok((stripe, now.ended));
+            }
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                return Err(s3_error!(
+                    SlowDown,
+                    "{bucket}/{key} has been being written for {SETTLE:?}; try again"
+                ));
+            }
+        }
+    }
+
+    /// Whether no commit of the stripe ran or ended since `seen`.
+    fn unchanged(&self, (stripe, ended): (usize, u64)) -> bool {
+        let now = self.stripes.lock()[stripe];
+        now.running == 0 && now.ended == ended
+    }
+}
+
+/// A write committing ([`Commits::begin`]).
+struct Committing {
+    commits: Arc<Commits>,
+    stripe: usize,
+}
+
+impl Drop for Committing {
+    fn drop(&mut self) {
+        {
+            let mut stripes = self.commits.stripes.lock();
+            let stripe = &mut stripes[self.stripe];
+            stripe.running = stripe.running.saturating_sub(1);
+            stripe.ended += 1;
+        }
+        self.commits.ended.notify_waiters();
+    }
+}
+
+/// The file of the object a GetObject answered for, opened while its
+/// version was read (the answer's extensions carry it, for a backend that
+/// keeps objects as files of this machine): an RDMA GET reads the answer's
+/// bytes from it in chunk-sized calls rather than through the backend's
+/// stream, and never opens a path again (which another version may hold
+/// by then). The answer's bytes start at its Content-Range's first byte.
+#[derive(Clone)]
+pub struct ObjectFile(pub Arc<std::fs::File>);
 
 impl Local {
     /// The backend over `root`, which must exist.
@@ -78,6 +211,7 @@ impl Local {
             fs,
             root,
             next_temp: AtomicU64::new(0),
+            commits: Commits::new(),
         })
     }
 
@@ -111,31 +245,92 @@ impl Local {
         ))
     }
 
-    /// GetObject, without the checksums of an object a multipart upload
-    /// replaced (see [`no_stale_checksums`]).
+    /// GetObject of one version ([`Commits`]), its conditions evaluated
+    /// on it, a suffix range resolved against its length, without the
+    /// checksums of an object a multipart upload replaced (see
+    /// [`no_stale_checksums`]); with the file it was read from
+    /// ([`ObjectFile`]) for a key that names a plain path.
     async fn get(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
         let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
-        let mut resp = self.fs.get_object(req).await?;
-        no_stale_checksums!(resp.output);
-        // A range's answer carries no whole-object checksum (as S3, and as
-        // s3s-fs for a single PUT's): a client would check the range's
-        // bytes against it. A range that covers the object is the whole.
-        let output = &resp.output;
-        let whole = match (&output.content_range, output.content_length) {
-            (None, _) => true,
-            (Some(range), Some(len)) => {
-                range
-                    .rsplit('/')
-                    .next()
-                    .and_then(|total| total.parse::<i64>().ok())
-                    == Some(len)
+        let path = self.object_path(&bucket, &key);
+        loop {
+            let seen = self.commits.settled(&bucket, &key).await?;
+            let file = match &path {
+                Some(path) => open(path).await,
+                None => None,
+            };
+            let mut input = req.input.clone();
+            if let Some(range @ Range::Suffix { .. }) = input.range {
+                let head = HeadObjectInput {
+                    bucket: bucket.clone(),
+                    key: key.clone(),
+                    ..HeadObjectInput::default()
+                };
+                let len = self
+                    .fs
+                    .head_object(crate::gateway::backend::sibling(&req, head))
+                    .await?
+                    .output
+                    .content_length
+                    .and_then(|n| u64::try_from(n).ok())
+                    .ok_or_else(|| s3_error!(InternalError, "no length for {bucket}/{key}"))?;
+                input.range = Some(range::for_backend(range, len).ok_or_else(|| {
+                    s3_error!(
+                        InvalidRange,
+                        "the range selects none of the object's {len} bytes"
+                    )
+                })?);
             }
-            (Some(_), None) => false,
-        };
-        if whole {
-            self.serve_whole(&bucket, &key, &mut resp.output).await;
+            let answer = self
+                .fs
+                .get_object(crate::gateway::backend::sibling(&req, input))
+                .await;
+            let mut resp = match answer {
+                Ok(resp) => resp,
+                Err(e) if self.commits.unchanged(seen) => return Err(e),
+                Err(_) => continue,
+            };
+            no_stale_checksums!(resp.output);
+            // A range's answer carries no whole-object checksum (as S3, and
+            // as s3s-fs for a single PUT's): a client would check the
+            // range's bytes against it. A range that covers the object is
+            // the whole.
+            let output = &resp.output;
+            let whole = match (&output.content_range, output.content_length) {
+                (None, _) => true,
+                (Some(range), Some(len)) => {
+                    range
+                        .rsplit('/')
+                        .next()
+                        .and_then(|total| total.parse::<i64>().ok())
+                        == Some(len)
+                }
+                (Some(_), None) => false,
+            };
+            if whole {
+                self.serve_whole(&bucket, &key, &mut resp.output).await;
+            }
+            if !self.commits.unchanged(seen) {
+                continue;
+            }
+            let output = &resp.output;
+            check_conditions(
+                &Conditions {
+                    if_match: req.input.if_match.as_ref(),
+                    if_none_match: req.input.if_none_match.as_ref(),
+                    if_modified_since: req.input.if_modified_since.as_ref(),
+                    if_unmodified_since: req.input.if_unmodified_since.as_ref(),
+                },
+                output.e_tag.as_ref(),
+                output.last_modified.as_ref(),
+                &bucket,
+                &key,
+            )?;
+            if let Some(file) = file {
+                resp.extensions.insert(ObjectFile(Arc::new(file)));
+            }
+            return Ok(resp);
         }
-        Ok(resp)
     }
 
     /// HeadObject, as [`Local::get`].
@@ -144,15 +339,169 @@ impl Local {
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
-        let mut resp = self.fs.head_object(req).await?;
-        no_stale_checksums!(resp.output);
-        self.serve_whole(&bucket, &key, &mut resp.output).await;
+        loop {
+            let seen = self.commits.settled(&bucket, &key).await?;
+            let answer = self
+                .fs
+                .head_object(crate::gateway::backend::sibling(&req, req.input.clone()))
+                .await;
+            let mut resp = match answer {
+                Ok(resp) => resp,
+                Err(e) if self.commits.unchanged(seen) => return Err(e),
+                Err(_) => continue,
+            };
+            no_stale_checksums!(resp.output);
+            self.serve_whole(&bucket, &key, &mut resp.output).await;
+            if !self.commits.unchanged(seen) {
+                continue;
+            }
+            let output = &resp.output;
+            check_conditions(
+                &Conditions {
+                    if_match: req.input.if_match.as_ref(),
+                    if_none_match: req.input.if_none_match.as_ref(),
+                    if_modified_since: req.input.if_modified_since.as_ref(),
+                    if_unmodified_since: req.input.if_unmodified_since.as_ref(),
+                },
+                output.e_tag.as_ref(),
+                output.last_modified.as_ref(),
+                &bucket,
+                &key,
+            )?;
+            return Ok(resp);
+        }
+    }
+
+    /// The file s3s-fs keeps `bucket/key` in, for a key of plain path
+    /// components only (s3s-fs resolves `..` and the like virtually under
+    /// its root: such keys are read through its stream alone).
+    fn object_path(&self, bucket: &str, key: &str) -> Option<PathBuf> {
+        (plain(bucket) && plain(key)).then(|| self.root.join(bucket).join(key))
+    }
+
+    /// ListObjectsV2, each object with its ETag.
+    async fn list_v2(
+        &self,
+        req: S3Request<ListObjectsV2Input>,
+    ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        let bucket = req.input.bucket.clone();
+        let mut resp = self.fs.list_objects_v2(req).await?;
+        for object in resp.output.contents.iter_mut().flatten() {
+            self.fill_etag(&bucket, object).await;
+        }
         Ok(resp)
     }
 
-    /// PutObject, its body checked as it streams.
+    /// ListObjects, each object with its ETag.
+    async fn list_v1(
+        &self,
+        req: S3Request<ListObjectsInput>,
+    ) -> S3Result<S3Response<ListObjectsOutput>> {
+        let bucket = req.input.bucket.clone();
+        let mut resp = self.fs.list_objects(req).await?;
+        for object in resp.output.contents.iter_mut().flatten() {
+            self.fill_etag(&bucket, object).await;
+        }
+        Ok(resp)
+    }
+
+    /// A listed object's ETag, from its info file (an object with none,
+    /// stored behind s3s-fs's back, is listed without).
+    async fn fill_etag(&self, bucket: &str, object: &mut Object) {
+        if object.e_tag.is_some() {
+            return;
+        }
+        let Some(key) = object.key.as_deref() else {
+            return;
+        };
+        let Ok(text) = tokio::fs::read(self.info_file(bucket, key)).await else {
+            return;
+        };
+        let info: Option<serde_json::Map<String, serde_json::Value>> =
+            serde_json::from_slice(&text).ok();
+        object.e_tag = info
+            .as_ref()
+            .and_then(|info| info.get("e_tag"))
+            .and_then(serde_json::Value::as_str)
+            .map(|e_tag| ETag::Strong(e_tag.to_owned()));
+    }
+
+    /// CopyObject, its destination committing for the whole call.
+    async fn copy(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
+        let _committing = self.commits.begin(&req.input.bucket, &req.input.key);
+        self.fs.copy_object(req).await
+    }
+
+    /// DeleteObject, committing for the whole call.
+    async fn delete(
+        &self,
+        req: S3Request<DeleteObjectInput>,
+    ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        let _committing = self.commits.begin(&req.input.bucket, &req.input.key);
+        self.fs.delete_object(req).await
+    }
+
+    /// DeleteObjects, each key checked as DeleteObject's: one that climbs
+    /// out of its bucket is answered in `Errors` and never reaches s3s-fs;
+    /// the others are deleted, committing for the whole call.
+    async fn delete_many(
+        &self,
+        mut req: S3Request<DeleteObjectsInput>,
+    ) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        let bucket = req.input.bucket.clone();
+        let mut refused = Vec::new();
+        req.input
+            .delete
+            .objects
+            .retain(|object| match check_key(&bucket, &object.key) {
+                Ok(()) => true,
+                Err(e) => {
+                    refused.push(Error {
+                        code: Some(e.code().as_str().to_owned()),
+                        key: Some(object.key.clone()),
+                        message: e.message().map(str::to_owned),
+                        version_id: object.version_id.clone(),
+                    });
+                    false
+                }
+            });
+        let mut resp = if req.input.delete.objects.is_empty() {
+            S3Response::new(DeleteObjectsOutput::default())
+        } else {
+            let _committing: Vec<Committing> = req
+                .input
+                .delete
+                .objects
+                .iter()
+                .map(|object| self.commits.begin(&bucket, &object.key))
+                .collect();
+            self.fs.delete_objects(req).await?
+        };
+        if !refused.is_empty() {
+            resp.output
+                .errors
+                .get_or_insert_with(Vec::new)
+                .extend(refused);
+        }
+        Ok(resp)
+    }
+
+    /// PutObject, its body checked as it streams, committing from the end
+    /// of its body (when s3s-fs renames its file into place and writes the
+    /// info) to its answer.
     async fn put(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
-        let (resp, _) = self.checked(req, |req| self.fs.put_object(req)).await?;
+        let commit = Commit {
+            commits: Arc::clone(&self.commits),
+            bucket: req.input.bucket.clone(),
+            key: req.input.key.clone(),
+            slot: Arc::new(Mutex::new(None)),
+        };
+        let (resp, _) = self
+            .checked(req, Some(&commit), |req| self.fs.put_object(req))
+            .await?;
         Ok(resp)
     }
 
@@ -162,7 +511,9 @@ impl Local {
         &self,
         req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
-        let (mut resp, sums) = self.checked(req, |req| self.fs.upload_part(req)).await?;
+        let (mut resp, sums) = self
+            .checked(req, None, |req| self.fs.upload_part(req))
+            .await?;
         if let Some(sums) = sums {
             let out = &mut resp.output;
             out.checksum_crc32 = sums.checksum_crc32;
@@ -228,6 +579,7 @@ impl Local {
                 ));
             }
         }
+        let _committing = self.commits.begin(&bucket, &key);
         let resp = self.fs.complete_multipart_upload(req).await?;
         self.forget_checksums(&bucket, &key, whole.as_deref())
             .await?;
@@ -289,6 +641,7 @@ impl Local {
     async fn checked<I, O, F, Fut>(
         &self,
         mut req: S3Request<I>,
+        commit: Option<&Commit>,
         store: F,
     ) -> S3Result<(S3Response<O>, Option<Checksum>)>
     where
@@ -304,10 +657,16 @@ impl Local {
         }
         let verdict = Arc::new(Mutex::new(None));
         if let Some(body) = req.input.body().take() {
-            let verified = Verified::new(body, claim, Arc::clone(&verdict));
+            let verified = Verified::new(body, claim, Arc::clone(&verdict), commit.cloned());
             *req.input.body() = Some(StreamingBlob::new(verified));
+        } else if let Some(commit) = commit {
+            // No body to wait for: it commits from now on.
+            commit.begin();
         }
         let answer = store(req).await;
+        if let Some(commit) = commit {
+            commit.slot.lock().take();
+        }
         let found = verdict.lock().take();
         match (answer, found) {
             // s3s-fs saw the body fail: the refusal is why.
@@ -507,30 +866,85 @@ fn check_key(bucket: &str, key: &str) -> S3Result<()> {
     ))
 }
 
+/// A GET's or HEAD's conditions.
+struct Conditions<'a> {
+    if_match: Option<&'a ETagCondition>,
+    if_none_match: Option<&'a ETagCondition>,
+    if_modified_since: Option<&'a Timestamp>,
+    if_unmodified_since: Option<&'a Timestamp>,
+}
+
+/// The conditions of a read of `bucket/key` evaluated on the version read
+/// (its ETag and time), in RFC 9110's order (section 13.2.2), as S3 does:
+/// `If-Match` (else `If-Unmodified-Since`) false is 412
+/// PreconditionFailed; then `If-None-Match` (else `If-Modified-Since`)
+/// false is 304 NotModified. Times compare to the second, as HTTP dates
+/// carry them.
+fn check_conditions(
+    c: &Conditions<'_>,
+    e_tag: Option<&ETag>,
+    modified: Option<&Timestamp>,
+    bucket: &str,
+    key: &str,
+) -> S3Result<()> {
+    let matches = |condition: &ETagCondition| match condition {
+        ETagCondition::Any => e_tag.is_some(),
+        ETagCondition::ETag(wanted) => e_tag.is_some_and(|e| e.value() == wanted.value()),
+    };
+    let modified = modified.and_then(to_second);
+    let after = |at: &Timestamp| match (&modified, to_second(at)) {
+        (Some(modified), Some(at)) => Some(*modified > at),
+        _ => None,
+    };
+    let shown = || e_tag.map_or_else(|| "none".to_owned(), |e| format!("\"{}\"", e.value()));
+    match (c.if_match, c.if_unmodified_since) {
+        (Some(condition), _) if !matches(condition) => {
+            return Err(s3_error!(
+                PreconditionFailed,
+                "If-Match: {bucket}/{key} is now at ETag {}",
+                shown()
+            ))
+        }
+        (None, Some(at)) if after(at) == Some(true) => {
+            return Err(s3_error!(
+                PreconditionFailed,
+                "If-Unmodified-Since: {bucket}/{key} was modified since"
+            ))
+        }
+        _ => {}
+    }
+    match (c.if_none_match, c.if_modified_since) {
+        (Some(condition), _) if matches(condition) => Err(s3_error!(NotModified)),
+        (None, Some(at)) if after(at) == Some(false) => Err(s3_error!(NotModified)),
+        _ => Ok(()),
+    }
+}
+
+/// `at`, to the second (what an HTTP date says).
+fn to_second(at: &Timestamp) -> Option<Timestamp> {
+    let mut text = Vec::new();
+    at.format(TimestampFormat::HttpDate, &mut text).ok()?;
+    Timestamp::parse(TimestampFormat::HttpDate, std::str::from_utf8(&text).ok()?).ok()
+}
+
+/// The object file at `path`, opened; `None` if it cannot be (there is
+/// none, or a directory: s3s-fs answers for it).
+async fn open(path: &Path) -> Option<std::fs::File> {
+    Some(tokio::fs::File::open(path).await.ok()?.into_std().await)
+}
+
 impl Backend for Local {
     fn describe(&self) -> String {
         format!("directory {}", self.root.display())
-    }
-
-    /// The file s3s-fs keeps `bucket/key` in, for a key of plain path
-    /// components only (s3s-fs resolves `..` and the like virtually under
-    /// its root: such keys take the backend's own stream instead).
-    fn object_file(&self, bucket: &str, key: &str) -> Option<PathBuf> {
-        (plain(bucket) && plain(key)).then(|| self.root.join(bucket).join(key))
     }
 }
 
 delegate_s3!(Local, fs, [
     create_bucket: CreateBucketInput => CreateBucketOutput;
-    copy_object: CopyObjectInput => CopyObjectOutput;
     delete_bucket: DeleteBucketInput => DeleteBucketOutput;
-    delete_object: DeleteObjectInput => DeleteObjectOutput;
-    delete_objects: DeleteObjectsInput => DeleteObjectsOutput;
     get_bucket_location: GetBucketLocationInput => GetBucketLocationOutput;
     head_bucket: HeadBucketInput => HeadBucketOutput;
     list_buckets: ListBucketsInput => ListBucketsOutput;
-    list_objects: ListObjectsInput => ListObjectsOutput;
-    list_objects_v2: ListObjectsV2Input => ListObjectsV2Output;
     create_multipart_upload: CreateMultipartUploadInput => CreateMultipartUploadOutput;
     upload_part_copy: UploadPartCopyInput => UploadPartCopyOutput;
     list_parts: ListPartsInput => ListPartsOutput;
@@ -542,6 +956,11 @@ delegate_s3!(Local, fs, [
     put_object: PutObjectInput => PutObjectOutput = put;
     upload_part: UploadPartInput => UploadPartOutput = part;
     complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput = complete;
+    copy_object: CopyObjectInput => CopyObjectOutput = copy;
+    delete_object: DeleteObjectInput => DeleteObjectOutput = delete;
+    delete_objects: DeleteObjectsInput => DeleteObjectsOutput = delete_many;
+    list_objects: ListObjectsInput => ListObjectsOutput = list_v1;
+    list_objects_v2: ListObjectsV2Input => ListObjectsV2Output = list_v2;
 ]);
 
 /// What an operation's input reaches on disk.
@@ -932,16 +1351,44 @@ struct Verified {
     /// `None` once the body ended.
     claim: Option<Claim>,
     verdict: Verdict,
+    /// The write that commits once the body ended whole and checked.
+    commit: Option<Commit>,
 }
 
 impl Verified {
-    fn new(body: StreamingBlob, claim: Claim, verdict: Verdict) -> Verified {
+    fn new(
+        body: StreamingBlob,
+        claim: Claim,
+        verdict: Verdict,
+        commit: Option<Commit>,
+    ) -> Verified {
         Verified {
             body,
             hasher: claim.hasher(),
             md5: claim.md5.as_ref().map(|_| Md5::default()),
             claim: Some(claim),
             verdict,
+            commit,
+        }
+    }
+}
+
+/// A PutObject's commit ([`Commits`]): begun when its body has ended (the
+/// store renames its file into place next), held in `slot` until its
+/// answer.
+#[derive(Clone)]
+struct Commit {
+    commits: Arc<Commits>,
+    bucket: String,
+    key: String,
+    slot: Arc<Mutex<Option<Committing>>>,
+}
+
+impl Commit {
+    fn begin(&self) {
+        let mut slot = self.slot.lock();
+        if slot.is_none() {
+            *slot = Some(self.commits.begin(&self.bucket, &self.key));
         }
     }
 }
@@ -974,6 +1421,9 @@ impl Stream for Verified {
                 let sums = std::mem::take(&mut this.hasher).finalize();
                 let md5 = this.md5.take().map(Md5::finalize);
                 let outcome = claim.check(sums, md5);
+                if let (Ok(_), Some(commit)) = (&outcome, &this.commit) {
+                    commit.begin();
+                }
                 let why = outcome.as_ref().err().map(|e| {
                     e.message()
                         .unwrap_or("the body's checksum failed")
@@ -1003,11 +1453,11 @@ mod tests {
         let local = Local::open(&dir).unwrap();
         let root = dir.canonicalize().unwrap();
         assert_eq!(
-            local.object_file("b", "dir/key.bin"),
+            local.object_path("b", "dir/key.bin"),
             Some(root.join("b/dir/key.bin"))
         );
         for key in ["../escape", "a/../b", "./k", "/abs", ""] {
-            assert_eq!(local.object_file("b", key), None, "{key}");
+            assert_eq!(local.object_path("b", key), None, "{key}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -739,7 +739,11 @@ mod tests {
         drop(held);
         assert_eq!(waiter.join().unwrap(), Some(80), "woken by the drop");
         assert_eq!(budget.in_use(), 0, "the waiter's charge went with it");
-        assert_eq!(budget.state.lock().waited, 2, "the full one and the woken one");
+        assert_eq!(
+            budget.state.lock().waited,
+            2,
+            "the full one and the woken one"
+        );
         assert!(budget.state.lock().queue.is_empty());
     }
 

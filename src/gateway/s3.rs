@@ -39,7 +39,6 @@
 //! Every request must be signed (SigV4) for the configured region.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -52,7 +51,7 @@ use s3s::dto::*;
 use s3s::{s3_error, S3Error, S3Request, S3Response, S3Result, S3};
 
 use crate::gateway::backend::Backend;
-use crate::gateway::range;
+use crate::gateway::local::ObjectFile;
 use crate::gateway::rdma::{Admission, Failure, Label, Rdma, RegBuf, TakeError, Window};
 use crate::gateway::stream::{self, ReadFailure};
 
@@ -189,36 +188,15 @@ impl RdmaS3 {
         }
     }
 
-    /// GetObject from the backend, with a suffix range resolved first
-    /// (`range::for_backend`).
+    /// GetObject from the backend, ranges as they came: a suffix range
+    /// (`bytes=-N`) is the backend's to resolve against the version it
+    /// serves (S3 stores do; the local backend resolves it itself), never
+    /// here against a length a HEAD found before (another version's, if
+    /// the object changed in between; and a request more for the store).
     async fn backend_get(
         &self,
-        mut req: S3Request<GetObjectInput>,
+        req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
-        if let Some(range @ Range::Suffix { .. }) = req.input.range {
-            let head = crate::gateway::backend::sibling(
-                &req,
-                HeadObjectInput {
-                    bucket: req.input.bucket.clone(),
-                    key: req.input.key.clone(),
-                    ..HeadObjectInput::default()
-                },
-            );
-            let len = self
-                .backend
-                .head_object(head)
-                .await?
-                .output
-                .content_length
-                .and_then(|n| u64::try_from(n).ok())
-                .ok_or_else(|| s3_error!(InternalError, "the backend gave no content length"))?;
-            req.input.range = Some(range::for_backend(range, len).ok_or_else(|| {
-                s3_error!(
-                    InvalidRange,
-                    "the range selects none of the object's {len} bytes"
-                )
-            })?);
-        }
         self.backend.get_object(req).await
     }
 
@@ -343,8 +321,8 @@ impl RdmaS3 {
         // bytes of a whole object are checked against it on their way.
         req.input.checksum_mode = Some(ChecksumMode::from_static(ChecksumMode::ENABLED));
         let (token, rdma, source) = (job.token, job.rdma.clone(), job.source);
-        let file = self.backend.object_file(&req.input.bucket, &req.input.key);
         let mut resp = self.get_for_rdma(req).await.map_err(echo_status)?;
+        let file = resp.extensions.remove::<ObjectFile>();
         let length = resp
             .output
             .content_length
@@ -364,15 +342,16 @@ impl RdmaS3 {
         let stored = Stored::of(&resp.output, whole);
         // The backend's body comes in 4 KiB reads, each a trip through the
         // runtime's blocking pool: under load, seconds for a few MiB. A
-        // backend that keeps the object in a file of its own has it read in
-        // chunk-sized blocking calls instead, where its answer (length,
-        // range) says which bytes it holds.
+        // backend that keeps the object in a file of its own hands over the
+        // file it answered from, read in chunk-sized blocking calls instead,
+        // where its answer (length, range) says which bytes it holds: the
+        // version answered for, never a path opened again.
         let bytes_from = match (file, resp.output.body.take()) {
-            (Some(path), _) => Source::File {
-                path,
+            (Some(ObjectFile(file)), _) => Source::File {
+                file,
                 first,
                 total,
-                file: None,
+                checked: false,
             },
             (None, Some(body)) => Source::Body {
                 body,
@@ -575,13 +554,14 @@ fn wants_checksum(headers: &HeaderMap) -> bool {
 
 /// Where a GET's bytes come from.
 enum Source {
-    /// The object's file (its answer's bytes start at `first` of it, which
-    /// must be `total` bytes long); opened at the first chunk.
+    /// The file the backend answered from (its answer's bytes start at
+    /// `first` of it, which must be `total` bytes long: `checked` at the
+    /// first chunk).
     File {
-        path: std::path::PathBuf,
+        file: Arc<std::fs::File>,
         first: u64,
         total: u64,
-        file: Option<std::fs::File>,
+        checked: bool,
     },
     /// The backend's stream, and what is left of its last piece.
     Body { body: StreamingBlob, pending: Bytes },
@@ -712,7 +692,11 @@ async fn fill_chunks(
         (sums.crc || sums.stored.is_some()).then(|| Stored::hasher(sums.stored.as_ref(), sums.crc));
     let mut offset = 0usize;
     while offset < want {
-        let size = if offset == 0 { first_chunk(chunk) } else { chunk };
+        let size = if offset == 0 {
+            first_chunk(chunk)
+        } else {
+            chunk
+        };
         let n = (want - offset).min(size);
         let buf = match free.try_recv() {
             Ok(buf) => buf,
@@ -785,26 +769,25 @@ async fn fill_one(
 ) -> Result<Filled, Fill> {
     match source {
         Source::File {
-            path,
+            file,
             first,
             total,
-            file,
+            checked,
         } => {
-            let (got, buf, path, file) = job
+            let read = Arc::clone(&file);
+            let (got, buf) = job
                 .blocking(move || {
                     let out = &mut buf.bytes_mut()[..n];
-                    match read_chunk(&path, file, first, total, offset, out) {
-                        Ok(file) => (Ok(()), buf, path, Some(file)),
-                        Err(e) => (Err(e), buf, path, None),
-                    }
+                    let got = read_chunk(&read, checked, first, total, offset, out);
+                    (got, buf)
                 })
                 .await
                 .map_err(Fill::Failed)?;
             let rest = Source::File {
-                path,
+                checked: checked || got.is_ok(),
+                file,
                 first,
                 total,
-                file,
             };
             Ok((got, buf, rest))
         }
@@ -817,18 +800,8 @@ async fn fill_one(
             let mut got = Ok(());
             while filled < n {
                 if pending.is_empty() {
-                    let t0 = Instant::now();
                     match body.next().await {
-                        Some(Ok(piece)) => {
-                            if offset == 0 && (filled < (1 << 20) || t0.elapsed().as_millis() > 2) {
-                                eprintln!(
-                                    "DEBUG piece {} at {filled} waited {:?}",
-                                    piece.len(),
-                                    t0.elapsed()
-                                );
-                            }
-                            pending = piece
-                        }
+                        Some(Ok(piece)) => pending = piece,
                         Some(Err(e)) => {
                             got = Err(e.to_string());
                             break;
@@ -873,39 +846,29 @@ fn span(output: &GetObjectOutput, length: u64) -> (u64, u64) {
     parsed.unwrap_or((0, length))
 }
 
-/// Reads `out.len()` bytes at `first + offset` of the file at `path`
-/// (opened now unless `file` is it already), which must be `total` bytes
-/// long (else the object changed since the backend looked: an error, and
-/// the request fails); returns the open file.
+/// Reads `out.len()` bytes at `first + offset` of `file`, which must be
+/// `total` bytes long (looked at unless `checked`: a file changed in place
+/// behind the backend's back fails the request).
 fn read_chunk(
-    path: &Path,
-    file: Option<std::fs::File>,
+    file: &std::fs::File,
+    checked: bool,
     first: u64,
     total: u64,
     offset: usize,
     out: &mut [u8],
-) -> Result<std::fs::File, String> {
+) -> Result<(), String> {
     use std::os::unix::fs::FileExt;
-    let file = match file {
-        Some(file) => file,
-        None => {
-            let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let now = file
-                .metadata()
-                .map_err(|e| format!("{}: {e}", path.display()))?
-                .len();
-            if now != total {
-                return Err(format!(
-                    "{} is {now} bytes, the backend said {total}: it changed meanwhile",
-                    path.display()
-                ));
-            }
-            file
+    if !checked {
+        let now = file.metadata().map_err(|e| e.to_string())?.len();
+        if now != total {
+            return Err(format!(
+                "the object's file is {now} bytes, the backend said {total}: it changed \
+                 meanwhile"
+            ));
         }
-    };
+    }
     file.read_exact_at(out, first + offset as u64)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(file)
+        .map_err(|e| format!("reading the object's file: {e}"))
 }
 
 /// `e` answered with `x-amz-rdma-reply: status`.
@@ -1099,18 +1062,22 @@ mod tests {
         let path = dir.join("object");
         let bytes: Vec<u8> = (0..=255).collect();
         std::fs::write(&path, &bytes).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        // Another version renamed over the path: the open file is still
+        // the one answered for.
+        std::fs::write(dir.join("other"), [0u8; 256]).unwrap();
+        std::fs::rename(dir.join("other"), &path).unwrap();
         let mut out = [0u8; 16];
-        let file = read_chunk(&path, None, 100, 256, 0, &mut out).expect("read");
+        read_chunk(&file, false, 100, 256, 0, &mut out).expect("read");
         assert_eq!(out[..], bytes[100..116]);
-        read_chunk(&path, Some(file), 100, 256, 16, &mut out).expect("the next chunk");
+        read_chunk(&file, true, 100, 256, 16, &mut out).expect("the next chunk");
         assert_eq!(out[..], bytes[116..132]);
-        let changed = read_chunk(&path, None, 0, 300, 0, &mut out).unwrap_err();
+        let changed = read_chunk(&file, false, 0, 300, 0, &mut out).unwrap_err();
         assert!(changed.contains("changed meanwhile"), "{changed}");
         assert!(
-            read_chunk(&path, None, 250, 256, 0, &mut out).is_err(),
+            read_chunk(&file, true, 250, 256, 0, &mut out).is_err(),
             "past the end"
         );
-        assert!(read_chunk(&dir.join("gone"), None, 0, 1, 0, &mut out).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -44,13 +44,7 @@ impl Gateway {
 
     /// [`Gateway::start`] with `extra` options (`--rdma-memory-bytes`...).
     pub fn start_with(world: &World, extra: &[&str]) -> Gateway {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let root =
-            std::env::temp_dir().join(format!("hipobj-gateway-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(root.join(BUCKET)).unwrap();
+        let root = Gateway::fresh_root();
         let root_s = root.display().to_string();
         let mut args = vec!["--root", &root_s];
         args.extend_from_slice(extra);
@@ -66,7 +60,42 @@ impl Gateway {
         Gateway::with(world, &args, None)
     }
 
+    /// The gateway over `backend` (a wrapper of [`Local`] over `root`, say),
+    /// with `extra` options.
+    pub fn over(
+        world: &World,
+        backend: Arc<dyn Backend>,
+        root: PathBuf,
+        extra: &[&str],
+    ) -> Gateway {
+        let root_s = root.display().to_string();
+        let mut args = vec!["--root", &root_s];
+        args.extend_from_slice(extra);
+        Gateway::serve(world, &args, Some(root), Some(backend))
+    }
+
+    /// A fresh root holding [`BUCKET`], for [`Gateway::over`].
+    pub fn fresh_root() -> PathBuf {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let root =
+            std::env::temp_dir().join(format!("hipobj-gateway-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(root.join(BUCKET)).unwrap();
+        root
+    }
+
     fn with(world: &World, backend: &[&str], root: Option<PathBuf>) -> Gateway {
+        Gateway::serve(world, backend, root, None)
+    }
+
+    fn serve(
+        world: &World,
+        backend: &[&str],
+        root: Option<PathBuf>,
+        given: Option<Arc<dyn Backend>>,
+    ) -> Gateway {
         let args: Vec<String> = backend
             .iter()
             .chain(&[
@@ -100,14 +129,15 @@ impl Gateway {
             .enable_all()
             .build()
             .unwrap();
-        let backend: Arc<dyn Backend> = match (&options.upstream, &root) {
-            (Some(settings), _) => Arc::new(
+        let backend: Arc<dyn Backend> = match (given, &options.upstream, &root) {
+            (Some(given), _, _) => given,
+            (None, Some(settings), _) => Arc::new(
                 runtime
                     .block_on(Upstream::connect(settings))
                     .expect("the upstream's client"),
             ),
-            (None, Some(root)) => Arc::new(Local::open(root).unwrap()),
-            (None, None) => unreachable!("a root or an upstream"),
+            (None, None, Some(root)) => Arc::new(Local::open(root).unwrap()),
+            (None, None, None) => unreachable!("a root or an upstream"),
         };
         let s3 = RdmaS3::new(backend, Ok(Arc::clone(&rdma)), options.region.clone());
         let mut builder = S3ServiceBuilder::new(s3);
