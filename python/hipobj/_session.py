@@ -60,6 +60,24 @@ class TransferError(RuntimeError):
         self.http_status = http_status
 
 
+class ObjectChangedError(TransferError):
+    """A GET pinned to a version (``IfMatch``) that met another: an answer
+    with another ETag, or the server's 412 PreconditionFailed. The message
+    names the request (bucket and key) and both versions; ``expected`` is
+    the ETag asked for, ``found`` the answer's (``None`` for a 412)."""
+
+    def __init__(self, what: str, expected: str, found: Optional[str], cause: Optional[BaseException] = None):
+        now = f"now {found}" if found is not None else "and the server says it no longer is: 412 PreconditionFailed"
+        super().__init__(
+            f"{what}: the object changed during the transfer (its ETag was {expected}, {now})",
+            cause=cause,
+            s3_code="PreconditionFailed" if found is None else None,
+            http_status=412 if found is None else None,
+        )
+        self.expected = expected
+        self.found = found
+
+
 class _Cancelled(TransferError):
     """A transfer whose asyncio task was cancelled before its request left
     (or, for a GET that fell back, before its body landed): nothing moved
@@ -646,7 +664,14 @@ class Session:
         session's by default) and host memory, the bytes are compared with
         the server's CRC-64/NVME of what it wrote (RDMA), or with the
         checksum of a whole object's answer (plain HTTP). Other keyword
-        arguments go to the client's ``get_object``."""
+        arguments go to the client's ``get_object``.
+
+        With ``IfMatch`` (an ETag, quoted as S3 sends it) the transfer is
+        pinned to that version: the request carries it (S3 answers 412
+        when the object is no longer that version) and the answer's ETag,
+        by RDMA or plain HTTP, must be it (a store that ignores the
+        condition); otherwise ``ObjectChangedError``. By RDMA the bytes
+        of an answer with another ETag are in `into` by then."""
         view = _buffers.view_of(into, writable=True)
         check = (self.verify if verify is None else verify) and not view.device
         if Range is None:
@@ -666,6 +691,37 @@ class Session:
             return client.get_object(Bucket=Bucket, Key=Key, Range=Range, **asked)
 
         what = _where(f"GET {Bucket}/{Key}", client)
+        expected = kwargs.get("IfMatch")
+        try:
+            return self._get(what, view, into, offset, length, call, check, strict, expected)
+        except ObjectChangedError:
+            raise
+        except TransferError as e:
+            if expected is not None and e.http_status == 412:
+                raise ObjectChangedError(what, expected, None, e.cause) from e
+            raise
+
+    def _pinned(self, what: str, expected: Optional[str], response: Dict[str, Any]) -> None:
+        """Raises ``ObjectChangedError`` when `response` has an ETag other
+        than `expected` (if given)."""
+        found = _headers(response).get("etag")
+        if expected is not None and found is not None and found != expected:
+            self.stats.fail()
+            raise ObjectChangedError(what, expected, found)
+
+    def _get(
+        self,
+        what: str,
+        view: _buffers.View,
+        into: Any,
+        offset: int,
+        length: int,
+        call: Callable[[], Dict[str, Any]],
+        check: bool,
+        strict: bool,
+        expected: Optional[str],
+    ) -> Transfer:
+        """``get_object``'s transfer, once its request is made."""
         unverified = None if check else (GPU_UNVERIFIED if view.device else OFF_UNVERIFIED)
         exchange, reason, cause = self._by_rdma(_lib.OP_GET, view, into, offset, length, call, ask=check)
         if exchange is not None:
@@ -673,6 +729,7 @@ class Session:
                 response = exchange.response or {}
                 if "Body" in response:
                     response["Body"].close()
+                self._pinned(what, expected, response)
                 moved = _headers(response).get(BYTES_HEADER)
                 if moved is not None and int(moved) != length:
                     self.stats.fail()
@@ -689,6 +746,7 @@ class Session:
         response = exchange.response if exchange is not None else None
         if response is None or not 200 <= _status(response) < 300:
             response = self._s3(what, call)
+        self._pinned(what, expected, response)
         body = self._s3(what, response["Body"].read)
         if len(body) != length:
             self.stats.fail()
