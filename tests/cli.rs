@@ -673,6 +673,43 @@ fn a_failed_get_says_s3_s_error_code_and_what_to_check() {
 }
 
 #[test]
+fn a_head_answered_5xx_is_retried_but_never_asked_again_as_a_get() {
+    let scratch = Scratch::new("head-5xx");
+    let dest = scratch.path("f").display().to_string();
+    // A gateway whose store does not answer: each request costs it its
+    // upstream time-out, then a 503.
+    let endpoint = http::Endpoint::start(|_| {
+        http::Reply::s3_error(503, "SlowDown", "the store did not answer in time")
+    });
+    let out = hipobj_at(
+        &endpoint,
+        &scratch,
+        &["get", "s3://bucket/obj", &dest, "--retries", "2"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let text = stderr(&out);
+    assert!(
+        text.contains("HEAD bucket/obj") && text.contains("HTTP 503"),
+        "{text}"
+    );
+    assert_eq!(endpoint.count("HEAD"), 3, "the HEAD and its 2 retries");
+    assert_eq!(
+        endpoint.count("GET"),
+        0,
+        "no GET of the first byte for the words of a 5xx"
+    );
+    // A 4xx is not retried, and its words are asked for (a HEAD's answer
+    // has no body).
+    let endpoint = http::Endpoint::start(|_| {
+        http::Reply::s3_error(404, "NoSuchKey", "The specified key does not exist.")
+    });
+    let out = hipobj_at(&endpoint, &scratch, &["get", "s3://bucket/obj", &dest]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("404 NoSuchKey"), "{}", stderr(&out));
+    assert_eq!((endpoint.count("HEAD"), endpoint.count("GET")), (1, 1));
+}
+
+#[test]
 fn network_failures_name_the_endpoint_and_what_to_check() {
     let server = server();
     let scratch = Scratch::new("network");
