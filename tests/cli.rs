@@ -13,8 +13,13 @@ mod s3server;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hipobj::s3::config::{Credentials, S3Config};
+use hipobj::s3::objects::{self, Object};
+use hipobj::s3::S3;
 use s3server::{S3Server, ACCESS_KEY, BUCKET, SECRET_KEY};
 
 const HIPOBJ: &str = env!("CARGO_BIN_EXE_hipobj");
@@ -665,6 +670,43 @@ fn a_failed_get_says_s3_s_error_code_and_what_to_check() {
             assert!(stderr(&out).contains(part), "{what}: {}", stderr(&out));
         }
     }
+}
+
+#[test]
+fn a_head_answered_5xx_is_retried_but_never_asked_again_as_a_get() {
+    let scratch = Scratch::new("head-5xx");
+    let dest = scratch.path("f").display().to_string();
+    // A gateway whose store does not answer: each request costs it its
+    // upstream time-out, then a 503.
+    let endpoint = http::Endpoint::start(|_| {
+        http::Reply::s3_error(503, "SlowDown", "the store did not answer in time")
+    });
+    let out = hipobj_at(
+        &endpoint,
+        &scratch,
+        &["get", "s3://bucket/obj", &dest, "--retries", "2"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let text = stderr(&out);
+    assert!(
+        text.contains("HEAD bucket/obj") && text.contains("HTTP 503"),
+        "{text}"
+    );
+    assert_eq!(endpoint.count("HEAD"), 3, "the HEAD and its 2 retries");
+    assert_eq!(
+        endpoint.count("GET"),
+        0,
+        "no GET of the first byte for the words of a 5xx"
+    );
+    // A 4xx is not retried, and its words are asked for (a HEAD's answer
+    // has no body).
+    let endpoint = http::Endpoint::start(|_| {
+        http::Reply::s3_error(404, "NoSuchKey", "The specified key does not exist.")
+    });
+    let out = hipobj_at(&endpoint, &scratch, &["get", "s3://bucket/obj", &dest]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("404 NoSuchKey"), "{}", stderr(&out));
+    assert_eq!((endpoint.count("HEAD"), endpoint.count("GET")), (1, 1));
 }
 
 #[test]
@@ -1409,6 +1451,160 @@ fn a_recursive_download_that_fails_midway_keeps_only_whole_files() {
         .all(|r| r
             .header("if-match")
             .is_some_and(|e| e.starts_with("\"e-p/"))));
+}
+
+/// `reply` (a listing) without its ETags: what a store that lists none
+/// (s3s-fs) answers.
+fn without_etags(reply: http::Reply) -> http::Reply {
+    let http::Reply::Respond {
+        status,
+        headers,
+        body,
+    } = reply
+    else {
+        return reply;
+    };
+    let mut text = String::from_utf8(body).expect("an XML listing");
+    while let Some(start) = text.find("<ETag>") {
+        let end = text[start..].find("</ETag>").expect("a closed ETag") + start;
+        text.replace_range(start..end + "</ETag>".len(), "");
+    }
+    let headers = headers
+        .into_iter()
+        .filter(|(k, _)| k != "content-length")
+        .collect();
+    http::Reply::Respond {
+        status,
+        headers,
+        body: text.into_bytes(),
+    }
+}
+
+/// Checks that a recursive download failed (exit 1) naming `object` as
+/// changed, and kept no file under `dest`.
+fn changed_and_nothing_kept(out: &Output, object: &str, dest: &Path) {
+    let text = stderr(out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(object) && text.contains("changed during the download"),
+        "{text}"
+    );
+    assert!(
+        !dest.exists() || tree(dest).is_empty(),
+        "nothing kept: {:?}",
+        tree(dest).keys()
+    );
+}
+
+#[test]
+fn a_recursive_download_whose_object_is_replaced_midway_fails_naming_it_and_keeps_nothing() {
+    let server = server();
+    let scratch = Scratch::new("recursive-replaced");
+    let old = pattern(10 << 20, 7);
+    std::fs::write(scratch.path("old.bin"), &old).unwrap();
+    let old_s = scratch.path("old.bin").display().to_string();
+    assert!(
+        hipobj(&server, &scratch, &["put", &old_s, "s3://bucket/data/a"])
+            .status
+            .success()
+    );
+    // Everything goes to the server, its listings without ETags; once the
+    // first chunk of data/a has been answered (and before that answer goes
+    // back), data/a is replaced by 20 MiB of other bytes.
+    let upstream = server.endpoint.clone();
+    let store = S3::new(S3Config {
+        endpoint: upstream.clone(),
+        region: "us-east-1".to_owned(),
+        credentials: Credentials {
+            access_key_id: ACCESS_KEY.to_owned(),
+            secret_access_key: SECRET_KEY.to_owned(),
+            session_token: None,
+        },
+        credentials_source: "given".to_owned(),
+    })
+    .unwrap();
+    let replaced = AtomicBool::new(false);
+    let endpoint = http::Endpoint::start(move |r| {
+        let reply = http::forward(&upstream, r);
+        if r.has_query("list-type") {
+            return without_etags(reply);
+        }
+        let chunk =
+            r.method == "GET" && r.path() == "/bucket/data/a" && r.header("range").is_some();
+        if chunk && !replaced.swap(true, Ordering::SeqCst) {
+            let object = Object::new(&store, BUCKET, "data/a");
+            objects::put_http(object, &pattern(20 << 20, 99), false).expect("the replacement");
+        }
+        reply
+    });
+    let dest = scratch.path("d");
+    let dest_s = dest.display().to_string();
+    let out = hipobj_at(
+        &endpoint,
+        &scratch,
+        &[
+            "cp",
+            "-r",
+            "s3://bucket/data",
+            &dest_s,
+            "--chunk",
+            "5MiB",
+            "--streams",
+            "1",
+            "--jobs",
+            "1",
+        ],
+    );
+    changed_and_nothing_kept(&out, "s3://bucket/data/a", &dest);
+    let seen = endpoint.requests();
+    let of_a = |method: &str| {
+        seen.iter()
+            .filter(|r| r.method == method && r.path() == "/bucket/data/a")
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(of_a("HEAD").len(), 1, "a HEAD found the version to pin");
+    assert!(
+        of_a("GET").iter().all(|r| r.header("if-match").is_some()),
+        "every chunk asks for that version: {:?}",
+        of_a("GET")
+    );
+
+    // A store that gives no ETag at all: the object's size pins it (each
+    // answer's Content-Range total).
+    let served = Arc::new(Mutex::new(pattern(3 << 20, 1)));
+    let grown = pattern(6 << 20, 2);
+    let endpoint = http::Endpoint::start(move |r| {
+        if r.has_query("list-type") {
+            return without_etags(listing(&[("p/a.bin", 3 << 20)]));
+        }
+        let data = served.lock().unwrap().clone();
+        if r.method == "HEAD" {
+            let len = data.len().to_string();
+            return http::Reply::new(200, &[("content-length", &len)], Vec::new());
+        }
+        let mut reply = ranged(&data, r, "");
+        if let http::Reply::Respond { headers, .. } = &mut reply {
+            headers.retain(|(k, _)| k != "etag");
+        }
+        // The first chunk is the old object's; the rest the new one's.
+        *served.lock().unwrap() = grown.clone();
+        reply
+    });
+    let out = hipobj_at(
+        &endpoint,
+        &scratch,
+        &[
+            "cp",
+            "-r",
+            "s3://bucket/p",
+            &dest_s,
+            "--chunk",
+            "1MiB",
+            "--streams",
+            "1",
+        ],
+    );
+    changed_and_nothing_kept(&out, "s3://bucket/p/a.bin", &dest);
 }
 
 #[test]

@@ -1,8 +1,11 @@
 //! `docs/protocol.md` gives byte-exact examples so that a server can be
 //! written from it alone: its example token, that token's CONNECT, and
 //! the values of the grant and final immediates. These are what the code
-//! computes.
+//! computes. It also states limits a server and a security reader rely
+//! on: those figures are the code's.
 
+use hipobj::core::connections::MAX_WRONG_PROOFS;
+use hipobj::core::options::Options;
 use hipobj::core::protocol::{
     decode_stripes, encode_connect, encode_connect_v3, encode_proof_v3, encode_stripes, final_imm,
     grant_imm, Share,
@@ -90,4 +93,19 @@ fn the_documented_version_3_messages_are_what_the_codec_writes() {
         Ok(plan),
         "a valid plan for the token"
     );
+}
+
+#[test]
+fn the_documented_limits_are_the_code_s() {
+    assert_documented(&format!(
+        "### {MAX_WRONG_PROOFS} wrong tokens end a waiting transfer"
+    ));
+    assert_documented(&format!(
+        "the {MAX_WRONG_PROOFS}th refused connect request naming it ends the job"
+    ));
+    let deadline = Options::default().token_timeout.as_secs();
+    assert_documented(&format!(
+        "`HIPOBJ_TOKEN_TIMEOUT_MS` ({deadline} s) after it was minted"
+    ));
+    assert_documented("### A released token serves its server, once, until its deadline");
 }

@@ -683,3 +683,66 @@ fn completions_hands_out_every_end_that_is_in_with_one_call() {
         "asking for none never waits"
     );
 }
+
+#[test]
+fn a_transfer_submitted_in_a_forked_child_is_handed_back() {
+    let world = World::new();
+    world.server.set_object(&pattern(4096, 5));
+    // One transfer thread, started in the parent by a first transfer: the
+    // child inherits the count of it, not the thread.
+    let client = client(&world, 1);
+    let buffer = client.host_buffer(4096).unwrap();
+    let mut first = client
+        .submit(Transfer::get(
+            buffer,
+            0..4096,
+            Serve(world.server.clone(), Op::Get),
+        ))
+        .unwrap();
+    first.wait(LONG).unwrap().result.unwrap();
+    let spare = || {
+        Transfer::get(
+            client.host_buffer(4096).unwrap(),
+            0..4096,
+            Serve(world.server.clone(), Op::Get),
+        )
+    };
+    let (one, tagged) = (spare(), spare());
+    // SAFETY: the child only submits (no lock of another thread's is
+    // taken: the client's queue is free, glibc's allocator is fork-safe)
+    // and leaves by _exit, running no destructor of the parent's.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        // Exit codes: 0 both handed back; 1 or 2, a ticket that ended (with
+        // an error, or a success); 42, a ticket that never ended; 43, a
+        // tagged transfer accepted.
+        let mut code = match client.submit(one) {
+            Err(_) => 0,
+            Ok(mut ticket) => match ticket.wait(Some(Duration::from_secs(3))) {
+                Some(done) if done.result.is_err() => 1,
+                Some(_) => 2,
+                None => 42,
+            },
+        };
+        if code == 0 && client.submit_tagged(tagged, 7).is_ok() {
+            code = 43;
+        }
+        // SAFETY: ends the child at once, as a forked child of a threaded
+        // process must.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: `pid` is this process's child; `status` is a writable int.
+    let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(waited, pid);
+    assert!(
+        libc::WIFEXITED(status),
+        "the child ended by a signal: {status}"
+    );
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "a transfer submitted in a forked child is handed back (42: its ticket never ended)"
+    );
+}

@@ -47,7 +47,7 @@ from typing import Tuple as _Tuple
 from ._buffers import UnusableBufferError, View
 from ._gpu import set_copier
 from ._lib import library
-from ._session import HipObjError, Session, Stats, Transfer, TransferError, active
+from ._session import HipObjError, ObjectChangedError, Session, Stats, Transfer, TransferError, active
 
 #: The earlier name of ``UnusableBufferError`` (not in ``__all__``: a star
 #: import would hide Python's own ``BufferError``).
@@ -64,6 +64,7 @@ __all__ = [
     "put_object",
     "upload",
     "HipObjError",
+    "ObjectChangedError",
     "Session",
     "Stats",
     "Transfer",

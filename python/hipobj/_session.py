@@ -60,6 +60,30 @@ class TransferError(RuntimeError):
         self.http_status = http_status
 
 
+class ObjectChangedError(TransferError):
+    """A GET pinned to a version (``IfMatch``) that met another: an answer
+    with another ETag, or the server's 412 PreconditionFailed. The message
+    names the request (bucket and key) and both versions; ``expected`` is
+    the ETag asked for, ``found`` the answer's (``None`` for a 412)."""
+
+    def __init__(self, what: str, expected: str, found: Optional[str], cause: Optional[BaseException] = None):
+        now = f"now {found}" if found is not None else "and the server says it no longer is: 412 PreconditionFailed"
+        super().__init__(
+            f"{what}: the object changed during the transfer (its ETag was {expected}, {now})",
+            cause=cause,
+            s3_code="PreconditionFailed" if found is None else None,
+            http_status=412 if found is None else None,
+        )
+        self.expected = expected
+        self.found = found
+
+
+class _Cancelled(TransferError):
+    """A transfer whose asyncio task was cancelled before its request left
+    (or, for a GET that fell back, before its body landed): nothing moved
+    after the cancel."""
+
+
 @dataclass(frozen=True)
 class Transfer:
     """What a transfer did."""
@@ -157,9 +181,30 @@ def active() -> "Session":
 _current = threading.local()
 
 
+def _cancelled() -> bool:
+    """Whether the asyncio task of this thread's transfer was cancelled
+    (``Session.aget_object``, ``aput_object``)."""
+    cancel = getattr(_current, "cancel", None)
+    return cancel is not None and cancel.is_set()
+
+
+def _within(cancel: Optional[threading.Event], fn: Callable[..., Transfer], *args: Any, **kwargs: Any) -> Transfer:
+    """`fn(*args, **kwargs)` on this thread with `cancel` as its transfer's
+    cancel flag, which the requests it sends check before they leave."""
+    _current.cancel = cancel
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _current.cancel = None
+
+
 def _add_token(request: Any, **_: Any) -> None:
-    """botocore's ``before-sign``: the token of this thread's transfer, if
-    one is under way, goes into the request, where SigV4 signs it."""
+    """botocore's ``before-sign``: a request of a transfer whose asyncio
+    task was cancelled goes no further (the last moment before it leaves);
+    else the token of this thread's transfer, if one is under way, goes
+    into the request, where SigV4 signs it."""
+    if _cancelled():
+        raise _Cancelled("its task was cancelled: the request was not sent")
     token = getattr(_current, "token", None)
     if token is None:
         return
@@ -619,7 +664,14 @@ class Session:
         session's by default) and host memory, the bytes are compared with
         the server's CRC-64/NVME of what it wrote (RDMA), or with the
         checksum of a whole object's answer (plain HTTP). Other keyword
-        arguments go to the client's ``get_object``."""
+        arguments go to the client's ``get_object``.
+
+        With ``IfMatch`` (an ETag, quoted as S3 sends it) the transfer is
+        pinned to that version: the request carries it (S3 answers 412
+        when the object is no longer that version) and the answer's ETag,
+        by RDMA or plain HTTP, must be it (a store that ignores the
+        condition); otherwise ``ObjectChangedError``. By RDMA the bytes
+        of an answer with another ETag are in `into` by then."""
         view = _buffers.view_of(into, writable=True)
         check = (self.verify if verify is None else verify) and not view.device
         if Range is None:
@@ -639,6 +691,37 @@ class Session:
             return client.get_object(Bucket=Bucket, Key=Key, Range=Range, **asked)
 
         what = _where(f"GET {Bucket}/{Key}", client)
+        expected = kwargs.get("IfMatch")
+        try:
+            return self._get(what, view, into, offset, length, call, check, strict, expected)
+        except ObjectChangedError:
+            raise
+        except TransferError as e:
+            if expected is not None and e.http_status == 412:
+                raise ObjectChangedError(what, expected, None, e.cause) from e
+            raise
+
+    def _pinned(self, what: str, expected: Optional[str], response: Dict[str, Any]) -> None:
+        """Raises ``ObjectChangedError`` when `response` has an ETag other
+        than `expected` (if given)."""
+        found = _headers(response).get("etag")
+        if expected is not None and found is not None and found != expected:
+            self.stats.fail()
+            raise ObjectChangedError(what, expected, found)
+
+    def _get(
+        self,
+        what: str,
+        view: _buffers.View,
+        into: Any,
+        offset: int,
+        length: int,
+        call: Callable[[], Dict[str, Any]],
+        check: bool,
+        strict: bool,
+        expected: Optional[str],
+    ) -> Transfer:
+        """``get_object``'s transfer, once its request is made."""
         unverified = None if check else (GPU_UNVERIFIED if view.device else OFF_UNVERIFIED)
         exchange, reason, cause = self._by_rdma(_lib.OP_GET, view, into, offset, length, call, ask=check)
         if exchange is not None:
@@ -646,6 +729,7 @@ class Session:
                 response = exchange.response or {}
                 if "Body" in response:
                     response["Body"].close()
+                self._pinned(what, expected, response)
                 moved = _headers(response).get(BYTES_HEADER)
                 if moved is not None and int(moved) != length:
                     self.stats.fail()
@@ -662,12 +746,16 @@ class Session:
         response = exchange.response if exchange is not None else None
         if response is None or not 200 <= _status(response) < 300:
             response = self._s3(what, call)
+        self._pinned(what, expected, response)
         body = self._s3(what, response["Body"].read)
         if len(body) != length:
             self.stats.fail()
             raise TransferError(f"{what}: {len(body)} bytes came, {length} were asked for")
         if check:
             unverified = self._verify_body(what, response, body)
+        # A cancelled task's GET that fell back: its body never lands.
+        if _cancelled():
+            raise _Cancelled(f"{what}: its task was cancelled: the body received was not written into the buffer")
         _buffers.land(view, offset, body, _gpu.copier()[0] if view.device else None)
         return self._counted(Transfer("fallback", length, reason, verified=unverified is None, unverified=unverified))
 
@@ -858,15 +946,49 @@ class Session:
 
     # ------------------------------------------------------------ asynchronous
 
-    def _submit(self, fn: Callable[..., Transfer], *args: Any, **kwargs: Any) -> "concurrent.futures.Future[Transfer]":
+    def _submit(
+        self,
+        fn: Callable[..., Transfer],
+        *args: Any,
+        _cancel: Optional[threading.Event] = None,
+        **kwargs: Any,
+    ) -> "concurrent.futures.Future[Transfer]":
         """`fn(*args, **kwargs)` on the session's transfer threads (at most
-        `max_in_flight` run at once; the rest wait, first in, first out)."""
+        `max_in_flight` run at once; the rest wait, first in, first out),
+        with `_cancel` as its cancel flag (see ``_until_ended``)."""
         with self._lock:
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(
                     max_workers=self.max_in_flight, thread_name_prefix="hipobj-transfer"
                 )
-            return self._executor.submit(fn, *args, **kwargs)
+            return self._executor.submit(_within, _cancel, fn, *args, **kwargs)
+
+    async def _until_ended(self, fn: Callable[..., Transfer], *args: Any, **kwargs: Any) -> Transfer:
+        """`fn(*args, **kwargs)` on a transfer thread, awaited. When the
+        awaiting task is cancelled: a transfer not started never starts;
+        one started sends no request after the cancel (its flag is checked
+        before each request is signed, and before a fallback's body
+        lands); one whose request already left cannot be called back (the
+        server moves the bytes), so this waits for it to end, shielded (a
+        second cancel does not stop the wait), and only then re-raises
+        ``CancelledError``: once it reaches the caller, nothing more lands
+        in the buffer or is read from it."""
+        cancel = threading.Event()
+        future = self._submit(fn, *args, _cancel=cancel, **kwargs)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            cancel.set()
+            # A transfer not started: cancelled here (wrap_future did too).
+            future.cancel()
+            while not future.done():
+                try:
+                    await asyncio.shield(asyncio.wrap_future(future))
+                except asyncio.CancelledError:
+                    continue
+                except Exception:  # noqa: BLE001 - the transfer's own end: it ended
+                    break
+            raise
 
     def get_object_async(self, client: Any, Bucket: str, Key: str, into: Any, **kwargs: Any) -> "concurrent.futures.Future[Transfer]":
         """``get_object`` without waiting: a ``concurrent.futures.Future``
@@ -887,13 +1009,28 @@ class Session:
 
     async def aget_object(self, client: Any, Bucket: str, Key: str, into: Any, **kwargs: Any) -> Transfer:
         """``get_object`` as an asyncio coroutine: the event loop runs on
-        while the transfer does. Cancelling the task cancels a transfer not
-        yet started; one running ends first (its access with it)."""
-        return await asyncio.wrap_future(self.get_object_async(client, Bucket, Key, into, **kwargs))
+        while the transfer does.
+
+        Cancelling the task (``task.cancel()``, ``asyncio.wait_for``'s
+        time-out, a ``TaskGroup`` that fails): a transfer not started never
+        starts; one started sends no request after the cancel, and a
+        fallback's body received after it is not written into `into`. A
+        request already sent cannot be called back: the server writes the
+        bytes, so the coroutine waits, shielded (cancelling it again does
+        not end the wait), until the transfer has ended and the server's
+        access to `into` with it, and only then raises ``CancelledError``.
+        When it does, nothing more lands in `into` (which may hold the
+        object's bytes, some of them, or what it held before)."""
+        _buffers.view_of(into, writable=True)
+        return await self._until_ended(self.get_object, client, Bucket, Key, into, **kwargs)
 
     async def aput_object(self, client: Any, Bucket: str, Key: str, source: Any, **kwargs: Any) -> Transfer:
-        """``put_object`` as an asyncio coroutine, as ``aget_object``."""
-        return await asyncio.wrap_future(self.put_object_async(client, Bucket, Key, source, **kwargs))
+        """``put_object`` as an asyncio coroutine, as ``aget_object``.
+        Cancelling the task: a PUT whose request was not sent is never
+        sent; one already sent may be stored, but before ``CancelledError``
+        is raised, never after, and `source` is not read after it."""
+        _buffers.view_of(source, writable=False)
+        return await self._until_ended(self.put_object, client, Bucket, Key, source, **kwargs)
 
     def get_objects(
         self, client: Any, requests: Iterable[Mapping[str, Any]], *, return_exceptions: bool = False
@@ -923,9 +1060,11 @@ class Session:
 
     def _s3(self, where: str, call: Callable[[], Any]) -> Any:
         """`call`'s result; what the S3 client raised as a ``TransferError``
-        (counted as a failure)."""
+        (counted as a failure; a cancelled task's request as it is)."""
         try:
             return call()
+        except _Cancelled as e:
+            raise _Cancelled(f"{where}: {e}") from None
         except Exception as e:  # noqa: BLE001 - botocore's and urllib3's, all of them
             self.stats.fail()
             raise _s3_failure(where, e) from e
@@ -984,6 +1123,8 @@ class Session:
         code = getattr(exchange, "code")
         if code == _lib.S3_ERROR and exchange.declined():
             return f"the server declined RDMA (x-amz-rdma-reply {exchange.reply})"
+        if isinstance(exchange.error, _Cancelled):
+            raise _Cancelled(f"{what}: {exchange.error}") from None
         self.stats.fail()
         if exchange.error is not None:
             raise _s3_failure(what, exchange.error, exchange.reply) from exchange.error

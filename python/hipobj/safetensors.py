@@ -21,6 +21,14 @@ multiple of its item size, which safetensors' own writer never makes). A
 sharded model's index names its shards; all their spans are in flight
 together.
 
+A load reads one version of each file: the one whose header it read
+first. Every later GET of the file (the rest of a long header, each span)
+carries ``IfMatch`` with the ETag of that first answer, and each answer's
+ETag must be it; an object re-saved during the load fails it with
+``hipobj.ObjectChangedError``, naming the bucket and key, rather than
+giving tensors mixed from two versions. Each shard of a sharded model is
+pinned to its own version. (A store that sends no ETag cannot be pinned.)
+
 Saving lays the file out in one buffer on the device the tensors are on
 (header, then each tensor's bytes, largest items first, as safetensors'
 own writer orders them), and uploads it by multipart parts read by RDMA
@@ -34,6 +42,7 @@ the float8 types exist only in PyTorch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import posixpath
 import struct
@@ -91,6 +100,10 @@ class Header:
     data_len: int
     tensors: Tuple[TensorInfo, ...]
     metadata: Dict[str, str]
+    #: The ETag of the object it was read from (quoted, as S3 sends it):
+    #: the version a load reads; ``None`` from ``parse_header``, or from a
+    #: store that sends none.
+    etag: Optional[str] = None
 
 
 def parse_header(raw: bytes, size: Optional[int] = None) -> Header:
@@ -241,11 +254,33 @@ def _session_of(session: Optional[_session.Session]) -> _session.Session:
     return session if session is not None else _session.active()
 
 
+def _pinned_get(client: Any, where: str, etag: Optional[str], **kwargs: Any) -> Dict[str, Any]:
+    """``client.get_object(**kwargs)`` at version `etag` (if given):
+    ``IfMatch``, and the answer's ETag compared; ``ObjectChangedError``
+    when the object is no longer that version."""
+    if etag is None:
+        return client.get_object(**kwargs)
+    try:
+        answer = client.get_object(IfMatch=etag, **kwargs)
+    except Exception as e:  # noqa: BLE001 - botocore's ClientError, read without importing botocore
+        response = getattr(e, "response", None)
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") if isinstance(response, dict) else None
+        if status == 412:
+            raise _session.ObjectChangedError(where, etag, None, e) from e
+        raise
+    found = answer.get("ETag")
+    if found is not None and found != etag:
+        raise _session.ObjectChangedError(where, etag, found)
+    return answer
+
+
 def read_header(client: Any, Bucket: str, Key: str) -> Header:
     """The header of the safetensors object, by ranged GETs (one, unless
-    the header is longer than 64 KiB)."""
+    the header is longer than 64 KiB, then a second one at the first's
+    version), with the object's ETag (``Header.etag``)."""
     where = f"GET {Bucket}/{Key}"
     answer = client.get_object(Bucket=Bucket, Key=Key, Range=f"bytes=0-{_FIRST - 1}")
+    etag = answer.get("ETag")
     raw = answer["Body"].read()
     size = None
     content_range = answer.get("ContentRange") or ""
@@ -256,10 +291,10 @@ def read_header(client: Any, Bucket: str, Key: str) -> Header:
     if len(raw) >= 8:
         (n,) = struct.unpack("<Q", raw[:8])
         if 8 + n > len(raw) and n <= MAX_HEADER:
-            more = client.get_object(Bucket=Bucket, Key=Key, Range=f"bytes={len(raw)}-{8 + n - 1}")
+            more = _pinned_get(client, where, etag, Bucket=Bucket, Key=Key, Range=f"bytes={len(raw)}-{8 + n - 1}")
             raw += more["Body"].read()
     try:
-        return parse_header(raw, size)
+        return dataclasses.replace(parse_header(raw, size), etag=etag)
     except FormatError as e:
         raise FormatError(f"{where}: not a safetensors file: {e}") from None
 
@@ -285,7 +320,7 @@ def _start(
     verify: Optional[bool],
 ) -> _Pending:
     """Allocates and registers the file's buffer and puts its spans in
-    flight."""
+    flight, each at the header's version."""
     buffer = _allocate(framework, device, max(header.data_len, 1))
     futures = []
     registered = False
@@ -295,13 +330,14 @@ def _start(
             registered = True
         except (_session.HipObjError, TypeError):
             pass  # each span registers, or falls back and says why
+    pin = {"IfMatch": header.etag} if header.etag is not None else {}
     if header.data_len > 0:
         for begin in range(0, header.data_len, span):
             end = min(begin + span, header.data_len)
             first, last = header.data_start + begin, header.data_start + end - 1
             futures.append(
                 session.get_object_async(
-                    client, Bucket, Key, buffer, Range=f"bytes={first}-{last}", offset=begin, verify=verify
+                    client, Bucket, Key, buffer, Range=f"bytes={first}-{last}", offset=begin, verify=verify, **pin
                 )
             )
     return _Pending(header, buffer, futures, registered)
@@ -333,7 +369,9 @@ def load(
     """The tensors of the safetensors object `Bucket`/`Key`, by name, in
     `framework`'s memory on `device`; the file's ``__metadata__`` is
     ``metadata(client, Bucket, Key)``. `session`: the active one by
-    default."""
+    default. Every byte is of the version whose header was read first:
+    an object replaced during the load raises ``ObjectChangedError``
+    (once every span in flight has ended)."""
     if span < 1:
         raise ValueError("span is a number of bytes: 1 or more")
     session = _session_of(session)
@@ -361,7 +399,9 @@ def load_sharded(
     """The tensors of a sharded model, by its index
     (``model.safetensors.index.json``: ``weight_map`` names each tensor's
     shard, beside the index): every shard's spans in flight together.
-    Every tensor the index names must be in its shard."""
+    Every tensor the index names must be in its shard. Each shard is read
+    at the version whose header was read first, as ``load`` reads a file
+    (the index itself is read once)."""
     session = _session_of(session)
     where = f"GET {Bucket}/{IndexKey}"
     try:

@@ -10,6 +10,11 @@ RDMA GET that asks with ``x-amz-checksum-mode: ENABLED`` gets
 ``x-amz-rdma-checksum-crc64nvme`` of the bytes written; a plain GET of a
 whole object stored with a CRC gets it back.
 
+Versions as S3 keeps them: an object's ETag is the MD5 of its bytes (as
+S3's for a single PUT), every GET answer carries it, and a GET with
+``If-Match`` another ETag is answered 412 PreconditionFailed before any
+byte moves (``ignore_if_match``: a store that ignores the condition).
+
 Requests that carry ``x-amz-rdma-token`` go to the fake library's RDMA S3
 server (``hipobjFakeServe``: it connects to the library's fake NIC and
 moves the bytes, as the real server does), with the fake server's object
@@ -21,12 +26,13 @@ is the fake library's (``hipobjFakeSetServerBehaviour``).
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import io
 import re
 import threading
 import urllib.parse
 import uuid
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from botocore.awsrequest import AWSResponse
 
@@ -73,6 +79,12 @@ class FakeS3:
         #: (status, code): answer every request without a token with this
         #: S3 error (a wrong secret key: 403 SignatureDoesNotMatch).
         self.refuse_plain: Optional[Tuple[int, str]] = None
+        #: Serve a GET whatever its If-Match says.
+        self.ignore_if_match = False
+        #: Called with (method, bucket, key, the request's headers) once
+        #: each request is answered, before the next is: a test changes
+        #: the store between two requests here.
+        self.after: Optional[Callable[[str, str, str, Dict[str, str]], None]] = None
         # The fake server has one object store: one request at a time.
         self._lock = threading.Lock()
 
@@ -118,9 +130,19 @@ class FakeS3:
 
     # ------------------------------------------------------------ answers
 
+    @staticmethod
+    def etag(data: bytes) -> str:
+        """The ETag of an object of `data`, quoted as S3 sends it."""
+        return '"' + hashlib.md5(data).hexdigest() + '"'
+
     def _answer(self, request, **_):
         with self._lock:
-            return self._answer_locked(request)
+            response = self._answer_locked(request)
+            if self.after is not None:
+                url = urllib.parse.urlsplit(request.url)
+                bucket, _, key = urllib.parse.unquote(url.path).lstrip("/").partition("/")
+                self.after(request.method, bucket, key, self.headers[-1])
+            return response
 
     def _answer_locked(self, request):
         url = urllib.parse.urlsplit(request.url)
@@ -190,10 +212,18 @@ class FakeS3:
         if data is None:
             xml = b"<Error><Code>NoSuchKey</Code><Message>no such key</Message></Error>"
             return self._respond(request, 404, {"Content-Type": "application/xml"}, xml)
+        etag = self.etag(data)
+        wanted = self._header(request, "If-Match")
+        if wanted is not None and wanted != etag and not self.ignore_if_match:
+            xml = b"<Error><Code>PreconditionFailed</Code><Message>At least one of the pre-conditions you specified did not hold</Message></Error>"
+            headers = {"Content-Type": "application/xml"}
+            if token is not None and not self.ignore_tokens:
+                headers["x-amz-rdma-reply"] = "412"
+            return self._respond(request, 412, headers, xml)
         span = self._range(request, len(data))
         first, last = span if span is not None else (0, len(data) - 1)
         piece = data[first : last + 1]
-        headers = {"ETag": '"e"'}
+        headers = {"ETag": etag}
         status = 200
         if span is not None:
             headers["Content-Range"] = f"bytes {first}-{last}/{len(data)}"
@@ -229,7 +259,7 @@ class FakeS3:
         part = None
         if "uploadId" in query:
             part = (query["uploadId"][0], int(query["partNumber"][0]))
-        headers = {"ETag": f'"{uuid.uuid4().hex}"'}
+        headers = {}
         if token is not None and not self.ignore_tokens:
             assert body == b"", "a PUT with a token has an empty body"
             n = self._token_length(token)
@@ -252,7 +282,9 @@ class FakeS3:
                 return refused
         if part is not None:
             self.parts[part[0]][part[1]] = body
+            headers["ETag"] = f'"{uuid.uuid4().hex}"'
         else:
             self.objects[(bucket, key)] = body
             self._remember(request, bucket, key)
+            headers["ETag"] = self.etag(body)
         return self._respond(request, 200, headers)

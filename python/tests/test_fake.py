@@ -1031,3 +1031,95 @@ def test_transfer_threads_wait_in_the_library_with_the_gil_released(s3, session,
         future.result()
     assert fake.hipobjFakeSetServerBehaviour(0) == 0
     assert session.get_object_async(s3, Bucket="bucket", Key="slow", into=into).result().path == "rdma"
+
+
+def hold_first_request(s3, event="before-send.s3"):
+    """Holds the first request through `s3` at botocore's `event` until
+    ``release`` is set (``arrived`` is set once it is held); ``answered`` is
+    set once a request's call returned (``after-call``: with a token, the
+    fake server's RDMA is done by then)."""
+    state = {"arrived": threading.Event(), "release": threading.Event(), "answered": threading.Event()}
+
+    def gate(**_):
+        if not state["arrived"].is_set():
+            state["arrived"].set()
+            assert state["release"].wait(60), "the test released the request"
+
+    def after(**_):
+        state["answered"].set()
+
+    s3.meta.events.register_first(event, gate, unique_id="hipobj-test-hold")
+    s3.meta.events.register("after-call.s3", after, unique_id="hipobj-test-answered")
+    return state
+
+
+async def _cancel_while_held(task, held, when_raised):
+    """Cancels `task` while its request is held, runs `when_raised` as soon
+    as the task ends (what an application does once the call raised), then
+    lets the request go and waits past the transfer's end."""
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, held["arrived"].wait, 60)
+    task.add_done_callback(lambda _: when_raised())
+    task.cancel()
+    # A call that does not wait for its transfer ends within these turns.
+    for _ in range(20):
+        await asyncio.sleep(0)
+    held["release"].set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_a_cancelled_aget_object_raises_only_once_nothing_more_can_land_in_its_buffer(s3, session):
+    n = 256 << 10
+    put(s3, "held", pattern(n, 13))
+    into = bytearray(n)
+    held = hold_first_request(s3)
+
+    def reuse():
+        into[:] = b"\xaa" * n
+
+    async def main():
+        task = asyncio.ensure_future(session.aget_object(s3, Bucket="bucket", Key="held", into=into))
+        await _cancel_while_held(task, held, reuse)
+        # Past the end of the transfer whose request went before the cancel.
+        assert held["answered"].wait(60)
+
+    asyncio.run(main())
+    assert bytes(into) == b"\xaa" * n, "the cancelled GET wrote into the buffer after the call raised"
+
+
+def test_a_cancelled_aput_object_cannot_land_after_the_call_raised(s3, session):
+    n = 256 << 10
+    put(s3, "up", b"the version before")
+    held = hold_first_request(s3)
+    stored_when_raised = []
+
+    async def main():
+        task = asyncio.ensure_future(session.aput_object(s3, Bucket="bucket", Key="up", source=pattern(n, 5)))
+        await _cancel_while_held(task, held, lambda: stored_when_raised.append(s3.fake.objects[("bucket", "up")]))
+        assert held["answered"].wait(60)
+
+    asyncio.run(main())
+    # A PUT whose request was already at the server may be stored, but
+    # before the call raised, never after.
+    assert s3.fake.objects[("bucket", "up")] == stored_when_raised[0], "the cancelled PUT landed after the call raised"
+
+
+def test_a_task_cancelled_before_its_request_leaves_sends_none(s3, fake):
+    put(s3, "never", pattern(64 << 10, 3))
+    into = bytearray(64 << 10)
+    # Held before botocore signs it: the request has not left.
+    held = hold_first_request(s3, "before-sign.s3")
+    # One transfer thread: the next transfer runs once the first has ended.
+    with hipobj.Session(gpu=0, max_in_flight=1) as session:
+
+        async def main():
+            task = asyncio.ensure_future(session.aget_object(s3, Bucket="bucket", Key="never", into=into))
+            await _cancel_while_held(task, held, lambda: None)
+
+        asyncio.run(main())
+        again = bytearray(64 << 10)
+        assert session.get_object_async(s3, Bucket="bucket", Key="never", into=again).result().path == "rdma"
+    assert len([r for r in s3.fake.requests if r[1] == "never"]) == 1, "the cancelled task sent no request"
+    assert into == bytearray(64 << 10)
+    assert bytes(again) == pattern(64 << 10, 3).tobytes(), "the session went on"

@@ -160,3 +160,76 @@ def test_bfloat16_needs_torch_and_says_so(s3, session):
     )
     with pytest.raises(st.FormatError, match="framework='torch'"):
         st.load(s3, "bucket", "bf16", session=session)
+
+
+def replace_after_first_span(s3, key, blob):
+    """Stores `blob` as `key` once the first GET of `key`'s data (a ranged
+    GET past its first byte) has been answered."""
+    done = []
+
+    def after(method, bucket, k, headers):
+        if method == "GET" and k == key and not headers.get("range", "bytes=0-").startswith("bytes=0-") and not done:
+            s3.fake.objects[(bucket, k)] = blob
+            done.append(k)
+
+    s3.fake.after = after
+    return done
+
+
+def gets_of(s3, key):
+    return [h for (m, k, _), h in zip(s3.fake.requests, s3.fake.headers) if m == "GET" and k == key]
+
+
+@pytest.mark.parametrize("honours_if_match", [True, False])
+def test_a_file_replaced_during_its_load_fails_it_naming_the_object(s3, session, honours_if_match):
+    blob = safetensors.numpy.save(state(4))
+    resaved = safetensors.numpy.save(state(5))
+    n = struct.unpack("<Q", blob[:8])[0]
+    assert resaved[: 8 + n] == blob[: 8 + n] and resaved != blob, "the same header, other data"
+    s3.fake.objects[("bucket", "m")] = blob
+    s3.fake.ignore_if_match = not honours_if_match
+    replaced = replace_after_first_span(s3, "m", resaved)
+    with pytest.raises(hipobj.TransferError, match=r"bucket/m\b.*the object changed") as e:
+        st.load(s3, "bucket", "m", session=session, span=128 << 10)
+    assert replaced == ["m"]
+    assert isinstance(e.value, hipobj.ObjectChangedError)
+    assert e.value.expected == s3.fake.etag(blob)
+    # Every GET after the header's asked for the header's version.
+    later = gets_of(s3, "m")[1:]
+    assert later and all(h.get("if-match") == s3.fake.etag(blob) for h in later), later
+
+
+def test_a_long_header_replaced_between_its_two_gets_fails_the_load(s3, session):
+    tensors = {f"t{i:05d}_with_a_long_name_for_the_header": numpy.full(3, i, dtype=numpy.int32) for i in range(2000)}
+    blob = safetensors.numpy.save(tensors)
+    s3.fake.objects[("bucket", "long")] = blob
+    resaved = safetensors.numpy.save({k: v + 1 for k, v in tensors.items()})
+
+    def after(method, bucket, key, headers):
+        if key == "long" and headers.get("range") == "bytes=0-65535":
+            s3.fake.objects[(bucket, key)] = resaved
+
+    s3.fake.after = after
+    with pytest.raises(hipobj.ObjectChangedError, match=r"bucket/long\b.*the object changed"):
+        st.load(s3, "bucket", "long", session=session)
+    assert gets_of(s3, "long")[1].get("if-match") == s3.fake.etag(blob)
+
+
+def test_a_shard_replaced_during_a_sharded_load_fails_it_naming_the_shard(s3, session):
+    weight_map = {}
+    for i in range(2):
+        name = f"model-{i + 1:05d}-of-00002.safetensors"
+        s3.fake.objects[("bucket", f"llm/{name}")] = safetensors.numpy.save({f"s{i}.{k}": v for k, v in state(20 + i).items()})
+        weight_map.update({f"s{i}.{k}": name for k in state(20 + i)})
+    index = {"metadata": {}, "weight_map": weight_map}
+    s3.fake.objects[("bucket", "llm/index.json")] = json.dumps(index).encode()
+    second = "llm/model-00002-of-00002.safetensors"
+    first_blob = s3.fake.objects[("bucket", "llm/model-00001-of-00002.safetensors")]
+    second_blob = s3.fake.objects[("bucket", second)]
+    replace_after_first_span(s3, second, safetensors.numpy.save({f"s1.{k}": v for k, v in state(99).items()}))
+    with pytest.raises(hipobj.ObjectChangedError, match="bucket/llm/model-00002-of-00002.safetensors.*the object changed"):
+        st.load_sharded(s3, "bucket", "llm/index.json", session=session, span=256 << 10)
+    # Each shard pinned to its own version.
+    for key, blob in [("llm/model-00001-of-00002.safetensors", first_blob), (second, second_blob)]:
+        later = gets_of(s3, key)[1:]
+        assert later and all(h.get("if-match") == s3.fake.etag(blob) for h in later), key

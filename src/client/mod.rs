@@ -408,8 +408,9 @@ impl Client {
 
     /// Submits `transfer` and returns at once (never on the network): its
     /// ticket. More than [`Client::max_in_flight`] transfers wait in the
-    /// client's queue, first in, first out. A client closed (in a forked
-    /// child, say) hands the transfer back.
+    /// client's queue, first in, first out. A client closed, or used in a
+    /// process forked from the one that built it (whose transfer threads
+    /// the child does not have), hands the transfer back.
     ///
     /// ```
     /// # #[cfg(feature = "fake-platform")] {
@@ -447,8 +448,9 @@ impl Client {
     }
 
     /// Submits every transfer, in order; their tickets in the same order.
-    /// If the client is closed, the transfers not submitted come back (the
-    /// tickets already made are dropped: their transfers cancelled).
+    /// If the client is closed (or in a forked child), the transfers not
+    /// submitted come back (the tickets already made are dropped: their
+    /// transfers cancelled).
     pub fn submit_batch(
         &self,
         transfers: impl IntoIterator<Item = Transfer>,
@@ -469,7 +471,8 @@ impl Client {
 
     /// Submits `transfer` with no ticket: its end comes out of
     /// [`Client::next_completion`] with `tag`. It cannot be cancelled
-    /// alone; closing the client ends it.
+    /// alone; closing the client ends it. As [`Client::submit`], a closed
+    /// client, or a forked child, hands the transfer back.
     pub fn submit_tagged(&self, transfer: Transfer, tag: u64) -> std::result::Result<(), Transfer> {
         // Its ticket goes: a tagged ticket's drop cancels nothing.
         self.engine

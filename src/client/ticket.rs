@@ -424,13 +424,19 @@ impl Engine {
     }
 
     /// Queues `transfer` for `instance`; its ticket (whose end, `tag`ged,
-    /// goes to the completion queue instead).
+    /// goes to the completion queue instead). The transfer comes back when
+    /// the engine is closed, or in a process forked from the one that made
+    /// it: the counts of workers it holds there are the parent's, whose
+    /// threads the child does not have, so a queued job would never run.
     pub(crate) fn submit(
         &self,
         instance: &Arc<Instance>,
         transfer: Transfer,
         tag: Option<u64>,
     ) -> std::result::Result<Ticket, Transfer> {
+        if instance.forked() {
+            return Err(transfer);
+        }
         let mut queue = self.shared.queue.lock();
         if queue.closed {
             return Err(transfer);

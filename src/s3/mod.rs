@@ -595,13 +595,24 @@ impl S3 {
     }
 
     /// `HEAD bucket/key`: the object's size and ETag. A HEAD's failure has
-    /// no body to say why, so a failed HEAD is asked again as a GET of its
-    /// first byte, whose answer carries S3's error code and message.
+    /// no body to say why, so a HEAD refused with a 4xx is asked again as a
+    /// GET of its first byte, whose answer carries S3's error code and
+    /// message. A 5xx is not: the server (a gateway whose store is down or
+    /// hung, say) would likely make the GET wait as long and fail the same
+    /// way, doubling what every retry of the HEAD costs.
     pub fn head(&self, bucket: &str, key: &str) -> Result<Head, S3Error> {
         let request = Request::new("HEAD", bucket, Some(key));
         let response = self.send(&request)?;
         if !response.is_success() {
             let status = response.status();
+            if status >= 500 {
+                return Err(S3Error::Status {
+                    what: request.what(),
+                    status,
+                    code: None,
+                    message: None,
+                });
+            }
             let mut probe = Request::new("GET", bucket, Some(key));
             probe.headers.push(("range", "bytes=0-0".to_owned()));
             let (code, message) = match self.send(&probe).map(Response::success) {

@@ -33,7 +33,11 @@
 //!
 //! An [`Object`] with an ETag is read at that version only: every GET
 //! carries `If-Match`, and the ETag of every answer (RDMA ones included)
-//! must be it, else [`TransferError::Changed`]. [`download`] and [`upload`]
+//! must be it, else [`TransferError::Changed`]. An [`Object`] with a size
+//! is read at that size only: the total of every answer's `Content-Range`
+//! must be it, else [`TransferError::Resized`] (a store that answers with
+//! no ETag, or ignores `If-Match`, still cannot hand over another
+//! version's bytes of another length). [`download`] and [`upload`]
 //! retry a chunk on failures that a second try may cure (a lost
 //! connection, 500, 502, 503, 504; never a 4xx), a retried RDMA transfer
 //! with a fresh token; they stop when their [`Plan`]'s [`Cancel`] is set.
@@ -200,6 +204,19 @@ pub enum TransferError {
         /// The request.
         what: String,
     },
+    /// The object is no longer the size the transfer started on: an
+    /// answer's `Content-Range` gives another total.
+    #[error(
+        "{what}: the object changed during the download (it was {expected} bytes, now {found})"
+    )]
+    Resized {
+        /// The request.
+        what: String,
+        /// The size it started with.
+        expected: u64,
+        /// The size the answer gave.
+        found: u64,
+    },
     /// The transfer was cancelled ([`Cancel::cancel`]).
     #[error("interrupted")]
     Cancelled,
@@ -251,6 +268,10 @@ pub struct Object<'a> {
     /// carry `If-Match` and their answers must have it, else
     /// [`TransferError::Changed`]. `None` reads whatever is there.
     pub etag: Option<&'a str>,
+    /// The object's size at that version, if known: an answer whose
+    /// `Content-Range` gives another total is of another version
+    /// ([`TransferError::Resized`]). `None` checks no size.
+    pub size: Option<u64>,
 }
 
 impl<'a> Object<'a> {
@@ -261,16 +282,29 @@ impl<'a> Object<'a> {
             bucket,
             key,
             etag: None,
+            size: None,
         }
     }
 
-    /// Whether `response`'s ETag (if it has one) is the one asked for.
+    /// Whether `response` is of the version asked for: its ETag (if it has
+    /// one) the one asked for, and the total of its `Content-Range` (if it
+    /// has one) the size.
     fn check_version(&self, what: &str, response: &Response) -> Result<(), TransferError> {
-        match (self.etag, response.header("etag")) {
-            (Some(expected), Some(found)) if found != expected => Err(TransferError::Changed {
+        if let (Some(expected), Some(found)) = (self.etag, response.header("etag")) {
+            if found != expected {
+                return Err(TransferError::Changed {
+                    what: what.to_owned(),
+                    expected: expected.to_owned(),
+                    found: Some(found.to_owned()),
+                });
+            }
+        }
+        let total = response.header("content-range").and_then(range_total);
+        match (self.size, total) {
+            (Some(expected), Some(found)) if found != expected => Err(TransferError::Resized {
                 what: what.to_owned(),
-                expected: expected.to_owned(),
-                found: Some(found.to_owned()),
+                expected,
+                found,
             }),
             _ => Ok(()),
         }
@@ -292,6 +326,14 @@ impl<'a> Object<'a> {
             (_, e) => e,
         }
     }
+}
+
+/// The object's size that a `Content-Range` (`bytes FIRST-LAST/TOTAL`)
+/// gives; `None` for an unknown total (`*`) or another form.
+fn range_total(content_range: &str) -> Option<u64> {
+    let spec = content_range.trim().strip_prefix("bytes ")?;
+    let (_, total) = spec.split_once('/')?;
+    total.trim().parse().ok()
 }
 
 /// What an [`RdmaRequest`] asks for.
@@ -543,6 +585,7 @@ impl S3Side for OwnedRequest {
             bucket: &self.bucket,
             key: &self.key,
             etag: self.etag.as_deref(),
+            size: None,
         };
         let op = match &self.op {
             OwnedOp::Get(range) => Op::Get(range.clone()),

@@ -239,6 +239,7 @@ pub fn get(
         bucket: &bucket,
         key: &key,
         etag: head.etag.as_deref(),
+        size: Some(head.len),
     };
     let what = format!("get {source}");
     let started = Instant::now();
@@ -317,7 +318,7 @@ pub fn get(
 pub(crate) fn failure(e: TransferError, what: &str) -> Failure {
     match e {
         TransferError::Cancelled => format!("interrupted: the {what} stopped").into(),
-        TransferError::Changed { .. } => {
+        TransferError::Changed { .. } | TransferError::Resized { .. } => {
             format!("{e}; nothing was kept: run the command again to get the new version").into()
         }
         TransferError::Corrupt { .. } if what == "download" => {

@@ -23,7 +23,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use hipobj::client::Client;
-use hipobj::s3::objects::{self, Object, Summary};
+use hipobj::s3::objects::{self, Object, Plan, Summary, TransferError};
 use hipobj::s3::S3;
 
 use crate::copy::{
@@ -41,7 +41,8 @@ struct Item {
     path: PathBuf,
     /// Bytes.
     size: u64,
-    /// The listing's ETag (downloads: every chunk asks for this version).
+    /// The listing's ETag (downloads: every chunk asks for this version;
+    /// without one, the version a HEAD finds).
     etag: Option<String>,
 }
 
@@ -274,6 +275,34 @@ fn stopped(e: Failure, totals: &Totals, planned: usize, what: &str) -> Failure {
     .into()
 }
 
+/// The version of `item` to download: the listing's ETag; where the
+/// listing has none (s3s-fs lists none), the one a HEAD finds, which must
+/// still be of the listed size. Either way every chunk is pinned to it
+/// (`If-Match`, each answer's ETag) and to the size (each answer's
+/// `Content-Range` total). The HEAD's retries are counted in `retried`.
+fn pinned(
+    s3: &S3,
+    bucket: &str,
+    item: &Item,
+    plan: &Plan,
+    retried: &std::sync::atomic::AtomicU64,
+) -> Result<Option<String>, TransferError> {
+    if item.etag.is_some() {
+        return Ok(item.etag.clone());
+    }
+    let head = objects::retrying(plan.retries, &plan.cancel, retried, || {
+        Ok(s3.head(bucket, &item.key)?)
+    })?;
+    if head.len != item.size {
+        return Err(TransferError::Resized {
+            what: format!("HEAD {bucket}/{}", item.key),
+            expected: item.size,
+            found: head.len,
+        });
+    }
+    Ok(head.etag)
+}
+
 /// `cp --recursive s3://BUCKET/PREFIX DIR`: every object under the prefix
 /// into a file under `destination`, by its key after the prefix.
 pub fn download(
@@ -327,14 +356,24 @@ pub fn download(
             partial.keep()?;
             return Ok(Summary::default());
         }
+        let named = |e: TransferError| {
+            Failure::from(format!(
+                "s3://{bucket}/{}: {}",
+                item.key,
+                failure(e, "download")
+            ))
+        };
+        let retried = std::sync::atomic::AtomicU64::new(0);
+        let etag = pinned(&s3, &bucket, item, &plan, &retried).map_err(named)?;
         let object = Object {
             s3: &s3,
             bucket: &bucket,
             key: &item.key,
-            etag: item.etag.as_deref(),
+            etag: etag.as_deref(),
+            size: Some(item.size),
         };
         let sink = |offset: u64, bytes: &[u8]| partial.write_at(bytes, offset);
-        let summary = objects::download(
+        let mut summary = objects::download(
             rdma(&library),
             object,
             0..item.size,
@@ -342,13 +381,8 @@ pub fn download(
             Some(&sink),
             &|n| bar.inc(n),
         )
-        .map_err(|e| {
-            Failure::from(format!(
-                "s3://{bucket}/{}: {}",
-                item.key,
-                failure(e, "download")
-            ))
-        })?;
+        .map_err(named)?;
+        summary.retries += retried.into_inner();
         partial.keep()?;
         Ok(summary)
     };
