@@ -34,6 +34,9 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE]
                         [--rdma-max-bytes N] [--rdma-memory-bytes N] [--rdma-max-requests N]
                         [--rdma-max-connections N] [--rdma-max-connections-per-client N]
                         [--rdma-chunk-bytes N] [--rdma-chunks N] [--shutdown-grace-ms N]
+                        [--http-header-timeout-ms N] [--http-idle-timeout-ms N]
+                        [--http-max-connections N] [--http-max-connections-per-client N]
+                        [--domain NAME]...
        hipobj-s3-server --upstream URL --listen ADDR:PORT [the options above but --bucket]
                         [--upstream-region REGION] [--upstream-profile NAME]
                         [--upstream-path-style | --upstream-virtual-hosted-style]
@@ -101,6 +104,22 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE]
                         dials in progress included (default 1024)
   --shutdown-grace-ms N on SIGTERM or SIGINT, how long the requests in progress may take to
                         finish (default --rdma-timeout-ms + --delay-final-ms + 1000)
+  --http-header-timeout-ms N
+                        how long a request's header may take to arrive once its first byte
+                        has (default 30000); then the connection is closed, and logged
+  --http-idle-timeout-ms N
+                        how long a connection may wait for its next request, and a new one
+                        for its first byte (default 60000); then it is closed, and logged
+  --http-max-connections N
+                        S3 connections open at once, TLS handshakes included (default 4096);
+                        one more is closed at once, and logged
+  --http-max-connections-per-client N
+                        S3 connections open at once from one client address (default 1024;
+                        behind a balancer, the balancer is that one client)
+  --domain NAME         serve virtual-hosted-style requests for NAME: a request to
+                        BUCKET.NAME addresses BUCKET (and one to NAME is path-style);
+                        repeatable. Without it every request is path-style: no Host is
+                        taken for a bucket
   --version             print the version and what the build holds
   --upstream-region REGION
                         the region requests to the upstream are signed for (--region by default)
@@ -192,6 +211,11 @@ const OPTIONS: &[(&str, Kind)] = &[
     ("--rdma-chunk-bytes", Kind::Value),
     ("--rdma-chunks", Kind::Value),
     ("--shutdown-grace-ms", Kind::Value),
+    ("--http-header-timeout-ms", Kind::Value),
+    ("--http-idle-timeout-ms", Kind::Value),
+    ("--http-max-connections", Kind::Value),
+    ("--http-max-connections-per-client", Kind::Value),
+    ("--domain", Kind::Repeated),
     ("--upstream", Kind::Value),
     ("--upstream-region", Kind::Value),
     ("--upstream-profile", Kind::Value),
@@ -277,6 +301,11 @@ pub struct Options {
     pub rdma_chunks: usize,
     /// `--shutdown-grace-ms`, or its default.
     pub shutdown_grace: Duration,
+    /// `--http-header-timeout-ms`, `--http-idle-timeout-ms`,
+    /// `--http-max-connections`, `--http-max-connections-per-client`.
+    pub http: crate::gateway::HttpLimits,
+    /// `--domain`, each.
+    pub domains: Vec<String>,
 }
 
 impl Options {
@@ -426,6 +455,8 @@ struct Given {
     rdma_chunk_bytes: Option<usize>,
     rdma_chunks: usize,
     shutdown_grace: Option<Duration>,
+    http: crate::gateway::HttpLimits,
+    domains: Listed<String>,
     upstream: UpstreamArgs,
 }
 
@@ -459,6 +490,8 @@ impl Given {
             rdma_chunk_bytes: None,
             rdma_chunks: 4,
             shutdown_grace: None,
+            http: crate::gateway::HttpLimits::default(),
+            domains: Listed::new(),
             upstream: UpstreamArgs::default(),
         }
     }
@@ -548,6 +581,13 @@ fn apply(g: &mut Given, args: &[String]) -> Result<Flow, String> {
                 }
             }
             "--shutdown-grace-ms" => g.shutdown_grace = Some(millis(name, &value()?, 0)?),
+            "--http-header-timeout-ms" => g.http.header_timeout = millis(name, &value()?, 1)?,
+            "--http-idle-timeout-ms" => g.http.idle_timeout = millis(name, &value()?, 1)?,
+            "--http-max-connections" => g.http.max_connections = count(name, &value()?)?,
+            "--http-max-connections-per-client" => {
+                g.http.max_connections_per_client = count(name, &value()?)?
+            }
+            "--domain" => g.domains.push(source, domain_name(&value()?)?),
             "--upstream" => g.upstream.endpoint = Some(endpoint(&value()?)?),
             "--upstream-region" => g.upstream.region = Some(value()?),
             "--upstream-profile" => g.upstream.profile = Some(value()?),
@@ -801,7 +841,30 @@ fn finish(
         rdma_chunk_bytes,
         rdma_chunks: g.rdma_chunks,
         shutdown_grace,
+        http: g.http,
+        domains: g.domains.items,
     })
+}
+
+/// A `--domain`: a DNS name (letters, digits, hyphens, dots), lowercased;
+/// no port (a request's port is not part of its bucket's name).
+fn domain_name(text: &str) -> Result<String, String> {
+    let name = text.trim_end_matches('.').to_ascii_lowercase();
+    let label_ok = |label: &str| {
+        !label.is_empty()
+            && label.len() <= 63
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    };
+    if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+        return Err(format!(
+            "--domain {text}: expected a DNS name (gw.example.com), without a port"
+        ));
+    }
+    Ok(name)
 }
 
 /// A warning if `path`, which holds a secret, may be read by users other
@@ -1179,6 +1242,44 @@ pub(crate) mod tests {
         let mut dangling = required();
         dangling.push("--region");
         assert!(parse(&args(&dangling)).is_err());
+    }
+
+    #[test]
+    fn http_limits_and_domains_are_read_and_checked() {
+        let with = |extra: &[&str]| {
+            let mut list = required();
+            list.extend(extra);
+            parse(&args(&list)).map(|o| o.expect("not --help"))
+        };
+        let defaults = with(&[]).unwrap();
+        assert_eq!(defaults.http, crate::gateway::HttpLimits::default());
+        assert!(defaults.domains.is_empty());
+        let o = with(&[
+            "--http-header-timeout-ms",
+            "1500",
+            "--http-idle-timeout-ms=2500",
+            "--http-max-connections",
+            "10",
+            "--http-max-connections-per-client",
+            "3",
+            "--domain",
+            "GW.Example.",
+            "--domain=s3.local",
+        ])
+        .unwrap();
+        assert_eq!(o.http.header_timeout, Duration::from_millis(1500));
+        assert_eq!(o.http.idle_timeout, Duration::from_millis(2500));
+        assert_eq!(
+            (o.http.max_connections, o.http.max_connections_per_client),
+            (10, 3)
+        );
+        assert_eq!(o.domains, ["gw.example", "s3.local"]);
+        for bad in ["gw.example:9000", "", "a..b", "under_score.example", "-"] {
+            let refused = with(&["--domain", bad]).unwrap_err();
+            assert!(refused.contains("--domain"), "{bad}: {refused}");
+        }
+        assert!(with(&["--http-max-connections", "0"]).is_err());
+        assert!(with(&["--http-header-timeout-ms", "0"]).is_err());
     }
 
     #[test]

@@ -24,6 +24,15 @@
 //! alike), lets the requests in progress finish for `--shutdown-grace-ms`,
 //! then disconnects every RDMA connection and returns.
 //!
+//! Connections ([`serve_connections`]): at most `--http-max-connections`
+//! open at once, and `--http-max-connections-per-client` from one address
+//! (one more is closed as it is accepted, TLS or not); a request's header
+//! must arrive within `--http-header-timeout-ms` of its first byte, and a
+//! connection without a request in progress is closed after
+//! `--http-idle-timeout-ms` (a new one that sends nothing too). Each is
+//! logged when it acts: nothing a client does holds a socket and a task
+//! for ever.
+//!
 //! Threads: every blocking step (the backend's file I/O through
 //! `tokio::fs`, and each RDMA request's buffer, file read, dial and
 //! transfer) runs on tokio's blocking pool. An RDMA request's steps may
@@ -74,6 +83,89 @@ pub const FILE_IO_THREADS: usize = 256;
 /// How long a client may take over its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What the S3 listener allows a connection, from the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// `--http-header-timeout-ms`: from a request's first byte to the end
+    /// of its header.
+    pub header_timeout: Duration,
+    /// `--http-idle-timeout-ms`: a connection without a request in
+    /// progress, or a new one that has sent nothing.
+    pub idle_timeout: Duration,
+    /// `--http-max-connections`: open at once, TLS handshakes included.
+    pub max_connections: usize,
+    /// `--http-max-connections-per-client`: open at once from one address.
+    pub max_connections_per_client: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> HttpLimits {
+        HttpLimits {
+            header_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 4096,
+            max_connections_per_client: 1024,
+        }
+    }
+}
+
+/// The S3 service over `s3`, signed requests only, with each of
+/// `credentials`; virtual-hosted-style requests for `domains` (none: every
+/// request is path-style).
+pub fn service(
+    s3: s3::RdmaS3,
+    credentials: &[cli::Credential],
+    domains: &[String],
+) -> s3s::service::S3Service {
+    let mut builder = S3ServiceBuilder::new(s3);
+    let mut auth = SimpleAuth::new();
+    for c in credentials {
+        auth.register(c.access_key.clone(), c.secret_key.clone().into());
+    }
+    builder.set_auth(auth);
+    if !domains.is_empty() {
+        builder.set_host(Domains(domains.to_vec()));
+    }
+    builder.build()
+}
+
+/// The names `--domain` gives: a request whose Host is `BUCKET.NAME`
+/// addresses `BUCKET`; any other Host (`NAME` itself, an address, another
+/// name) is path-style. Never s3s's `SingleDomain` fallback, which takes a
+/// Host outside the domain (`localhost`, a balancer's name) for a bucket's
+/// own name.
+struct Domains(Vec<String>);
+
+impl s3s::host::S3Host for Domains {
+    fn parse_host_header<'a>(&'a self, host: &'a str) -> s3s::S3Result<s3s::host::VirtualHost<'a>> {
+        let name = without_port(host);
+        for domain in &self.0 {
+            let bucket = name
+                .len()
+                .checked_sub(domain.len() + 1)
+                .filter(|&dot| {
+                    name[dot + 1..].eq_ignore_ascii_case(domain) && name.as_bytes()[dot] == b'.'
+                })
+                .map(|dot| &name[..dot]);
+            if let Some(bucket) = bucket.filter(|b| !b.is_empty()) {
+                return Ok(s3s::host::VirtualHost::new(domain.as_str())
+                    .with_bucket(bucket.to_ascii_lowercase()));
+            }
+        }
+        Ok(s3s::host::VirtualHost::new(name))
+    }
+}
+
+/// A Host header without its port (`[v6]:port` too).
+fn without_port(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split_once(']').map_or(host, |(v6, _)| v6);
+    }
+    host.rsplit_once(':')
+        .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+        .map_or(host, |(name, _)| name)
+}
+
 /// The S3 service, with each request's TCP peer put into its extensions
 /// (the dial policy compares it with the address a token names); each
 /// answer is counted ([`metrics`]) and one of 400 or more is logged.
@@ -81,16 +173,18 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 struct WithPeer {
     inner: s3s::service::S3Service,
     peer: SocketAddr,
+    activity: Arc<Activity>,
 }
 
 impl hyper::service::Service<http::Request<hyper::body::Incoming>> for WithPeer {
-    type Response = http::Response<metrics::Observed>;
+    type Response = http::Response<InFlight>;
     type Error = <s3s::service::S3Service as hyper::service::Service<
         http::Request<hyper::body::Incoming>,
     >>::Error;
     type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
 
     fn call(&self, mut req: http::Request<hyper::body::Incoming>) -> Self::Future {
+        let request = Request::began(&self.activity);
         req.extensions_mut().insert(s3::Peer(self.peer));
         let exchange = metrics::Exchange::begin(&req);
         let asked = Asked::of(&req, self.peer, exchange.op());
@@ -112,7 +206,10 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for WithPeer 
                         asked.log(status, error);
                     }
                     let code = error.as_ref().map(|e| e.code.as_str());
-                    Ok(exchange.respond(resp, code))
+                    Ok(exchange.respond(resp, code).map(|body| InFlight {
+                        body,
+                        _request: request,
+                    }))
                 }
                 Err(e) => {
                     eprintln!("hipobj-s3-server: {asked}: no answer: {e:?}");
@@ -365,16 +462,11 @@ async fn serve(
     if rdma.is_ok() {
         metrics::rdma_limits(options.rdma_memory_bytes, options.rdma_max_requests);
     }
-    let service = {
-        let s3 = s3::RdmaS3::new(backend, rdma.clone(), options.region.clone());
-        let mut builder = S3ServiceBuilder::new(s3);
-        let mut auth = SimpleAuth::new();
-        for c in &options.credentials {
-            auth.register(c.access_key.clone(), c.secret_key.clone().into());
-        }
-        builder.set_auth(auth);
-        builder.build()
-    };
+    let service = service(
+        s3::RdmaS3::new(backend, rdma.clone(), options.region.clone()),
+        &options.credentials,
+        &options.domains,
+    );
     let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM handler: {e}"))?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT handler: {e}"))?;
     let listener = TcpListener::bind(options.listen)
@@ -408,50 +500,14 @@ async fn serve(
         }
         None => None,
     };
-    let http = ConnBuilder::new(TokioExecutor::new());
-    let graceful = GracefulShutdown::new();
-    loop {
-        let (socket, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    eprintln!("hipobj-s3-server: accept: {e}");
-                    // Out of descriptors, say: give the others time to close.
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            _ = term.recv() => break,
-            _ = int.recv() => break,
-        };
-        let service = WithPeer {
-            inner: service.clone(),
-            peer,
-        };
-        let (http, watcher) = (http.clone(), graceful.watcher());
-        match &tls {
-            None => {
-                tokio::spawn(connection(http, socket, service, watcher));
-            }
-            Some(tls) => {
-                let tls = tls.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(socket)).await {
-                        Ok(Ok(stream)) => connection(http, stream, service, watcher).await,
-                        Ok(Err(e)) => {
-                            eprintln!("hipobj-s3-server: TLS handshake with {peer} failed: {e}")
-                        }
-                        Err(_) => eprintln!(
-                            "hipobj-s3-server: TLS handshake with {peer} failed: no handshake \
-                             in {HANDSHAKE_TIMEOUT:?}"
-                        ),
-                    }
-                });
-            }
+    let stop = async {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
         }
-    }
+    };
+    let graceful = serve_connections(listener, service, tls, options.http.clone(), stop).await;
     // Neither S3 nor the metrics take a connection from here on.
-    drop(listener);
     if let Some(metrics) = metrics {
         metrics.abort();
         let _ = metrics.await;
@@ -471,22 +527,406 @@ async fn serve(
     Ok(())
 }
 
-/// Serves one connection (plain TCP or TLS) until it closes, or until the
-/// graceful shutdown lets its request in progress finish.
-async fn connection<I>(http: ConnBuilder<TokioExecutor>, io: I, service: WithPeer, watcher: Watcher)
-where
+/// Accepts S3 connections on `listener` and serves `service` on each,
+/// within `limits` (plain TCP, or TLS through `tls`), until `stop`
+/// resolves; then stops accepting and returns the handle that waits for
+/// the connections still open (each lets its request in progress finish).
+pub async fn serve_connections(
+    listener: TcpListener,
+    service: s3s::service::S3Service,
+    tls: Option<TlsAcceptor>,
+    limits: HttpLimits,
+    stop: impl std::future::Future<Output = ()>,
+) -> GracefulShutdown {
+    let http = ConnBuilder::new(TokioExecutor::new());
+    let graceful = GracefulShutdown::new();
+    let open = Arc::new(Open::default());
+    let limits = Arc::new(limits);
+    tokio::pin!(stop);
+    loop {
+        let (socket, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    eprintln!("hipobj-s3-server: accept: {e}");
+                    // Out of descriptors, say: give the others time to close.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        let Some(slot) = open.take(peer.ip(), &limits) else {
+            // Closed as it came: the socket drops here.
+            continue;
+        };
+        let activity = Arc::new(Activity::new());
+        let service = WithPeer {
+            inner: service.clone(),
+            peer,
+            activity: Arc::clone(&activity),
+        };
+        let (http, watcher, limits) = (http.clone(), graceful.watcher(), Arc::clone(&limits));
+        match &tls {
+            None => {
+                tokio::spawn(async move {
+                    connection(http, socket, service, watcher, &limits).await;
+                    drop(slot);
+                });
+            }
+            Some(tls) => {
+                let tls = tls.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(socket)).await {
+                        Ok(Ok(stream)) => connection(http, stream, service, watcher, &limits).await,
+                        Ok(Err(e)) => {
+                            eprintln!("hipobj-s3-server: TLS handshake with {peer} failed: {e}")
+                        }
+                        Err(_) => eprintln!(
+                            "hipobj-s3-server: TLS handshake with {peer} failed: no handshake \
+                             in {HANDSHAKE_TIMEOUT:?}"
+                        ),
+                    }
+                    drop(slot);
+                });
+            }
+        }
+    }
+    graceful
+}
+
+/// The S3 connections open, in all and by client address.
+#[derive(Default)]
+struct Open {
+    counts: parking_lot::Mutex<OpenCounts>,
+}
+
+#[derive(Default)]
+struct OpenCounts {
+    all: usize,
+    by_client: std::collections::HashMap<std::net::IpAddr, usize>,
+    /// Connections refused since the last line said so, and when it did:
+    /// for the cap in all, then for the cap per client.
+    refused: [usize; 2],
+    said: [Option<std::time::Instant>; 2],
+}
+
+/// One open connection's place among them, given back when dropped.
+struct Slot {
+    open: Arc<Open>,
+    client: std::net::IpAddr,
+}
+
+impl Open {
+    /// A place for a connection from `client`, or `None` (logged, at most
+    /// a line every ten seconds) past the limits.
+    fn take(self: &Arc<Open>, client: std::net::IpAddr, limits: &HttpLimits) -> Option<Slot> {
+        let mut counts = self.counts.lock();
+        let from_client = counts.by_client.get(&client).copied().unwrap_or(0);
+        let why = if counts.all >= limits.max_connections {
+            Some((
+                0,
+                format!(
+                    "{} connections are open, as many as --http-max-connections allows",
+                    counts.all
+                ),
+            ))
+        } else if from_client >= limits.max_connections_per_client {
+            Some((
+                1,
+                format!(
+                    "{from_client} connections from {client} are open, as many as \
+                     --http-max-connections-per-client allows"
+                ),
+            ))
+        } else {
+            None
+        };
+        if let Some((cap, why)) = why {
+            counts.refused[cap] += 1;
+            let now = std::time::Instant::now();
+            if counts.said[cap].is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10)) {
+                eprintln!(
+                    "hipobj-s3-server: a connection from {client} closed as it came: {why} \
+                     ({} refused since the last such line)",
+                    counts.refused[cap]
+                );
+                counts.refused[cap] = 0;
+                counts.said[cap] = Some(now);
+            }
+            return None;
+        }
+        counts.all += 1;
+        *counts.by_client.entry(client).or_insert(0) += 1;
+        Some(Slot {
+            open: Arc::clone(self),
+            client,
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut counts = self.open.counts.lock();
+        counts.all = counts.all.saturating_sub(1);
+        if let Some(n) = counts.by_client.get_mut(&self.client) {
+            *n -= 1;
+            if *n == 0 {
+                counts.by_client.remove(&self.client);
+            }
+        }
+    }
+}
+
+/// What a connection is doing, for its time-outs: requests in progress
+/// (from their header's end to their answer's last byte), when the next
+/// request's first byte came, and since when it has been idle.
+struct Activity {
+    start: std::time::Instant,
+    /// Requests whose header arrived and whose answer is not done.
+    requests: std::sync::atomic::AtomicUsize,
+    /// Milliseconds from `start` (plus one; 0: none) to the first byte of a
+    /// request whose header has not ended.
+    header_since: std::sync::atomic::AtomicU64,
+    /// Milliseconds from `start` to the end of the last request (or 0).
+    idle_since: std::sync::atomic::AtomicU64,
+    /// Wakes the watchdog when a request starts or ends.
+    changed: tokio::sync::Notify,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            start: std::time::Instant::now(),
+            requests: std::sync::atomic::AtomicUsize::new(0),
+            header_since: std::sync::atomic::AtomicU64::new(0),
+            idle_since: std::sync::atomic::AtomicU64::new(0),
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Bytes arrived: without a request in progress, a request's header
+    /// has begun.
+    fn read(&self) {
+        use std::sync::atomic::Ordering;
+        if self.requests.load(Ordering::Acquire) == 0
+            && self.header_since.load(Ordering::Acquire) == 0
+        {
+            let _ = self.header_since.compare_exchange(
+                0,
+                self.now() + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        }
+    }
+
+    /// Why the connection must close now, or when to look again (`None`:
+    /// once a request ends).
+    fn due(&self, limits: &HttpLimits) -> Result<Option<std::time::Instant>, String> {
+        use std::sync::atomic::Ordering;
+        if self.requests.load(Ordering::Acquire) > 0 {
+            return Ok(None);
+        }
+        let at = |ms: u64| self.start + Duration::from_millis(ms);
+        let header = self.header_since.load(Ordering::Acquire);
+        let (deadline, why) = if header > 0 {
+            (
+                at(header - 1) + limits.header_timeout,
+                format!(
+                    "its request's header did not arrive within {} ms of its first byte \
+                     (--http-header-timeout-ms)",
+                    limits.header_timeout.as_millis()
+                ),
+            )
+        } else {
+            (
+                at(self.idle_since.load(Ordering::Acquire)) + limits.idle_timeout,
+                format!(
+                    "no request came for {} ms (--http-idle-timeout-ms)",
+                    limits.idle_timeout.as_millis()
+                ),
+            )
+        };
+        if std::time::Instant::now() >= deadline {
+            Err(why)
+        } else {
+            Ok(Some(deadline))
+        }
+    }
+}
+
+/// A request in progress on its connection ([`Activity`]), until its
+/// answer's body is done (hyper drops it).
+struct Request(Arc<Activity>);
+
+impl Request {
+    fn began(activity: &Arc<Activity>) -> Request {
+        use std::sync::atomic::Ordering;
+        activity.requests.fetch_add(1, Ordering::AcqRel);
+        activity.header_since.store(0, Ordering::Release);
+        activity.changed.notify_one();
+        Request(Arc::clone(activity))
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        let activity = &self.0;
+        activity.idle_since.store(activity.now(), Ordering::Release);
+        // Bytes that came meanwhile were this request's (or a pipelined
+        // one's, already read): the next header starts with the next byte.
+        activity.header_since.store(0, Ordering::Release);
+        activity.requests.fetch_sub(1, Ordering::AcqRel);
+        activity.changed.notify_one();
+    }
+}
+
+/// An answer's body, with its request's place ([`Request`]) until hyper
+/// is done with it.
+pub struct InFlight {
+    body: metrics::Observed,
+    _request: Request,
+}
+
+impl hyper::body::Body for InFlight {
+    type Data = <metrics::Observed as hyper::body::Body>::Data;
+    type Error = <metrics::Observed as hyper::body::Body>::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A connection's stream, telling its [`Activity`] when bytes arrive.
+struct Watched<I> {
+    io: I,
+    activity: Arc<Activity>,
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut this.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.activity.read();
+        }
+        polled
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// Resolves, with why, once `activity`'s connection must close
+/// ([`Activity::due`]).
+async fn watchdog(activity: &Activity, limits: &HttpLimits) -> String {
+    loop {
+        let changed = activity.changed.notified();
+        match activity.due(limits) {
+            Err(why) => return why,
+            Ok(Some(deadline)) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(deadline.into()) => {}
+                    () = changed => {}
+                }
+            }
+            Ok(None) => changed.await,
+        }
+    }
+}
+
+/// Serves one connection (plain TCP or TLS) until it closes, until its
+/// time-outs close it ([`watchdog`]), or until the graceful shutdown lets
+/// its request in progress finish.
+async fn connection<I>(
+    http: ConnBuilder<TokioExecutor>,
+    io: I,
+    service: WithPeer,
+    watcher: Watcher,
+    limits: &HttpLimits,
+) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let peer = service.peer;
-    let conn = http.serve_connection(TokioIo::new(io), service);
-    if let Err(e) = watcher.watch(conn.into_owned()).await {
-        // A connection that had sent no request when the drain began is
-        // closed with this: nothing was refused.
-        let drained = e
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::Interrupted);
-        if !drained {
-            eprintln!("hipobj-s3-server: connection from {peer}: {e}");
+    let activity = Arc::clone(&service.activity);
+    let io = Watched {
+        io,
+        activity: Arc::clone(&activity),
+    };
+    let conn = watcher.watch(
+        http.serve_connection(TokioIo::new(io), service)
+            .into_owned(),
+    );
+    tokio::select! {
+        served = conn => {
+            if let Err(e) = served {
+                // A connection that had sent no request when the drain began
+                // is closed with this: nothing was refused.
+                let drained = e
+                    .downcast_ref::<std::io::Error>()
+                    .is_some_and(|e| e.kind() == std::io::ErrorKind::Interrupted);
+                if !drained {
+                    eprintln!("hipobj-s3-server: connection from {peer}: {e}");
+                }
+            }
+        }
+        why = watchdog(&activity, limits) => {
+            eprintln!("hipobj-s3-server: connection from {peer} closed: {why}");
         }
     }
 }
@@ -494,6 +934,36 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_under_a_domain_names_its_bucket_and_any_other_is_path_style() {
+        use s3s::host::S3Host;
+        let domains = Domains(vec!["gw.example".into(), "s3.local".into()]);
+        let bucket = |host: &str| {
+            domains
+                .parse_host_header(host)
+                .unwrap()
+                .bucket()
+                .map(str::to_owned)
+        };
+        assert_eq!(bucket("models.gw.example").as_deref(), Some("models"));
+        assert_eq!(bucket("Models.GW.example:9000").as_deref(), Some("models"));
+        assert_eq!(bucket("a.b.s3.local").as_deref(), Some("a.b"));
+        for path_style in [
+            "gw.example",
+            "gw.example:9000",
+            ".gw.example",
+            "xgw.example",
+            "localhost",
+            "localhost:9000",
+            "other.example.com",
+            "[::1]:9000",
+        ] {
+            assert_eq!(bucket(path_style), None, "{path_style}");
+        }
+        assert_eq!(without_port("[::1]:9000"), "::1");
+        assert_eq!(without_port("host:notaport"), "host:notaport");
+    }
 
     #[test]
     fn an_error_body_gives_its_code_and_message_unescaped() {

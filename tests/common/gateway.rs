@@ -13,13 +13,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use hipobj::gateway::backend::Backend;
 use hipobj::gateway::local::Local;
 use hipobj::gateway::rdma::Rdma;
-use hipobj::gateway::s3::{Peer, RdmaS3};
+use hipobj::gateway::s3::RdmaS3;
 use hipobj::gateway::upstream::Upstream;
 use hipobj::testing::world::{World, SERVER_NIC};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto::Builder as ConnBuilder;
-use s3s::auth::SimpleAuth;
-use s3s::service::S3ServiceBuilder;
 
 use crate::s3server::{ACCESS_KEY, BUCKET, SECRET_KEY};
 
@@ -140,31 +136,28 @@ impl Gateway {
             (None, None, None) => unreachable!("a root or an upstream"),
         };
         let s3 = RdmaS3::new(backend, Ok(Arc::clone(&rdma)), options.region.clone());
-        let mut builder = S3ServiceBuilder::new(s3);
-        builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
-        let service = builder.build();
+        // The server's own service and connections: its SigV4 keys, its
+        // domains, its time-outs and caps.
+        let credentials = [hipobj::gateway::cli::Credential {
+            access_key: ACCESS_KEY.to_owned(),
+            secret_key: SECRET_KEY.to_owned(),
+        }];
+        let service = hipobj::gateway::service(s3, &credentials, &options.domains);
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
         let local: SocketAddr = listener.local_addr().unwrap();
+        let limits = options.http.clone();
         runtime.spawn(async move {
-            let http = ConnBuilder::new(TokioExecutor::new());
-            while let Ok((socket, peer)) = listener.accept().await {
-                let service = service.clone();
-                let with_peer = hyper::service::service_fn(
-                    move |mut req: http::Request<hyper::body::Incoming>| {
-                        // The dial policy compares a token with the peer.
-                        req.extensions_mut().insert(Peer(peer));
-                        hyper::service::Service::call(&service, req)
-                    },
-                );
-                let conn = http
-                    .serve_connection(TokioIo::new(socket), with_peer)
-                    .into_owned();
-                tokio::spawn(async move {
-                    let _ = conn.await;
-                });
-            }
+            let graceful = hipobj::gateway::serve_connections(
+                listener,
+                service,
+                None,
+                limits,
+                std::future::pending(),
+            )
+            .await;
+            drop(graceful);
         });
         Gateway {
             endpoint: format!("http://{local}"),

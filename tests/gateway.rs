@@ -1,7 +1,9 @@
-//! The gateway's RDMA paths (`hipobj::gateway`, what `hipobj-s3-server`
-//! runs) on the fake fabric, over real HTTP, driven by the Rust API's S3
-//! client as an application drives it: the memory budget under concurrent
-//! transfers, the version a pinned read is served, what the log says.
+//! The gateway (`hipobj::gateway`, what `hipobj-s3-server` runs) in this
+//! process, its RDMA on the fake fabric, over real HTTP, driven by the
+//! Rust API's S3 client as an application drives it, and by raw sockets
+//! where a client misbehaves: the memory budget under concurrent
+//! transfers, the version a pinned read is served, the connections'
+//! time-outs and caps, virtual-hosted-style requests, what the log says.
 
 mod common;
 #[path = "common/gateway.rs"]
@@ -84,7 +86,7 @@ fn concurrent_gets_and_puts_under_a_budget_of_a_few_windows_all_finish_in_turn()
     );
     let s3 = s3(&gateway.endpoint);
     let client = client(&world);
-    let objects: Vec<Vec<u8>> = (0..N).map(|i| pattern(LEN, i as u8)).collect();
+    let objects: Vec<Vec<u8>> = (0..N).map(|i| pattern(LEN, u8::try_from(i).unwrap())).collect();
     for (i, data) in objects.iter().enumerate() {
         let key = format!("get-{i}");
         objects::put_http(Object::new(&s3, BUCKET, &key), data, false).expect("a plain PUT");
@@ -328,17 +330,12 @@ fn upstream_keys() {
 /// test alone, in `HIPOBJ_TEST_CHILD` mode, its standard error read here.
 #[test]
 fn an_rdma_get_through_an_upstream_logs_its_line_and_no_line_per_piece() {
-    const NAME: &str = "an_rdma_get_through_an_upstream_logs_its_line_and_no_line_per_piece";
-    if std::env::var_os("HIPOBJ_TEST_CHILD").is_some() {
-        return get_through_an_upstream();
-    }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
-        .env("HIPOBJ_TEST_CHILD", "1")
-        .output()
-        .expect("the test binary runs");
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the child failed: {log}");
+    let Some(log) = in_child(
+        "an_rdma_get_through_an_upstream_logs_its_line_and_no_line_per_piece",
+        get_through_an_upstream,
+    ) else {
+        return;
+    };
     assert!(
         log.contains("rdma GET bucket/logged: 4194304 bytes"),
         "the transfer's own line: {log}"
@@ -374,4 +371,292 @@ fn get_through_an_upstream() {
     .expect("the GET");
     assert!(matches!(moved.path, Via::Rdma(_)), "{moved:?}");
     assert!(buf.as_slice().unwrap() == &data[..]);
+}
+
+/// Runs `scenario` in a child (this binary again, on test `name` alone,
+/// in `HIPOBJ_TEST_CHILD` mode) and returns its standard error, which the
+/// test harness would otherwise capture from the gateway's threads; in the
+/// child, runs it and returns `None`. The child failing fails the test.
+fn in_child(name: &str, scenario: fn()) -> Option<String> {
+    if std::env::var_os("HIPOBJ_TEST_CHILD").is_some() {
+        scenario();
+        return None;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env("HIPOBJ_TEST_CHILD", "1")
+        .output()
+        .expect("the test binary runs");
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "the child failed: {log}");
+    Some(log)
+}
+
+/// Whether the gateway closes `socket` (it reads EOF, or a reset) within
+/// ten seconds, reading and dropping whatever it answers first.
+fn closed_soon(socket: &mut std::net::TcpStream) -> bool {
+    use std::io::Read;
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    socket
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    while std::time::Instant::now() < until {
+        match socket.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// Whether `socket` is still open (nothing to read, no EOF) now.
+fn still_open(socket: &mut std::net::TcpStream) -> bool {
+    use std::io::Read;
+    socket
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let mut buf = [0u8; 1];
+    matches!(
+        socket.read(&mut buf),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+    )
+}
+
+/// A client connected to `endpoint` (`http://ADDR:PORT`) from `from` (an
+/// address of the loopback, so that one test has several clients).
+fn connect_from(endpoint: &str, from: std::net::IpAddr) -> std::net::TcpStream {
+    let to: std::net::SocketAddr = endpoint.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(std::net::SocketAddr::new(from, 0)).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let stream = rt.block_on(socket.connect(to)).unwrap();
+    let std = stream.into_std().unwrap();
+    std.set_nonblocking(false).unwrap();
+    std
+}
+
+/// A request's header sent in part and never finished, a header trickled
+/// a byte at a time, a connection that sends nothing and one kept alive
+/// after its request are each closed by their time-out, and said so; a
+/// connection past the caps (in all, from one client) is closed as it
+/// comes while the others stay open, and said so.
+#[test]
+fn connections_are_closed_by_their_time_outs_and_past_their_caps() {
+    let Some(log) = in_child(
+        "connections_are_closed_by_their_time_outs_and_past_their_caps",
+        connection_limits,
+    ) else {
+        return;
+    };
+    for said in [
+        "closed: its request's header did not arrive within 300 ms of its first byte \
+         (--http-header-timeout-ms)",
+        "closed: no request came for 600 ms (--http-idle-timeout-ms)",
+        "closed as it came: 2 connections from 127.0.0.1 are open, as many as \
+         --http-max-connections-per-client allows",
+        "closed as it came: 3 connections are open, as many as --http-max-connections allows",
+    ] {
+        assert!(log.contains(said), "the log does not say {said:?}: {log}");
+    }
+}
+
+fn connection_limits() {
+    use std::io::Write;
+    let world = World::new();
+    let timed = gateway::Gateway::start_with(
+        &world,
+        &[
+            "--http-header-timeout-ms",
+            "300",
+            "--http-idle-timeout-ms",
+            "600",
+        ],
+    );
+    let local: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    let mut half = connect_from(&timed.endpoint, local);
+    half.write_all(b"GET /bucket/k HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    assert!(
+        closed_soon(&mut half),
+        "a half-sent request's connection stays open"
+    );
+    let mut trickle = connect_from(&timed.endpoint, local);
+    let header = b"GET /bucket/k HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    let mut closed = false;
+    for (i, byte) in header.iter().chain(std::iter::repeat(&b'a')).enumerate() {
+        if trickle.write_all(&[*byte]).is_err() || i > 100 {
+            closed = i <= 100;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        closed || closed_soon(&mut trickle),
+        "a header trickled a byte at a time keeps its connection"
+    );
+    let mut silent = connect_from(&timed.endpoint, local);
+    assert!(
+        closed_soon(&mut silent),
+        "a connection that sends nothing stays open"
+    );
+    let mut kept = connect_from(&timed.endpoint, local);
+    kept.write_all(b"GET /bucket/k HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert!(
+        closed_soon(&mut kept),
+        "an idle kept-alive connection stays open"
+    );
+    drop(timed);
+
+    let capped = gateway::Gateway::start_with(
+        &world,
+        &[
+            "--http-max-connections",
+            "3",
+            "--http-max-connections-per-client",
+            "2",
+        ],
+    );
+    let mut first = connect_from(&capped.endpoint, local);
+    let mut second = connect_from(&capped.endpoint, local);
+    let mut third = connect_from(&capped.endpoint, local);
+    assert!(
+        closed_soon(&mut third),
+        "a third from one client, past its cap of two"
+    );
+    let other: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+    let mut elsewhere = connect_from(&capped.endpoint, other);
+    let mut fourth = connect_from(&capped.endpoint, other);
+    assert!(
+        closed_soon(&mut fourth),
+        "a fourth in all, past the cap of three"
+    );
+    for (what, socket) in [
+        ("the first", &mut first),
+        ("the second", &mut second),
+        ("another client's", &mut elsewhere),
+    ] {
+        assert!(still_open(socket), "{what} connection was closed");
+    }
+    // One closed: its place is free again.
+    drop(first);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut again = connect_from(&capped.endpoint, local);
+    assert!(still_open(&mut again), "a place given back is taken again");
+}
+
+/// Sends `method path` with `body` to `endpoint`'s socket, SigV4-signed
+/// with the test keys for `host` as its Host header (what a client of a
+/// name that resolves to the gateway sends); returns the answer's status.
+fn signed_to(endpoint: &str, host: &str, method: &str, path: &str, body: &[u8]) -> u16 {
+    use aws_sigv4::http_request::{
+        sign, PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest,
+        SigningSettings,
+    };
+    use std::io::{Read, Write};
+    let identity =
+        aws_credential_types::Credentials::new(ACCESS_KEY, SECRET_KEY, None, None, "test").into();
+    let mut settings = SigningSettings::default();
+    settings.percent_encoding_mode = PercentEncodingMode::Single;
+    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+    let params = aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(&identity)
+        .region("us-east-1")
+        .name("s3")
+        .time(std::time::SystemTime::now())
+        .settings(settings)
+        .build()
+        .unwrap()
+        .into();
+    let url = format!("http://{host}{path}");
+    let signable =
+        SignableRequest::new(method, &url, std::iter::empty(), SignableBody::Bytes(body)).unwrap();
+    let (instructions, _) = sign(signable, &params).unwrap().into_parts();
+    let (headers, _) = instructions.into_parts();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\n");
+    for h in &headers {
+        head.push_str(&format!("{}: {}\r\n", h.name(), h.value()));
+    }
+    head.push_str(&format!(
+        "Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    ));
+    let mut socket = std::net::TcpStream::connect(endpoint.trim_start_matches("http://")).unwrap();
+    socket.write_all(head.as_bytes()).unwrap();
+    socket.write_all(body).unwrap();
+    let mut answer = Vec::new();
+    socket.read_to_end(&mut answer).unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    text.split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {text:?}"))
+}
+
+/// With `--domain`, a request to `BUCKET.DOMAIN` addresses `BUCKET`
+/// (virtual-hosted style, its path all key), one to the domain itself or
+/// to any other name is path-style: no Host outside the domain is taken
+/// for a bucket. Without `--domain`, every request is path-style.
+#[test]
+fn virtual_hosted_requests_address_the_host_s_bucket_for_the_given_domains() {
+    let world = World::new();
+    let gateway = gateway::Gateway::start_with(&world, &["--domain", "gw.test"]);
+    let root = gateway.root().to_path_buf();
+    for bucket in ["models", "llm"] {
+        std::fs::create_dir_all(root.join(bucket)).unwrap();
+    }
+    let port = gateway.endpoint.rsplit(':').next().unwrap().to_owned();
+    let status = signed_to(
+        &gateway.endpoint,
+        &format!("models.gw.test:{port}"),
+        "PUT",
+        "/llm/a.bin",
+        b"virtual",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(
+        std::fs::read(root.join("models/llm/a.bin")).ok().as_deref(),
+        Some(&b"virtual"[..]),
+        "stored in bucket models, key llm/a.bin"
+    );
+    assert!(!root.join("llm/a.bin").exists(), "not in bucket llm");
+    for host in [
+        format!("gw.test:{port}"),
+        format!("elsewhere.example:{port}"),
+    ] {
+        let status = signed_to(&gateway.endpoint, &host, "PUT", "/llm/b.bin", b"path");
+        assert_eq!(status, 200, "{host}");
+        assert_eq!(
+            std::fs::read(root.join("llm/b.bin")).ok().as_deref(),
+            Some(&b"path"[..]),
+            "{host}: path-style, bucket llm"
+        );
+        std::fs::remove_file(root.join("llm/b.bin")).unwrap();
+    }
+    let plain = gateway::Gateway::start(&world);
+    let root = plain.root().to_path_buf();
+    std::fs::create_dir_all(root.join("llm")).unwrap();
+    let port = plain.endpoint.rsplit(':').next().unwrap().to_owned();
+    let status = signed_to(
+        &plain.endpoint,
+        &format!("models.gw.test:{port}"),
+        "PUT",
+        "/llm/c.bin",
+        b"no domain",
+    );
+    assert_eq!(status, 200);
+    assert!(
+        root.join("llm/c.bin").exists(),
+        "without --domain: path-style"
+    );
 }
