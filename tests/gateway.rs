@@ -86,7 +86,9 @@ fn concurrent_gets_and_puts_under_a_budget_of_a_few_windows_all_finish_in_turn()
     );
     let s3 = s3(&gateway.endpoint);
     let client = client(&world);
-    let objects: Vec<Vec<u8>> = (0..N).map(|i| pattern(LEN, u8::try_from(i).unwrap())).collect();
+    let objects: Vec<Vec<u8>> = (0..N)
+        .map(|i| pattern(LEN, u8::try_from(i).unwrap()))
+        .collect();
     for (i, data) in objects.iter().enumerate() {
         let key = format!("get-{i}");
         objects::put_http(Object::new(&s3, BUCKET, &key), data, false).expect("a plain PUT");
@@ -659,4 +661,101 @@ fn virtual_hosted_requests_address_the_host_s_bucket_for_the_given_domains() {
         root.join("llm/c.bin").exists(),
         "without --domain: path-style"
     );
+}
+
+/// A store that takes a PUT's body whole, then fails it (what a store
+/// that stopped answering gives once the gateway's time-out passed).
+struct Down;
+
+#[async_trait::async_trait]
+impl s3s::S3 for Down {
+    async fn put_object(
+        &self,
+        mut req: s3s::S3Request<s3s::dto::PutObjectInput>,
+    ) -> s3s::S3Result<s3s::S3Response<s3s::dto::PutObjectOutput>> {
+        use futures::StreamExt;
+        if let Some(mut body) = req.input.body.take() {
+            while body.next().await.is_some() {}
+        }
+        Err(s3s::s3_error!(
+            ServiceUnavailable,
+            "upstream http://store.test: no answer within 100 ms"
+        ))
+    }
+}
+
+impl hipobj::gateway::backend::Backend for Down {
+    fn describe(&self) -> String {
+        "down".into()
+    }
+}
+
+/// An RDMA PUT whose bytes moved but which the store did not take is
+/// logged as what the client was told (the store's status, nothing
+/// stored), never "ok"; it is counted as the store's error, not as RDMA
+/// busy, and its answer of 503 gets the log line every such answer gets.
+#[test]
+fn an_rdma_put_the_store_did_not_take_is_logged_and_counted_as_the_store_s_failure() {
+    let Some(log) = in_child(
+        "an_rdma_put_the_store_did_not_take_is_logged_and_counted_as_the_store_s_failure",
+        put_to_a_store_that_is_down,
+    ) else {
+        return;
+    };
+    let transfer: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("rdma PUT bucket/down"))
+        .collect();
+    assert!(!transfer.is_empty(), "no transfer line: {log}");
+    for line in &transfer {
+        assert!(
+            line.contains("but the backend answered 503 ServiceUnavailable")
+                && line.contains("nothing stored; the client is told 503"),
+            "the transfer's line does not say what the client was told: {line}"
+        );
+    }
+    assert!(
+        log.contains("PUT /bucket/down (PutObject)") && log.contains(": 503 ServiceUnavailable"),
+        "the answer's own line: {log}"
+    );
+    let metrics = log
+        .lines()
+        .filter(|l| l.starts_with("hipobj_s3_rdma_refusals_total"))
+        .collect::<Vec<_>>();
+    assert!(
+        metrics
+            .iter()
+            .any(|l| l.contains("reason=\"s3_error\"") && l.contains("PutObject")),
+        "{metrics:?}"
+    );
+    assert!(
+        !metrics.iter().any(|l| l.contains("reason=\"busy\"")),
+        "a store's failure counted as RDMA busy: {metrics:?}"
+    );
+}
+
+fn put_to_a_store_that_is_down() {
+    let world = World::new();
+    let root = gateway::Gateway::fresh_root();
+    let down = Arc::new(Down);
+    let gateway = gateway::Gateway::over(&world, down, root, &[]);
+    let s3 = s3(&gateway.endpoint);
+    let client = client(&world);
+    let data = pattern(MIB, 3);
+    let buf = client.register_host(data.clone()).unwrap();
+    let put = objects::put(
+        &client,
+        Object::new(&s3, BUCKET, "down"),
+        &buf,
+        0..data.len(),
+        NO_FALLBACK,
+    );
+    assert!(put.is_err(), "{put:?}");
+    assert!(gateway.stored("down").is_none(), "nothing stored");
+    // What the metrics endpoint serves, for the parent to read.
+    for line in hipobj::gateway::metrics::render(None).lines() {
+        if line.starts_with("hipobj_s3_rdma_refusals_total") {
+            eprintln!("{line}");
+        }
+    }
 }

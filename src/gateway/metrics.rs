@@ -15,7 +15,7 @@
 //! | `hipobj_s3_request_duration_seconds` | `path`, `op` | from the request's arrival to its response's last byte |
 //! | `hipobj_s3_requests_in_progress` | | S3 requests being answered |
 //! | `hipobj_s3_errors_total` | `op`, `status`, `code` | answers of 400 or more, by S3 error code |
-//! | `hipobj_s3_rdma_refusals_total` | `op`, `reason` | tokens not served by RDMA: `declined` (501: RDMA off, a token it cannot use), `busy` (503), `failed` (500), `bad_digest` (400), `s3_error` (the S3 error of the request itself) |
+//! | `hipobj_s3_rdma_refusals_total` | `op`, `reason` | tokens not served by RDMA: `declined` (501: RDMA off, a token it cannot use), `busy` (503), `failed` (500), `bad_digest` (400), `s3_error` (the S3 error of the request itself: the backend's answer, whatever its status) |
 //! | `hipobj_s3_rdma_memory_in_use_bytes` | | registered memory that transfers hold ([`Rdma::memory_in_use`]) |
 //! | `hipobj_s3_rdma_requests_in_progress` | | RDMA requests admitted ([`Rdma::requests_in_progress`]) |
 //! | `hipobj_s3_rdma_budget_waiting`, `hipobj_s3_rdma_budget_waits_total` | | RDMA transfers waiting their turn for room in the memory budget now, and those that have waited ([`Rdma::budget_waits`]) |
@@ -195,9 +195,16 @@ impl Exchange {
         self.op
     }
 
-    /// The response is ready; `code` is its S3 error code, if any. It is
-    /// counted once its body has gone (or been given up).
-    pub fn respond(self, resp: Response<s3s::Body>, code: Option<&str>) -> Response<Observed> {
+    /// The response is ready; `code` is its S3 error code, if any, and
+    /// `from_backend` whether a token request's error is the backend's own
+    /// answer (a store's 503 is not RDMA busy: `s3_error`). It is counted
+    /// once its body has gone (or been given up).
+    pub fn respond(
+        self,
+        resp: Response<s3s::Body>,
+        code: Option<&str>,
+        from_backend: bool,
+    ) -> Response<Observed> {
         let status = resp.status().as_u16();
         let headers = resp.headers();
         let reply = headers
@@ -208,6 +215,7 @@ impl Exchange {
         let m = &*METRICS;
         if let Some(reply) = reply.filter(|_| !by_rdma) {
             let reason = match reply {
+                _ if from_backend => "s3_error",
                 501 => "declined",
                 503 => "busy",
                 500 => "failed",
@@ -360,7 +368,7 @@ impl Drop for Observed {
 pub fn failed(exchange: Exchange) {
     let mut resp = Response::new(s3s::Body::empty());
     *resp.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-    drop(exchange.respond(resp, Some("InternalError")));
+    drop(exchange.respond(resp, Some("InternalError"), false));
 }
 
 /// A header's value as a whole number.

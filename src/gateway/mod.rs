@@ -191,25 +191,31 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for WithPeer 
         let answer = hyper::service::Service::call(&self.inner, req);
         Box::pin(async move {
             match answer.await {
-                Ok(resp) => {
+                Ok(mut resp) => {
+                    // A token request's error that is the backend's own
+                    // answer (s3.rs marks it): the store's, not RDMA's.
+                    let from_backend = resp.headers_mut().remove(s3::CAUSE).is_some();
                     let status = resp.status().as_u16();
                     let error = (status >= 400)
                         .then(|| s3_error(resp.body().bytes().as_deref().unwrap_or_default()));
                     // The RDMA paths log their own declines and refusals
                     // for now, with more to say (the token's address,
                     // the budget...).
-                    let rdma_said = resp
-                        .headers()
-                        .get("x-amz-rdma-reply")
-                        .is_some_and(|r| matches!(r.as_bytes(), b"501" | b"503"));
+                    let rdma_said = !from_backend
+                        && resp
+                            .headers()
+                            .get("x-amz-rdma-reply")
+                            .is_some_and(|r| matches!(r.as_bytes(), b"501" | b"503"));
                     if let Some(error) = error.as_ref().filter(|_| !rdma_said) {
                         asked.log(status, error);
                     }
                     let code = error.as_ref().map(|e| e.code.as_str());
-                    Ok(exchange.respond(resp, code).map(|body| InFlight {
-                        body,
-                        _request: request,
-                    }))
+                    Ok(exchange
+                        .respond(resp, code, from_backend)
+                        .map(|body| InFlight {
+                            body,
+                            _request: request,
+                        }))
                 }
                 Err(e) => {
                     eprintln!("hipobj-s3-server: {asked}: no answer: {e:?}");

@@ -632,6 +632,22 @@ impl Rdma {
         start: Instant,
         outcome: Result<Proven, TransferFailure>,
     ) -> Result<(), Failure> {
+        self.moved(token, label, len, start, outcome)
+            .map(|line| eprintln!("hipobj-s3-server: {line}"))
+    }
+
+    /// How a transfer of `len` bytes started at `start` ended: a failure
+    /// is logged, and said for the S3 answer; a success is the log line
+    /// for the caller to finish with what came after it (a PUT's bytes
+    /// still have to be stored).
+    pub fn moved(
+        &self,
+        token: &Token,
+        label: &Label<'_>,
+        len: u64,
+        start: Instant,
+        outcome: Result<Proven, TransferFailure>,
+    ) -> Result<String, Failure> {
         let peer = crate::core::nic::ip_of(&token.gid);
         let took = start.elapsed().as_secs_f64() * 1e3;
         let waited = start.duration_since(label.arrived).as_secs_f64() * 1e3;
@@ -645,8 +661,7 @@ impl Rdma {
                     Proven::Connected => "connected with the token",
                     Proven::OnItsConnection => "proved on its connection",
                 };
-                eprintln!("hipobj-s3-server: {what}: ok in {took:.1} ms ({how})");
-                Ok(())
+                Ok(format!("{what}: ok in {took:.1} ms ({how})"))
             }
             Err(failure) => {
                 eprintln!("hipobj-s3-server: {what}: failed after {took:.1} ms: {failure}");

@@ -68,6 +68,10 @@ const REPLY: HeaderName = HeaderName::from_static("x-amz-rdma-reply");
 const BYTES: HeaderName = HeaderName::from_static("x-amz-rdma-bytes-transferred");
 /// The CRC64/NVME of the bytes an RDMA GET wrote (base64), when asked.
 const RDMA_CRC64NVME: HeaderName = HeaderName::from_static("x-amz-rdma-checksum-crc64nvme");
+/// Marks an error answer of a token request as the backend's own (a
+/// store's 503 is not RDMA busy): read and removed by the server's
+/// connection layer before the answer leaves (`gateway::WithPeer`).
+pub const CAUSE: HeaderName = HeaderName::from_static("x-hipobj-cause");
 
 /// A token request's payload: its checksums (`x-amz-checksum-*`) describe
 /// the bytes RDMA moves, not its empty HTTP body (docs/protocol.md,
@@ -508,6 +512,7 @@ impl RdmaS3 {
         *req.input.body() = Some(StreamingBlob::new(body));
         *req.input.content_length() = i64::try_from(len).ok();
         let principal = job.principal.clone();
+        let what_ = what.clone();
         let reading = job.blocking(move || {
             let label = Label {
                 op: "PUT",
@@ -519,21 +524,44 @@ impl RdmaS3 {
             stream::read_chunks(&rdma, &token, &label, chunk, depth, &declared, &tx)
         });
         let (read, stored) = tokio::join!(reading, store(req));
+        // The transfer's line says what the client is told: the bytes may
+        // have moved while the backend (a store that stopped, say) did not
+        // take them.
+        let store_failed = |line: &str, e: S3Error| {
+            let status = e.status_code().map_or(500, |s| s.as_u16());
+            let said = match e.message() {
+                Some(message) => format!("{} ({message})", e.code().as_str()),
+                None => e.code().as_str().to_owned(),
+            };
+            let moved = if line.is_empty() {
+                format!("rdma PUT {what_}")
+            } else {
+                format!("{line}, but")
+            };
+            eprintln!(
+                "hipobj-s3-server: {moved} the backend answered {status} {said}: nothing \
+                 stored; the client is told {status}"
+            );
+            echo_status(e)
+        };
         match read.map_err(failed)? {
-            Ok(_) => {
-                let mut resp = stored.map_err(echo_status)?;
-                resp.headers.insert(REPLY, HeaderValue::from(200u16));
-                resp.headers.insert(BYTES, HeaderValue::from(len));
-                Ok(resp)
-            }
+            Ok((_, line)) => match stored {
+                Ok(mut resp) => {
+                    eprintln!("hipobj-s3-server: {line}, stored");
+                    resp.headers.insert(REPLY, HeaderValue::from(200u16));
+                    resp.headers.insert(BYTES, HeaderValue::from(len));
+                    Ok(resp)
+                }
+                Err(e) => Err(store_failed(&line, e)),
+            },
             Err(ReadFailure::Digest(why)) => Err(with_reply(
                 s3_error!(BadDigest, "{why}; nothing was stored"),
                 400,
             )),
             Err(ReadFailure::Transfer(f)) => Err(transfer_failed(f)),
             Err(ReadFailure::NoBuffer(e)) => Err(take_failed(e)),
-            Err(ReadFailure::BackendGone) => match stored {
-                Err(e) => Err(echo_status(e)),
+            Err(ReadFailure::BackendGone(line)) => match stored {
+                Err(e) => Err(store_failed(&line, e)),
                 Ok(_) => Err(failed(
                     "the backend answered before it took the whole body".to_owned(),
                 )),
@@ -881,10 +909,16 @@ fn with_reply(mut e: S3Error, status: u16) -> S3Error {
     e
 }
 
-/// A backend error, with its own status as `x-amz-rdma-reply`.
+/// A backend error, with its own status as `x-amz-rdma-reply`, marked as
+/// the backend's ([`CAUSE`]: logged and counted as the store's answer, not
+/// as RDMA's refusal, whatever its status).
 fn echo_status(e: S3Error) -> S3Error {
     let status = e.status_code().map_or(500, |s| s.as_u16());
-    with_reply(e, status)
+    let mut e = with_reply(e, status);
+    let mut headers = e.headers().cloned().unwrap_or_default();
+    headers.insert(CAUSE, HeaderValue::from_static("backend"));
+    e.set_headers(headers);
+    e
 }
 
 /// A failed transfer: 500 InternalError, `x-amz-rdma-reply: 500`.

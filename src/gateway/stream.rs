@@ -168,8 +168,9 @@ pub enum ReadFailure {
     /// No buffer for a chunk: declined (501), no room (503) or failed.
     NoBuffer(TakeError),
     /// The backend stopped taking the body (it answered already: its
-    /// answer is the request's).
-    BackendGone,
+    /// answer is the request's), with the transfer's log line if its bytes
+    /// had all been read.
+    BackendGone(String),
 }
 
 /// How a PUT's READs stopped early.
@@ -233,7 +234,9 @@ impl Declared {
 /// budget (at most `depth` of them held at once, by the body and the
 /// backend), hands each to `body` as it completes but the last, sends the
 /// final message, checks the bytes against `declared`, and only then hands
-/// the last chunk over. Returns the checksums of the bytes read.
+/// the last chunk over. Returns the checksums of the bytes read, and the
+/// transfer's log line for the caller to finish with the backend's
+/// answer (a failure is logged here).
 pub fn read_chunks(
     rdma: &Arc<Rdma>,
     token: &Token,
@@ -242,7 +245,7 @@ pub fn read_chunks(
     depth: usize,
     declared: &Declared,
     body: &mpsc::Sender<Result<Bytes, StdError>>,
-) -> Result<Checksum, ReadFailure> {
+) -> Result<(Checksum, String), ReadFailure> {
     let len = token.length;
     let start = Instant::now();
     let (back_tx, back_rx) = sync_mpsc::channel::<RegBuf>();
@@ -321,26 +324,30 @@ pub fn read_chunks(
             return Err(ReadFailure::NoBuffer(e));
         }
     };
-    if let Err(failure) = rdma.ended(token, label, len, start, outcome) {
-        let why = failure.to_string();
-        let _ = body.blocking_send(Err(why.into()));
-        return Err(if gone {
-            ReadFailure::BackendGone
-        } else {
-            ReadFailure::Transfer(failure)
-        });
-    }
+    let line = match rdma.moved(token, label, len, start, outcome) {
+        Ok(line) => line,
+        Err(failure) => {
+            let why = failure.to_string();
+            let _ = body.blocking_send(Err(why.into()));
+            return Err(if gone {
+                ReadFailure::BackendGone(String::new())
+            } else {
+                ReadFailure::Transfer(failure)
+            });
+        }
+    };
     let got = hasher.finalize();
     if let Some(why) = declared.mismatch(&got) {
+        eprintln!("hipobj-s3-server: {line}, but {why}: nothing stored");
         let _ = body.blocking_send(Err(why.clone().into()));
         return Err(ReadFailure::Digest(why));
     }
     if let Some(last) = last {
         if body.blocking_send(Ok(last)).is_err() {
-            return Err(ReadFailure::BackendGone);
+            return Err(ReadFailure::BackendGone(line));
         }
     }
-    Ok(got)
+    Ok((got, line))
 }
 
 /// A chunk of a PUT's bytes in its registered buffer, lent to the backend;
