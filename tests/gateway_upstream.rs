@@ -7,14 +7,17 @@
 //! that every answer is the gateway's first); what reached the upstream is
 //! read from its directory. A fake upstream (a TCP listener answering what
 //! a test says, or nothing) shows the headers that reach an upstream and
-//! the answers that a directory cannot give. The RDMA paths through the
-//! upstream are the VM lane's.
+//! the answers that a directory cannot give. Where a test needs the RDMA
+//! path, the gateway runs in this process with RDMA on the fake fabric
+//! (`tests/common/gateway.rs`); over real verbs it is the VM lane's.
 //!
 //! The second half calls `Upstream::put_object` directly with bodies that
 //! fail: nothing of them may become visible upstream.
 
+#[path = "common/gateway.rs"]
+mod gateway;
 #[path = "common/s3.rs"]
-mod s3;
+mod s3server;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -34,9 +37,9 @@ use base64::Engine as _;
 use bytes::Bytes;
 use futures::StreamExt;
 use hipobj::gateway::upstream::{Settings, Upstream};
-use s3::{parse_banner, S3Server, ACCESS_KEY, BUCKET, SECRET_KEY};
 use s3s::dto::{PutObjectInput, StreamingBlob};
 use s3s::S3;
+use s3server::{parse_banner, S3Server, ACCESS_KEY, BUCKET, SECRET_KEY};
 
 /// The upstream's own keys, which only the gateway has.
 const UPSTREAM_KEY: &str = "upstream-key";
@@ -65,6 +68,11 @@ fn upstream() -> S3Server {
 struct Gateway {
     endpoint: String,
     child: Child,
+    /// What it printed on standard error, a line each (also passed on to
+    /// the test's).
+    log: Arc<Mutex<Vec<String>>>,
+    /// The lines it printed on standard output after its first.
+    later: Arc<Mutex<Vec<String>>>,
 }
 
 impl Gateway {
@@ -92,17 +100,31 @@ impl Gateway {
             .env("AWS_EC2_METADATA_DISABLED", "true")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("starting the gateway");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("piped");
+        let lines = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("{line}");
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let later = Arc::new(Mutex::new(Vec::new()));
         let stdout = child.stdout.take().expect("piped");
         let (tx, rx) = mpsc::channel();
+        let lines = Arc::clone(&later);
         std::thread::spawn(move || {
             let mut reader = BufReader::new(stdout);
             let mut line = String::new();
             let _ = tx.send(reader.read_line(&mut line).map(|_| line));
-            let mut rest = String::new();
-            let _ = reader.read_to_string(&mut rest);
+            for line in reader.lines() {
+                let Ok(line) = line else { break };
+                lines.lock().unwrap().push(line);
+            }
         });
         let line = match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(Ok(line)) if !line.is_empty() => line,
@@ -114,7 +136,40 @@ impl Gateway {
         };
         let (endpoint, _) = parse_banner(line.trim_end())
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-        Gateway { endpoint, child }
+        Gateway {
+            endpoint,
+            child,
+            log,
+            later,
+        }
+    }
+
+    /// The lines of its log that contain `text`.
+    fn logged(&self, text: &str) -> Vec<String> {
+        let log = self.log.lock().unwrap();
+        log.iter().filter(|l| l.contains(text)).cloned().collect()
+    }
+
+    /// Its metrics' text, from `--metrics-listen`'s line.
+    fn metrics(&self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let url = loop {
+            let found = self.later.lock().unwrap().iter().find_map(|l| {
+                l.strip_prefix("hipobj-s3-server metrics on ")
+                    .map(str::to_owned)
+            });
+            if let Some(url) = found {
+                break url;
+            }
+            assert!(Instant::now() < deadline, "no metrics line");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let out = Command::new("curl")
+            .args(["-sS", "--fail", &url])
+            .output()
+            .expect("curl is needed for this test");
+        assert!(out.status.success(), "GET {url}: {out:?}");
+        String::from_utf8(out.stdout).expect("the metrics are text")
     }
 }
 
@@ -914,6 +969,194 @@ fn slow_down_comes_back_as_503_slow_down() {
         let (status, code, message) = failure(e);
         assert_eq!((status, code.as_str()), (503, "SlowDown"), "{message}");
     });
+}
+
+/// What the store says, in words the gateway's SDK cannot read: a
+/// GetObject whose Last-Modified is ISO 8601 rather than an HTTP date, or
+/// whose parts count is not a number.
+const UNREADABLE_GETS: [&str; 2] = [
+    "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nETag: \"e1\"\r\n\
+     Last-Modified: 2026-12-04T10:00:00.000Z\r\nConnection: close\r\n\r\nabc",
+    "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nETag: \"e1\"\r\n\
+     Last-Modified: Fri, 04 Dec 2026 10:00:00 GMT\r\nx-amz-mp-parts-count: many\r\n\
+     Connection: close\r\n\r\nabc",
+];
+
+/// A GET of `key` through `gw` with curl (`--aws-sigv4`, as a plain HTTP
+/// client): its status, whether `--fail` would fail, and its body.
+fn curl_get(gw: &Gateway, key: &str) -> (String, bool, String) {
+    let file = std::env::temp_dir().join(format!("hipobj-gw-curl-{}-{key}", std::process::id()));
+    let out = Command::new("curl")
+        .args(["-sS", "--fail-with-body", "-o"])
+        .arg(&file)
+        .args(["-w", "%{http_code}", "--aws-sigv4", "aws:amz:us-east-1:s3"])
+        .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"])
+        .arg("--user")
+        .arg(format!("{ACCESS_KEY}:{SECRET_KEY}"))
+        .arg(format!("{}/{BUCKET}/{key}", gw.endpoint))
+        .output()
+        .expect("curl is needed for this test");
+    let body = std::fs::read(&file).unwrap_or_default();
+    let _ = std::fs::remove_file(&file);
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        !out.status.success(),
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+/// A store's answer the gateway cannot read is 502 Bad Gateway with the
+/// SDK's reason, logged and counted as every answer of 400 or more (and
+/// the store's request as `unreadable`): never a success whose body is an
+/// error (for GetObject, the object's bytes).
+#[test]
+fn an_answer_the_gateway_cannot_read_is_502_never_a_success() {
+    for answer in UNREADABLE_GETS {
+        let fake = Fake::answering(answer);
+        let gw = Gateway::start(
+            &fake.endpoint,
+            UPSTREAM_SECRET,
+            &["--metrics-listen", "127.0.0.1:0"],
+        );
+        let (status, failed, body) = curl_get(&gw, "k");
+        assert_eq!(status, "502", "{body}");
+        assert!(failed, "curl --fail fails");
+        assert!(
+            body.contains("could not read the store&apos;s answer")
+                || body.contains("could not read the store's answer"),
+            "{body}"
+        );
+        assert!(body.contains(&fake.endpoint), "names the store: {body}");
+        // Logged once the answer has gone.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !gw
+            .logged("(GetObject)")
+            .iter()
+            .any(|l| l.contains(": 502 InternalError"))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the log line of an answer of 400 or more: {:?}",
+                gw.logged("")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let counted = |metrics: &str| {
+            let has = |series: &str, labels: [&str; 2]| {
+                metrics
+                    .lines()
+                    .any(|l| l.starts_with(series) && labels.iter().all(|x| l.contains(x)))
+            };
+            has(
+                "hipobj_s3_requests_total{",
+                ["op=\"GetObject\"", "status=\"502\""],
+            ) && has(
+                "hipobj_s3_upstream_request_duration_seconds_count{",
+                ["op=\"GetObject\"", "outcome=\"unreadable\""],
+            )
+        };
+        let mut metrics = gw.metrics();
+        while !counted(&metrics) {
+            assert!(Instant::now() < deadline, "counted as a 502: {metrics}");
+            std::thread::sleep(Duration::from_millis(20));
+            metrics = gw.metrics();
+        }
+    }
+
+    // Answers of other operations whose XML root is not S3's.
+    let fake = Fake::answering(&xml_answer(
+        200,
+        "<ListPartsOutput><Bucket>bucket</Bucket><Key>k</Key><UploadId>u-1</UploadId>\
+         </ListPartsOutput>",
+    ));
+    let gw = Gateway::start(&fake.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let e = client(&gw.endpoint)
+            .list_parts()
+            .bucket(BUCKET)
+            .key("k")
+            .upload_id("u-1")
+            .send()
+            .await
+            .unwrap_err();
+        let (status, _, message) = failure(e);
+        assert_eq!(status, 502, "{message}");
+        assert!(
+            message.contains("ListParts: could not read the store's answer"),
+            "{message}"
+        );
+    });
+    let fake = Fake::answering(&xml_answer(
+        200,
+        "<BucketVersioning><Status>Enabled</Status></BucketVersioning>",
+    ));
+    let gw = Gateway::start(&fake.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let e = client(&gw.endpoint)
+            .get_bucket_versioning()
+            .bucket(BUCKET)
+            .send()
+            .await
+            .unwrap_err();
+        let (status, _, message) = failure(e);
+        assert_eq!(status, 502, "{message}");
+        assert!(
+            message.contains("could not read the store's answer"),
+            "{message}"
+        );
+    });
+}
+
+/// By RDMA (the gateway in this process, on the fake fabric), the same
+/// answers fail the transfer with the store's 502 in the RDMA reply: the
+/// client is told what the store did, not that RDMA failed.
+#[test]
+fn an_rdma_get_of_an_answer_the_gateway_cannot_read_fails_with_502() {
+    use hipobj::s3::objects::{self, Object, Policy};
+    for answer in UNREADABLE_GETS {
+        let fake = Fake::answering(answer);
+        let world = hipobj::testing::world::World::new();
+        let credentials = Credentials::new(UPSTREAM_KEY, UPSTREAM_SECRET, None, None, "test");
+        let gw = gateway::Gateway::upstream_signed(&world, &fake.endpoint, &[], credentials);
+        let client = hipobj::client::Client::builder()
+            .platform(world.platform())
+            .gpu(hipobj::client::GpuSelect::None)
+            .build()
+            .unwrap();
+        let s3 = hipobj::s3::S3::new(hipobj::s3::S3Config {
+            endpoint: gw.endpoint.clone(),
+            region: "us-east-1".to_owned(),
+            credentials: hipobj::s3::Credentials {
+                access_key_id: ACCESS_KEY.to_owned(),
+                secret_access_key: SECRET_KEY.to_owned(),
+                session_token: None,
+            },
+            credentials_source: "given".to_owned(),
+        })
+        .unwrap();
+        let mut buf = client.host_buffer(3).unwrap();
+        let policy = Policy {
+            fallback: false,
+            verify: true,
+        };
+        let e = objects::get(
+            &client,
+            Object::new(&s3, BUCKET, "k"),
+            0..3,
+            &mut buf,
+            0,
+            policy,
+        )
+        .expect_err("a GET of an answer the gateway cannot read");
+        let text = e.to_string();
+        assert!(text.contains("502"), "{text}");
+        assert!(text.contains("could not read the store's answer"), "{text}");
+        assert!(
+            fake.heads().iter().any(|h| h.starts_with("GET /bucket/k")),
+            "asked of the store: {:?}",
+            fake.heads()
+        );
+    }
 }
 
 /// An HTTP answer with an XML body.

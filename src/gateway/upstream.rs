@@ -11,7 +11,10 @@
 //!   an upstream that keeps the gateway waiting longer than
 //!   `--upstream-timeout-ms` at one stretch, answers 503 ServiceUnavailable
 //!   naming the upstream and what happened (s3s-aws alone answers 500 with
-//!   no message for all of these).
+//!   no message for all of these). An answer the SDK cannot read (a header
+//!   or an XML document not in S3's form), which the SDK reports with the
+//!   answer's own success status, answers 502 Bad Gateway with the SDK's
+//!   reason: never a success whose body is an error.
 //! - Time-outs: a call waits for the upstream at most the time-out at one
 //!   stretch: to connect, to take the next piece of a request's body, to
 //!   answer once the body is sent, to send the next piece of a response's
@@ -240,7 +243,9 @@ impl Upstream {
         let outcome = match &out {
             Ok(_) => "ok",
             Err(e) => match e.source().and_then(|s| s.downcast_ref::<SdkError<E>>()) {
+                Some(SdkError::ServiceError(s)) if s.raw().status().is_success() => "unreadable",
                 Some(SdkError::ServiceError(_)) => e.code().as_str(),
+                Some(SdkError::ResponseError(_)) => "unreadable",
                 _ => "network",
             },
         };
@@ -279,9 +284,16 @@ impl Upstream {
             .source()
             .and_then(|s| s.downcast_ref::<SdkError<E>>())
             .map(|sdk| match sdk {
+                // The SDK could not read a successful answer (a header or
+                // an XML document not as S3 gives them): it reports an
+                // unhandled service error with the answer's own status.
+                SdkError::ServiceError(service) if service.raw().status().is_success() => {
+                    Failure::Unreadable(causes(sdk))
+                }
                 SdkError::ServiceError(service) => {
                     Failure::Answered(service.raw().status().as_u16())
                 }
+                SdkError::ResponseError(_) => Failure::Unreadable(causes(sdk)),
                 SdkError::DispatchFailure(failure) if failure.is_timeout() => {
                     Failure::TimedOut(DisplayErrorContext(sdk).to_string())
                 }
@@ -293,7 +305,7 @@ impl Upstream {
                 }
                 _ => Failure::Other(DisplayErrorContext(sdk).to_string()),
             });
-        let (code, message) = match failure {
+        let (code, status, message) = match failure {
             None => {
                 // s3s-aws's own failure (a field it could not convert).
                 let message = e.message().unwrap_or("converting the request or answer");
@@ -319,8 +331,14 @@ impl Upstream {
                 e.set_message(message);
                 return e;
             }
+            Some(Failure::Unreadable(why)) => (
+                S3ErrorCode::InternalError,
+                Some(http::StatusCode::BAD_GATEWAY),
+                format!("upstream {endpoint}: {what}: could not read the store's answer: {why}"),
+            ),
             Some(Failure::Unreachable(why)) => (
                 S3ErrorCode::ServiceUnavailable,
+                None,
                 format!(
                     "upstream {endpoint}: {what}: could not reach it ({why}); is it running, \
                      and is --upstream right?"
@@ -328,6 +346,7 @@ impl Upstream {
             ),
             Some(Failure::TimedOut(why)) => (
                 S3ErrorCode::ServiceUnavailable,
+                None,
                 format!(
                     "upstream {endpoint}: {what} timed out ({why}; connecting may take {} ms, \
                      --upstream-timeout-ms); is it reachable from here?",
@@ -336,10 +355,11 @@ impl Upstream {
             ),
             Some(Failure::Other(why)) => (
                 S3ErrorCode::InternalError,
+                None,
                 format!("upstream {endpoint}: {what} failed: {why}"),
             ),
         };
-        let status = code.status_code();
+        let status = status.or_else(|| code.status_code());
         let mut mapped = S3Error::with_message(code, message);
         if let Some(status) = status {
             mapped.set_status_code(status);
@@ -646,8 +666,24 @@ enum Failure {
     Unreachable(String),
     /// Connecting (or the SDK's own time-out) timed out, and why.
     TimedOut(String),
-    /// Anything else (an answer it could not read...), and why.
+    /// It answered, in a form the SDK could not read, and why: 502 Bad
+    /// Gateway, never the answer's own success with an error for a body.
+    Unreadable(String),
+    /// Anything else, and why.
     Other(String),
+}
+
+/// `e` and its causes, each in its own words (not the answer's whole
+/// dump, which `DisplayErrorContext` appends).
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    text
 }
 
 /// The code S3 answers with `status` when the answer carries none.

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use aws_sdk_s3::config::Credentials;
 use hipobj::gateway::backend::Backend;
 use hipobj::gateway::local::Local;
 use hipobj::gateway::rdma::Rdma;
@@ -45,7 +46,7 @@ impl Gateway {
             std::env::temp_dir().join(format!("hipobj-gateway-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(root.join(BUCKET)).unwrap();
         let root_s = root.display().to_string();
-        Gateway::with(world, &["--root", &root_s], Some(root))
+        Gateway::with(world, &["--root", &root_s], Some(root), None)
     }
 
     /// The gateway in front of the S3 store at `upstream` (`--upstream`,
@@ -54,10 +55,27 @@ impl Gateway {
     pub fn upstream(world: &World, upstream: &str, extra: &[&str]) -> Gateway {
         let mut args = vec!["--upstream", upstream];
         args.extend_from_slice(extra);
-        Gateway::with(world, &args, None)
+        Gateway::with(world, &args, None, None)
     }
 
-    fn with(world: &World, backend: &[&str], root: Option<PathBuf>) -> Gateway {
+    /// [`Gateway::upstream`], signing for the store with `credentials`.
+    pub fn upstream_signed(
+        world: &World,
+        upstream: &str,
+        extra: &[&str],
+        credentials: Credentials,
+    ) -> Gateway {
+        let mut args = vec!["--upstream", upstream];
+        args.extend_from_slice(extra);
+        Gateway::with(world, &args, None, Some(credentials))
+    }
+
+    fn with(
+        world: &World,
+        backend: &[&str],
+        root: Option<PathBuf>,
+        credentials: Option<Credentials>,
+    ) -> Gateway {
         let args: Vec<String> = backend
             .iter()
             .chain(&[
@@ -93,7 +111,14 @@ impl Gateway {
         let backend: Arc<dyn Backend> = match (&options.upstream, &root) {
             (Some(settings), _) => Arc::new(
                 runtime
-                    .block_on(Upstream::connect(settings))
+                    .block_on(async {
+                        match credentials {
+                            Some(credentials) => {
+                                Upstream::connect_with(settings, credentials).await
+                            }
+                            None => Upstream::connect(settings).await,
+                        }
+                    })
                     .expect("the upstream's client"),
             ),
             (None, Some(root)) => Arc::new(Local::open(root).unwrap()),
