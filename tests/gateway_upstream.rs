@@ -23,6 +23,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -1159,6 +1160,193 @@ fn an_rdma_get_of_an_answer_the_gateway_cannot_read_fails_with_502() {
     }
 }
 
+/// A PutObject up to S3's single-PUT limit (5 GiB) keeps S3's semantics
+/// through the gateway: one streamed PutObject at the store, whose ETag
+/// (the body's MD5) is the client's answer. The body streams: the client
+/// sends 48 of its 65 MiB and holds the rest back until the store has 32
+/// MiB of them, which a gateway that held the body (or more than 16 MiB of
+/// it) before sending it on would never give.
+#[test]
+fn a_put_object_up_to_5_gib_is_one_streamed_put_answered_with_its_md5() {
+    use s3s::crypto::{Checksum as _, Md5};
+    let taker = Taker::start();
+    let gw = Gateway::start(&taker.endpoint, UPSTREAM_SECRET, &[]);
+    let data = Bytes::from(pattern(65 << 20, 14));
+    let md5 = Md5::checksum(&data);
+    let content_md5 = base64::engine::general_purpose::STANDARD.encode(md5);
+    let (sent_first, held_until) = (48 << 20, 32 << 20);
+    runtime().block_on(async {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+        let body = ByteStream::from_body_1_x(Channel {
+            rx,
+            left: data.len() as u64,
+        });
+        let received = Arc::clone(&taker.received);
+        let feed = tokio::spawn({
+            let data = data.clone();
+            async move {
+                let pieces = |range: std::ops::Range<usize>| {
+                    (range.clone().step_by(1 << 20))
+                        .map(|at| data.slice(at..(at + (1 << 20)).min(range.end)))
+                        .collect::<Vec<_>>()
+                };
+                for piece in pieces(0..sent_first) {
+                    tx.send(piece).await.expect("the body is read");
+                }
+                // Within the client's own time-out (a minute).
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while received.load(Ordering::SeqCst) < held_until {
+                    assert!(
+                        Instant::now() < deadline,
+                        "the store had {} bytes of the first {sent_first} sent, not {held_until}: \
+                         the gateway holds the body back",
+                        received.load(Ordering::SeqCst)
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                for piece in pieces(sent_first..data.len()) {
+                    tx.send(piece).await.expect("the body is read");
+                }
+            }
+        });
+        let out = client(&gw.endpoint)
+            .put_object()
+            .bucket(BUCKET)
+            .key("big")
+            .content_length(i64::try_from(data.len()).unwrap())
+            .content_md5(&content_md5)
+            .body(body)
+            .send()
+            .await;
+        feed.abort();
+        if let Err(e) = feed.await {
+            if e.is_panic() {
+                std::panic::resume_unwind(e.into_panic());
+            }
+        }
+        let out = out.unwrap_or_else(|e| panic!("PUT: {e:?}"));
+        assert_eq!(
+            out.e_tag(),
+            Some(format!("\"{}\"", hex::encode(md5)).as_str()),
+            "the body's MD5"
+        );
+    });
+    let heads = taker.heads();
+    assert_eq!(heads.len(), 1, "one request to the store: {heads:?}");
+    let head = heads[0].to_ascii_lowercase();
+    // PutObject: PUT of the key, no upload's query (the SDK adds x-id).
+    let target = head.split(' ').nth(1).unwrap_or_default();
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    assert!(head.starts_with("put ") && path == "/bucket/big", "{head}");
+    assert!(
+        !query.contains("upload") && !query.contains("partnumber"),
+        "{head}"
+    );
+    assert!(
+        head.contains(&format!("content-length: {}\r\n", data.len())),
+        "{head}"
+    );
+    assert!(
+        head.contains(&format!(
+            "content-md5: {}\r\n",
+            content_md5.to_ascii_lowercase()
+        )),
+        "{head}"
+    );
+    assert_eq!(taker.received.load(Ordering::SeqCst), data.len() as u64);
+}
+
+/// A request body fed from a channel, of a length given in advance.
+struct Channel {
+    rx: tokio::sync::mpsc::Receiver<Bytes>,
+    left: u64,
+}
+
+impl hyper::body::Body for Channel {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
+        self.rx.poll_recv(cx).map(|piece| {
+            piece.map(|piece| {
+                self.left = self.left.saturating_sub(piece.len() as u64);
+                Ok(hyper::body::Frame::data(piece))
+            })
+        })
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.left)
+    }
+}
+
+/// A fake store that takes bodies, as S3 takes a PutObject: it records
+/// each request's head, reads its body (`Content-Length`) as it comes,
+/// counting the bytes received, and answers 200 with the body's MD5 as
+/// its ETag.
+struct Taker {
+    endpoint: String,
+    heads: Arc<Mutex<Vec<String>>>,
+    received: Arc<AtomicU64>,
+}
+
+impl Taker {
+    fn start() -> Taker {
+        use s3s::crypto::{Checksum as _, Md5};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let received = Arc::new(AtomicU64::new(0));
+        let (seen, counted) = (Arc::clone(&heads), Arc::clone(&received));
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(120)));
+                let Some(head) = read_head(&mut conn) else {
+                    continue;
+                };
+                let length = content_length(&head);
+                seen.lock().unwrap().push(head);
+                let mut md5 = Md5::new();
+                let mut block = vec![0u8; 64 << 10];
+                let mut left = length;
+                while left > 0 {
+                    let want = usize::try_from(left.min(block.len() as u64)).unwrap();
+                    match conn.read(&mut block[..want]) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            md5.update(&block[..n]);
+                            left -= n as u64;
+                            counted.fetch_add(n as u64, Ordering::SeqCst);
+                        }
+                    }
+                }
+                if left > 0 {
+                    continue;
+                }
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nETag: \"{}\"\r\nContent-Length: 0\r\n\
+                     Connection: close\r\n\r\n",
+                    hex::encode(md5.finalize())
+                );
+                let _ = conn.write_all(answer.as_bytes());
+            }
+        });
+        Taker {
+            endpoint,
+            heads,
+            received,
+        }
+    }
+
+    fn heads(&self) -> Vec<String> {
+        self.heads.lock().unwrap().clone()
+    }
+}
+
 /// An HTTP answer with an XML body.
 fn xml_answer(status: u16, xml: &str) -> String {
     format!(
@@ -1224,6 +1412,14 @@ impl Fake {
 /// body the sender streams without end is read for at most two seconds.
 fn read_request(conn: &mut TcpStream) -> Option<String> {
     conn.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    let head = read_head(conn)?;
+    let length = content_length(&head);
+    let _ = std::io::copy(&mut conn.take(length), &mut std::io::sink());
+    Some(head)
+}
+
+/// A request's head, up to its blank line.
+fn read_head(conn: &mut TcpStream) -> Option<String> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -1232,17 +1428,18 @@ fn read_request(conn: &mut TcpStream) -> Option<String> {
         }
         head.push(byte[0]);
     }
-    let head = String::from_utf8_lossy(&head).into_owned();
-    let length = head
-        .lines()
+    Some(String::from_utf8_lossy(&head).into_owned())
+}
+
+/// A head's `Content-Length`, 0 without one.
+fn content_length(head: &str) -> u64 {
+    head.lines()
         .find_map(|l| {
             let (name, value) = l.split_once(':')?;
             name.eq_ignore_ascii_case("content-length")
                 .then(|| value.trim().parse::<u64>().ok())?
         })
-        .unwrap_or(0);
-    let _ = std::io::copy(&mut conn.take(length), &mut std::io::sink());
-    Some(head)
+        .unwrap_or(0)
 }
 
 // Upstream::put_object from a stream, called directly.

@@ -22,10 +22,11 @@
 //!   transfer) to produce a request's body does not count. CopyObject,
 //!   UploadPartCopy and CompleteMultipartUpload, which a store may take
 //!   minutes to answer for large objects, get [`SLOW_CALLS`] times as long.
-//! - PutObject from a stream: up to `--upstream-multipart-bytes` one
-//!   streamed PutObject; above (or of unknown length) a multipart upload of
-//!   `--upstream-part-bytes` parts read from the stream while the previous
-//!   part uploads, each with its CRC64NVME, completed with the whole
+//! - PutObject from a stream: up to `--upstream-multipart-bytes` (5 GiB,
+//!   S3's largest PutObject, by default: its ETag stays the body's MD5)
+//!   one streamed PutObject; above (or of unknown length) a multipart
+//!   upload of `--upstream-part-bytes` parts read from the stream while
+//!   the previous part uploads, each with its CRC64NVME, completed with the whole
 //!   object's CRC64NVME (S3's `FULL_OBJECT` checksum type), and aborted on
 //!   any failure (the stream's, the upstream's, a time-out, the request
 //!   dropped), so that nothing partial becomes visible. A body that ends
@@ -67,7 +68,10 @@ use super::backend::Backend;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest PutObject sent as one request, unless
 /// `--upstream-multipart-bytes` says otherwise: above, a multipart upload.
-pub const DEFAULT_MULTIPART_BYTES: u64 = 64 << 20;
+/// S3's largest PutObject, so that a PutObject keeps S3's semantics up to
+/// it (its ETag the MD5 of its body, where a multipart upload's is
+/// `"HASH-N"`); it streams, so its size costs no memory.
+pub const DEFAULT_MULTIPART_BYTES: u64 = MAX_PART_BYTES;
 /// The part size of a PutObject sent as a multipart upload, unless
 /// `--upstream-part-bytes` says otherwise.
 pub const DEFAULT_PART_BYTES: u64 = 16 << 20;
