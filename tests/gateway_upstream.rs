@@ -1119,22 +1119,8 @@ fn an_rdma_get_of_an_answer_the_gateway_cannot_read_fails_with_502() {
         let world = hipobj::testing::world::World::new();
         let credentials = Credentials::new(UPSTREAM_KEY, UPSTREAM_SECRET, None, None, "test");
         let gw = gateway::Gateway::upstream_signed(&world, &fake.endpoint, &[], credentials);
-        let client = hipobj::client::Client::builder()
-            .platform(world.platform())
-            .gpu(hipobj::client::GpuSelect::None)
-            .build()
-            .unwrap();
-        let s3 = hipobj::s3::S3::new(hipobj::s3::S3Config {
-            endpoint: gw.endpoint.clone(),
-            region: "us-east-1".to_owned(),
-            credentials: hipobj::s3::Credentials {
-                access_key_id: ACCESS_KEY.to_owned(),
-                secret_access_key: SECRET_KEY.to_owned(),
-                session_token: None,
-            },
-            credentials_source: "given".to_owned(),
-        })
-        .unwrap();
+        let client = rdma_client(&world);
+        let s3 = gateway_s3(&gw);
         let mut buf = client.host_buffer(3).unwrap();
         let policy = Policy {
             fallback: false,
@@ -1345,6 +1331,90 @@ impl Taker {
     fn heads(&self) -> Vec<String> {
         self.heads.lock().unwrap().clone()
     }
+}
+
+/// A single PUT whose checksum comes as a value alone (the AWS SDKs and
+/// the hipobj client send `x-amz-checksum-crc64nvme` without
+/// `x-amz-sdk-checksum-algorithm`) reaches the store with its algorithm
+/// named too: some stores keep a checksum only when it is named. Plain
+/// and by RDMA.
+#[test]
+fn a_single_put_names_the_algorithm_of_its_checksum() {
+    let ok = "HTTP/1.1 200 OK\r\nETag: \"e1\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    let data = pattern(4096, 15);
+    let crc = crc64nvme(&data);
+    let named = |head: &str| {
+        let head = head.to_ascii_lowercase();
+        assert!(
+            head.contains(&format!(
+                "x-amz-checksum-crc64nvme: {}\r\n",
+                crc.to_ascii_lowercase()
+            )),
+            "{head}"
+        );
+        assert!(
+            head.contains("x-amz-sdk-checksum-algorithm: crc64nvme\r\n"),
+            "{head}"
+        );
+    };
+
+    let fake = Fake::answering(ok);
+    let gw = Gateway::start(&fake.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        client(&gw.endpoint)
+            .put_object()
+            .bucket(BUCKET)
+            .key("summed")
+            .checksum_crc64_nvme(&crc)
+            .body(ByteStream::from(data.clone()))
+            .send()
+            .await
+            .unwrap();
+    });
+    let heads = fake.heads();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    named(&heads[0]);
+
+    let fake = Fake::answering(ok);
+    let world = hipobj::testing::world::World::new();
+    let credentials = Credentials::new(UPSTREAM_KEY, UPSTREAM_SECRET, None, None, "test");
+    let gw = gateway::Gateway::upstream_signed(&world, &fake.endpoint, &[], credentials);
+    let client = rdma_client(&world);
+    let s3 = gateway_s3(&gw);
+    let buf = client.register_host(data.clone()).unwrap();
+    let object = hipobj::s3::objects::Object::new(&s3, BUCKET, "summed");
+    let mut request = hipobj::s3::objects::RdmaRequest::new(object, hipobj::s3::objects::Op::Put)
+        .with_checksum(hipobj::s3::Checksum::crc64nvme(&data));
+    client
+        .put(&buf, 0..data.len(), &mut request)
+        .expect("a PUT by RDMA");
+    let heads = fake.heads();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    named(&heads[0]);
+}
+
+/// A client of the library on `world`'s fake fabric, without a GPU.
+fn rdma_client(world: &hipobj::testing::world::World) -> hipobj::client::Client {
+    hipobj::client::Client::builder()
+        .platform(world.platform())
+        .gpu(hipobj::client::GpuSelect::None)
+        .build()
+        .unwrap()
+}
+
+/// The built-in S3 client of `gw` (in this process), with the test keys.
+fn gateway_s3(gw: &gateway::Gateway) -> hipobj::s3::S3 {
+    hipobj::s3::S3::new(hipobj::s3::S3Config {
+        endpoint: gw.endpoint.clone(),
+        region: "us-east-1".to_owned(),
+        credentials: hipobj::s3::Credentials {
+            access_key_id: ACCESS_KEY.to_owned(),
+            secret_access_key: SECRET_KEY.to_owned(),
+            session_token: None,
+        },
+        credentials_source: "given".to_owned(),
+    })
+    .unwrap()
 }
 
 /// An HTTP answer with an XML body.

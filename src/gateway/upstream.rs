@@ -33,7 +33,8 @@
 //!   short of its `Content-Length` or runs past it fails the request and
 //!   the upload with it.
 //! - Checksums a client sends in headers are forwarded (the upstream checks
-//!   them); a checksum sent as a trailer (aws-chunked), and for the
+//!   them), a single PutObject's with its algorithm named
+//!   (`x-amz-sdk-checksum-algorithm`) where the client sent a value alone; a checksum sent as a trailer (aws-chunked), and for the
 //!   multipart case every checksum and `Content-MD5` of the whole object,
 //!   which the upstream cannot check against parts, are checked here before
 //!   the upload completes: a mismatch answers 400 BadDigest and stores
@@ -386,6 +387,12 @@ impl Upstream {
             check,
             Arc::clone(&tracker),
         )));
+        // A checksum given as a value alone (as the AWS SDKs and the
+        // hipobj client send it) goes on with its algorithm named too:
+        // AWS keeps it either way, some stores only when it is named.
+        if req.input.checksum_algorithm.is_none() {
+            req.input.checksum_algorithm = algorithm_of(&req.input);
+        }
         self.call::<op::put_object::PutObjectError, _>(
             "PutObject",
             false,
@@ -955,6 +962,23 @@ impl Check {
             }
         }
         Ok(())
+    }
+}
+
+/// The algorithm of the one checksum value a PutObject gives, if it gives
+/// exactly one (S3 refuses more).
+fn algorithm_of(input: &PutObjectInput) -> Option<ChecksumAlgorithm> {
+    let given = [
+        (&input.checksum_crc32, ChecksumAlgorithm::CRC32),
+        (&input.checksum_crc32c, ChecksumAlgorithm::CRC32C),
+        (&input.checksum_crc64nvme, ChecksumAlgorithm::CRC64NVME),
+        (&input.checksum_sha1, ChecksumAlgorithm::SHA1),
+        (&input.checksum_sha256, ChecksumAlgorithm::SHA256),
+    ];
+    let mut values = given.iter().filter(|(value, _)| value.is_some());
+    match (values.next(), values.next()) {
+        (Some((_, algorithm)), None) => Some(ChecksumAlgorithm::from_static(algorithm)),
+        _ => None,
     }
 }
 
