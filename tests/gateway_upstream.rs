@@ -23,7 +23,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -1277,6 +1277,8 @@ struct Taker {
     endpoint: String,
     heads: Arc<Mutex<Vec<String>>>,
     received: Arc<AtomicU64>,
+    /// The bodies received whole.
+    whole: Arc<AtomicUsize>,
 }
 
 impl Taker {
@@ -1286,7 +1288,12 @@ impl Taker {
         let endpoint = format!("http://{}", listener.local_addr().unwrap());
         let heads = Arc::new(Mutex::new(Vec::new()));
         let received = Arc::new(AtomicU64::new(0));
-        let (seen, counted) = (Arc::clone(&heads), Arc::clone(&received));
+        let whole = Arc::new(AtomicUsize::new(0));
+        let (seen, counted, bodies) = (
+            Arc::clone(&heads),
+            Arc::clone(&received),
+            Arc::clone(&whole),
+        );
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(mut conn) = conn else { continue };
@@ -1313,6 +1320,7 @@ impl Taker {
                 if left > 0 {
                     continue;
                 }
+                bodies.fetch_add(1, Ordering::SeqCst);
                 let answer = format!(
                     "HTTP/1.1 200 OK\r\nETag: \"{}\"\r\nContent-Length: 0\r\n\
                      Connection: close\r\n\r\n",
@@ -1325,6 +1333,7 @@ impl Taker {
             endpoint,
             heads,
             received,
+            whole,
         }
     }
 
@@ -1391,6 +1400,91 @@ fn a_single_put_names_the_algorithm_of_its_checksum() {
     let heads = fake.heads();
     assert_eq!(heads.len(), 1, "{heads:?}");
     named(&heads[0]);
+}
+
+/// A plain PutObject or UploadPart whose header checksum is not its
+/// body's is refused by the gateway itself (400 BadDigest), its body never
+/// reaching the store whole: integrity does not rest on the store checking
+/// what the gateway forwards (this fake store checks nothing).
+#[test]
+fn a_plain_put_whose_header_checksum_is_wrong_never_reaches_the_store_whole() {
+    let taker = Taker::start();
+    let gw = Gateway::start(&taker.endpoint, UPSTREAM_SECRET, &[]);
+    let data = pattern(3 << 20, 16);
+    let wrong_crc = crc64nvme(b"other bytes");
+    runtime().block_on(async {
+        let c = client(&gw.endpoint);
+        let refused = |e: SdkError<_>, what: &str| {
+            let (status, code, message) = failure(e);
+            assert_eq!(
+                (status, code.as_str()),
+                (400, "BadDigest"),
+                "{what}: {message}"
+            );
+        };
+        let e = c
+            .put_object()
+            .bucket(BUCKET)
+            .key("crc")
+            .checksum_crc64_nvme(&wrong_crc)
+            .body(ByteStream::from(data.clone()))
+            .send()
+            .await
+            .unwrap_err();
+        refused(e, "CRC64NVME");
+        let e = c
+            .put_object()
+            .bucket(BUCKET)
+            .key("sha256")
+            .checksum_sha256(base64::engine::general_purpose::STANDARD.encode([7u8; 32]))
+            .body(ByteStream::from(data.clone()))
+            .send()
+            .await
+            .unwrap_err();
+        refused(e, "SHA256");
+        let e = c
+            .put_object()
+            .bucket(BUCKET)
+            .key("md5")
+            .content_md5("1B2M2Y8AsgTpgAmY7PhCfg==")
+            .body(ByteStream::from(data.clone()))
+            .send()
+            .await
+            .unwrap_err();
+        refused(e, "Content-MD5");
+        let e = c
+            .upload_part()
+            .bucket(BUCKET)
+            .key("part")
+            .upload_id("u-1")
+            .part_number(1)
+            .checksum_crc64_nvme(&wrong_crc)
+            .body(ByteStream::from(data.clone()))
+            .send()
+            .await
+            .unwrap_err();
+        let (status, code, message) = failure(e);
+        assert_eq!(
+            (status, code.as_str()),
+            (400, "BadDigest"),
+            "UploadPart: {message}"
+        );
+        // The same with its own checksum: stored.
+        c.put_object()
+            .bucket(BUCKET)
+            .key("right")
+            .checksum_crc64_nvme(crc64nvme(&data))
+            .body(ByteStream::from(data.clone()))
+            .send()
+            .await
+            .unwrap();
+    });
+    assert_eq!(
+        taker.whole.load(Ordering::SeqCst),
+        1,
+        "only the right body reached the store whole: {:?}",
+        taker.heads()
+    );
 }
 
 /// A client of the library on `world`'s fake fabric, without a GPU.

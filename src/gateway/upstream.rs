@@ -32,13 +32,16 @@
 //!   dropped), so that nothing partial becomes visible. A body that ends
 //!   short of its `Content-Length` or runs past it fails the request and
 //!   the upload with it.
-//! - Checksums a client sends in headers are forwarded (the upstream checks
-//!   them), a single PutObject's with its algorithm named
-//!   (`x-amz-sdk-checksum-algorithm`) where the client sent a value alone; a checksum sent as a trailer (aws-chunked), and for the
-//!   multipart case every checksum and `Content-MD5` of the whole object,
-//!   which the upstream cannot check against parts, are checked here before
-//!   the upload completes: a mismatch answers 400 BadDigest and stores
-//!   nothing.
+//! - Checksums a client sends in headers are checked here as the body of a
+//!   single PutObject or UploadPart streams (unless it came by RDMA, whose
+//!   bytes were checked as they were READ) and forwarded (the upstream may
+//!   check them again), a single PutObject's with its algorithm named
+//!   (`x-amz-sdk-checksum-algorithm`) where the client sent a value alone.
+//!   A checksum sent as a trailer (aws-chunked), and for the multipart case
+//!   every checksum and `Content-MD5` of the whole object, which the
+//!   upstream cannot check against parts, are checked here too. A mismatch
+//!   answers 400 BadDigest before the upstream has the whole body, and
+//!   nothing is stored.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -84,6 +87,8 @@ pub const MAX_PART_BYTES: u64 = 5 << 30;
 pub const MAX_PARTS: u64 = 10_000;
 /// S3's largest object.
 pub const MAX_OBJECT_BYTES: u64 = 5 << 40;
+/// The header of a request whose payload moves by RDMA (`s3.rs`).
+const RDMA_TOKEN: &str = "x-amz-rdma-token";
 /// How many times the time-out CopyObject, UploadPartCopy and
 /// CompleteMultipartUpload get: the store does the work of the whole
 /// object before it answers.
@@ -851,29 +856,21 @@ struct Check {
 }
 
 impl Check {
-    /// Every checksum of the whole object the request gives (for a
-    /// multipart upload, whose whole object the upstream cannot check but
-    /// by CRC64NVME, which the gateway computes anyway), or `None` if it
-    /// gives none.
-    fn whole(input: &PutObjectInput, trailer: Option<s3s::TrailingHeaders>) -> Option<Check> {
+    /// The checks of `claimed` (its values), `content_md5` and, if the
+    /// request has a trailer, the trailer's checksum of `algorithm`; `None`
+    /// if there is nothing to check.
+    fn new(
+        claimed: s3s::dto::Checksum,
+        content_md5: Option<&String>,
+        algorithm: Option<&ChecksumAlgorithm>,
+        trailer: Option<s3s::TrailingHeaders>,
+    ) -> Option<Check> {
         let mut hasher = ChecksumHasher::default();
-        let claimed = s3s::dto::Checksum {
-            checksum_crc32: input.checksum_crc32.clone(),
-            checksum_crc32c: input.checksum_crc32c.clone(),
-            checksum_sha1: input.checksum_sha1.clone(),
-            checksum_sha256: input.checksum_sha256.clone(),
-            ..s3s::dto::Checksum::default()
-        };
         enable(&mut hasher, &claimed);
-        if trailer.is_some() {
-            if let Some(algorithm) = &input.checksum_algorithm {
-                enable_algorithm(&mut hasher, algorithm.as_str());
-            }
+        if let (Some(algorithm), Some(_)) = (algorithm, &trailer) {
+            enable_algorithm(&mut hasher, algorithm.as_str());
         }
-        let md5 = input
-            .content_md5
-            .as_ref()
-            .map(|claimed| (Md5::new(), claimed.clone()));
+        let md5 = content_md5.map(|claimed| (Md5::new(), claimed.clone()));
         let any = md5.is_some() || trailer.is_some() || hashes_any(&hasher);
         any.then_some(Check {
             hasher,
@@ -883,21 +880,41 @@ impl Check {
         })
     }
 
-    /// The checksum of a trailer (aws-chunked), for a PutObject sent on as
-    /// one request: the header ones go with it to the upstream, which
-    /// checks them.
-    fn trailer(input: &PutObjectInput, trailer: Option<s3s::TrailingHeaders>) -> Option<Check> {
-        let trailer = trailer?;
-        let mut hasher = ChecksumHasher::default();
-        if let Some(algorithm) = &input.checksum_algorithm {
-            enable_algorithm(&mut hasher, algorithm.as_str());
+    /// Every checksum of the whole object the request gives (for a
+    /// multipart upload, whose whole object the upstream cannot check but
+    /// by CRC64NVME, which the gateway computes anyway), or `None` if it
+    /// gives none.
+    fn whole(input: &PutObjectInput, trailer: Option<s3s::TrailingHeaders>) -> Option<Check> {
+        let claimed = s3s::dto::Checksum {
+            checksum_crc32: input.checksum_crc32.clone(),
+            checksum_crc32c: input.checksum_crc32c.clone(),
+            checksum_sha1: input.checksum_sha1.clone(),
+            checksum_sha256: input.checksum_sha256.clone(),
+            ..s3s::dto::Checksum::default()
+        };
+        let algorithm = input.checksum_algorithm.as_ref();
+        Check::new(claimed, input.content_md5.as_ref(), algorithm, trailer)
+    }
+
+    /// Every checksum of a PutObject or UploadPart sent on as one request
+    /// (`headers`: the request's; `claimed`, `content_md5`, `algorithm`:
+    /// its input's): the values of its headers and `Content-MD5`, which a
+    /// store may or may not check again, and its trailer's (aws-chunked),
+    /// which the store never sees. A request with an RDMA token had its
+    /// bytes checked against its headers as they were READ (`s3.rs`, which
+    /// stores nothing of a token it does not serve by RDMA): its trailer
+    /// alone, which describes its empty HTTP body.
+    fn single(
+        headers: &http::HeaderMap,
+        claimed: s3s::dto::Checksum,
+        content_md5: Option<&String>,
+        algorithm: Option<&ChecksumAlgorithm>,
+        trailer: Option<s3s::TrailingHeaders>,
+    ) -> Option<Check> {
+        if headers.contains_key(RDMA_TOKEN) {
+            return Check::new(s3s::dto::Checksum::default(), None, algorithm, trailer);
         }
-        Some(Check {
-            hasher,
-            claimed: s3s::dto::Checksum::default(),
-            md5: None,
-            trailer: Some(trailer),
-        })
+        Check::new(claimed, content_md5, algorithm, trailer)
     }
 
     fn update(&mut self, data: &[u8]) {
@@ -1394,7 +1411,22 @@ macro_rules! upstream_s3 {
                 let len = req.input.content_length.and_then(|n| u64::try_from(n).ok());
                 match len {
                     Some(len) if len <= self.multipart_bytes => {
-                        let check = Check::trailer(&req.input, req.trailing_headers.clone());
+                        let input = &req.input;
+                        let claimed = s3s::dto::Checksum {
+                            checksum_crc32: input.checksum_crc32.clone(),
+                            checksum_crc32c: input.checksum_crc32c.clone(),
+                            checksum_crc64nvme: input.checksum_crc64nvme.clone(),
+                            checksum_sha1: input.checksum_sha1.clone(),
+                            checksum_sha256: input.checksum_sha256.clone(),
+                            ..s3s::dto::Checksum::default()
+                        };
+                        let check = Check::single(
+                            &req.headers,
+                            claimed,
+                            input.content_md5.as_ref(),
+                            input.checksum_algorithm.as_ref(),
+                            req.trailing_headers.clone(),
+                        );
                         self.put_single(req, check).await
                     }
                     _ => self.put_multipart(req, len).await,
@@ -1432,18 +1464,22 @@ macro_rules! upstream_s3 {
                 let body = req.input.body.take().unwrap_or_else(empty_blob);
                 let expected = req.input.content_length.and_then(|n| u64::try_from(n).ok());
                 let tracker = Arc::new(Tracker::new());
-                let check = req.trailing_headers.clone().map(|trailer| {
-                    let mut hasher = ChecksumHasher::default();
-                    if let Some(algorithm) = &req.input.checksum_algorithm {
-                        enable_algorithm(&mut hasher, algorithm.as_str());
-                    }
-                    Check {
-                        hasher,
-                        claimed: s3s::dto::Checksum::default(),
-                        md5: None,
-                        trailer: Some(trailer),
-                    }
-                });
+                let input = &req.input;
+                let claimed = s3s::dto::Checksum {
+                    checksum_crc32: input.checksum_crc32.clone(),
+                    checksum_crc32c: input.checksum_crc32c.clone(),
+                    checksum_crc64nvme: input.checksum_crc64nvme.clone(),
+                    checksum_sha1: input.checksum_sha1.clone(),
+                    checksum_sha256: input.checksum_sha256.clone(),
+                    ..s3s::dto::Checksum::default()
+                };
+                let check = Check::single(
+                    &req.headers,
+                    claimed,
+                    input.content_md5.as_ref(),
+                    input.checksum_algorithm.as_ref(),
+                    req.trailing_headers.clone(),
+                );
                 req.input.body = Some(StreamingBlob::new(Outgoing::new(
                     body,
                     expected,
