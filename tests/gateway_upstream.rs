@@ -184,10 +184,15 @@ impl Drop for Gateway {
 /// An SDK client of `endpoint` with the test keys: no retries, checksums
 /// only where asked, and no time-out of its own below a minute.
 fn client(endpoint: &str) -> aws_sdk_s3::Client {
+    client_in(endpoint, "us-east-1")
+}
+
+/// [`client`], signing for `region`.
+fn client_in(endpoint: &str, region: &str) -> aws_sdk_s3::Client {
     let config = aws_sdk_s3::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .endpoint_url(endpoint)
-        .region(Region::new("us-east-1"))
+        .region(Region::new(region.to_owned()))
         .credentials_provider(Credentials::new(ACCESS_KEY, SECRET_KEY, None, None, "test"))
         .force_path_style(true)
         .retry_config(aws_sdk_s3::config::retry::RetryConfig::disabled())
@@ -1509,6 +1514,76 @@ fn gateway_s3(gw: &gateway::Gateway) -> hipobj::s3::S3 {
         credentials_source: "given".to_owned(),
     })
     .unwrap()
+}
+
+/// GetBucketLocation through the gateway answers the region its clients
+/// sign for (the request's), once the store's HeadBucket says the bucket
+/// is there: the store's own location (Garage answers its region,
+/// "garage") would send clients to sign for a region the gateway refuses,
+/// and SeaweedFS's answer (the root `CreateBucketConfiguration`, not S3's
+/// `LocationConstraint`) is one the SDK cannot read.
+#[test]
+fn get_bucket_location_answers_the_gateway_s_region_for_a_bucket_the_store_has() {
+    use aws_sdk_s3::types::BucketLocationConstraint;
+    let seaweedfs = Fake::answering(&xml_answer(
+        200,
+        "<CreateBucketConfiguration><LocationConstraint></LocationConstraint>\
+         </CreateBucketConfiguration>",
+    ));
+    let gw = Gateway::start(
+        &seaweedfs.endpoint,
+        UPSTREAM_SECRET,
+        &["--region", "eu-central-1"],
+    );
+    runtime().block_on(async {
+        let out = client_in(&gw.endpoint, "eu-central-1")
+            .get_bucket_location()
+            .bucket(BUCKET)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(
+            out.location_constraint(),
+            Some(&BucketLocationConstraint::EuCentral1)
+        );
+    });
+    let heads = seaweedfs.heads();
+    assert!(
+        heads.len() == 1 && heads[0].starts_with("HEAD /bucket"),
+        "the store's HeadBucket: {heads:?}"
+    );
+
+    let garage = Fake::answering(&xml_answer(
+        200,
+        "<LocationConstraint>garage</LocationConstraint>",
+    ));
+    let gw = Gateway::start(&garage.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let out = client(&gw.endpoint)
+            .get_bucket_location()
+            .bucket(BUCKET)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        // us-east-1, as S3 says it: an empty constraint.
+        let constraint = out.location_constraint().map(|c| c.as_str());
+        assert_eq!(constraint.unwrap_or_default(), "", "{constraint:?}");
+    });
+
+    let missing =
+        Fake::answering("HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    let gw = Gateway::start(&missing.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let e = client(&gw.endpoint)
+            .get_bucket_location()
+            .bucket(BUCKET)
+            .send()
+            .await
+            .unwrap_err();
+        let (status, code, message) = failure(e);
+        assert_eq!((status, code.as_str()), (404, "NoSuchBucket"), "{message}");
+        assert!(message.contains(&missing.endpoint), "{message}");
+    });
 }
 
 /// An HTTP answer with an XML body.

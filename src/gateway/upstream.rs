@@ -32,6 +32,9 @@
 //!   dropped), so that nothing partial becomes visible. A body that ends
 //!   short of its `Content-Length` or runs past it fails the request and
 //!   the upload with it.
+//! - GetBucketLocation answers the region the gateway's clients sign for,
+//!   once the upstream's HeadBucket finds the bucket: not the upstream's
+//!   own location, which they could not sign for.
 //! - Checksums a client sends in headers are checked here as the body of a
 //!   single PutObject or UploadPart streams (unless it came by RDMA, whose
 //!   bytes were checked as they were READ) and forwarded (the upstream may
@@ -375,6 +378,48 @@ impl Upstream {
             mapped.set_status_code(status);
         }
         mapped
+    }
+
+    /// GetBucketLocation: the region the request was signed for (the
+    /// gateway's, `--region`), once the store's HeadBucket says the bucket
+    /// is there and the gateway's key reaches it. Not the store's own
+    /// location: the gateway's clients sign for the gateway's region
+    /// whatever the store's (Garage answers "garage", which they would
+    /// sign for and be refused), and not every store answers in a form
+    /// the SDK reads (SeaweedFS's root is `CreateBucketConfiguration`).
+    async fn bucket_location(
+        &self,
+        req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        let head = HeadBucketInput {
+            bucket: req.input.bucket.clone(),
+            expected_bucket_owner: req.input.expected_bucket_owner.clone(),
+        };
+        let found = self
+            .call::<op::head_bucket::HeadBucketError, _>(
+                "HeadBucket",
+                false,
+                None,
+                self.proxy.head_bucket(request(head)),
+            )
+            .await;
+        if let Err(mut e) = found {
+            // A HEAD's answer has no code: its 404 is the bucket's.
+            if e.status_code().is_some_and(|s| s.as_u16() == 404) {
+                e.set_code(S3ErrorCode::NoSuchBucket);
+            }
+            return Err(e);
+        }
+        // S3 names us-east-1 by no constraint at all.
+        let location_constraint = req
+            .region
+            .as_ref()
+            .map(|r| r.as_str())
+            .filter(|r| *r != "us-east-1")
+            .map(|r| BucketLocationConstraint::from(r.to_owned()));
+        Ok(S3Response::new(GetBucketLocationOutput {
+            location_constraint,
+        }))
     }
 
     /// PutObject as one streamed request.
@@ -1496,6 +1541,13 @@ macro_rules! upstream_s3 {
                 .await
             }
 
+            async fn get_bucket_location(
+                &self,
+                req: S3Request<GetBucketLocationInput>,
+            ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+                self.bucket_location(req).await
+            }
+
             $(
                 async fn $op(&self, req: S3Request<$input>) -> S3Result<S3Response<$output>> {
                     self.call::<op::$op::$error, _>(
@@ -1517,8 +1569,6 @@ upstream_s3! {
     delete_bucket: DeleteBucketInput => DeleteBucketOutput, DeleteBucketError, false;
     delete_object: DeleteObjectInput => DeleteObjectOutput, DeleteObjectError, false;
     delete_objects: DeleteObjectsInput => DeleteObjectsOutput, DeleteObjectsError, false;
-    get_bucket_location: GetBucketLocationInput => GetBucketLocationOutput,
-        GetBucketLocationError, false;
     head_bucket: HeadBucketInput => HeadBucketOutput, HeadBucketError, false;
     head_object: HeadObjectInput => HeadObjectOutput, HeadObjectError, false;
     list_buckets: ListBucketsInput => ListBucketsOutput, ListBucketsError, false;

@@ -507,8 +507,8 @@ pub fn the_store_keeps_the_crc64nvme_of_a_put_through_the_gateway(store: &Store)
 /// What an application's AWS SDK asks of S3 goes through the gateway to
 /// the store and back with S3's answers: a PutObject's ETag is its body's
 /// MD5, HEAD and GET agree with it, ranges and conditions hold, listings,
-/// copies, a multipart upload and its listing, the bucket's versioning,
-/// deletes; a wrong checksum is refused with nothing stored. (Tags are
+/// copies, a multipart upload and its listing, the bucket's versioning
+/// and location, deletes; a wrong checksum is refused with nothing stored. (Tags are
 /// each store's file's: not every store keeps them.)
 pub fn plain_requests_through_the_gateway_keep_s3_s_semantics(store: &Store) {
     use s3s::crypto::{Checksum as _, Md5};
@@ -738,6 +738,20 @@ pub fn plain_requests_through_the_gateway_keep_s3_s_semantics(store: &Store) {
             .send()
             .await
             .unwrap_or_else(|e| panic!("GetBucketVersioning: {e:?}"));
+        // The region the gateway's clients sign for (us-east-1: an empty
+        // constraint, as S3 says it), whatever the store's own.
+        let location = c
+            .get_bucket_location()
+            .bucket(bucket)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GetBucketLocation: {e:?}"));
+        let constraint = location.location_constraint().map(|c| c.as_str());
+        assert_eq!(
+            constraint.unwrap_or_default(),
+            "",
+            "GetBucketLocation: {constraint:?}"
+        );
 
         c.delete_object()
             .bucket(bucket)
