@@ -168,17 +168,7 @@ fn without_a_write_quorum_a_put_fails_with_garage_s_503_and_stores_nothing() {
     wait_until(|| !garage.holds(&lost), "Garage answers HEAD again");
     assert!(!garage.holds(&lost), "nothing stored");
 
-    let object = Object::new(&s3, bucket, &key);
-    objects::get(
-        &client,
-        object,
-        0..data.len() as u64,
-        &mut buf,
-        0,
-        NO_FALLBACK,
-    )
-    .expect("a GET once the nodes are back");
-    assert!(buf.as_slice().unwrap() == data);
+    store::reads_back(&client, Object::new(&s3, bucket, &key), &mut buf, &data);
 }
 
 /// Garage keeps no object tags (its own 501 NotImplemented): the gateway

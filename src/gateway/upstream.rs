@@ -26,10 +26,10 @@
 //!   S3's largest PutObject, by default: its ETag stays the body's MD5)
 //!   one streamed PutObject; above (or of unknown length) a multipart
 //!   upload of `--upstream-part-bytes` parts read from the stream while
-//!   the previous part uploads, each with its CRC64NVME, completed with the whole
-//!   object's CRC64NVME (S3's `FULL_OBJECT` checksum type), and aborted on
-//!   any failure (the stream's, the upstream's, a time-out, the request
-//!   dropped), so that nothing partial becomes visible. A body that ends
+//!   the previous part uploads, each with its CRC64NVME, completed with
+//!   the whole object's CRC64NVME (S3's `FULL_OBJECT` checksum type), and
+//!   aborted on any failure (the stream's, the upstream's, a time-out, the
+//!   request dropped), so that nothing partial becomes visible. A body that ends
 //!   short of its `Content-Length` or runs past it fails the request and
 //!   the upload with it.
 //! - GetBucketLocation answers the region the gateway's clients sign for,
@@ -719,6 +719,21 @@ fn observe(what: &str, start: Instant, outcome: &str) {
     super::metrics::upstream_observed(op, start.elapsed().as_secs_f64(), outcome);
 }
 
+/// The checksum values (`x-amz-checksum-*`) of a PutObject's or an
+/// UploadPart's input.
+macro_rules! checksums {
+    ($input:expr) => {
+        s3s::dto::Checksum {
+            checksum_crc32: $input.checksum_crc32.clone(),
+            checksum_crc32c: $input.checksum_crc32c.clone(),
+            checksum_crc64nvme: $input.checksum_crc64nvme.clone(),
+            checksum_sha1: $input.checksum_sha1.clone(),
+            checksum_sha256: $input.checksum_sha256.clone(),
+            ..s3s::dto::Checksum::default()
+        }
+    };
+}
+
 /// How an upstream call failed, as the SDK tells.
 enum Failure {
     /// The upstream answered with this status.
@@ -931,11 +946,8 @@ impl Check {
     /// gives none.
     fn whole(input: &PutObjectInput, trailer: Option<s3s::TrailingHeaders>) -> Option<Check> {
         let claimed = s3s::dto::Checksum {
-            checksum_crc32: input.checksum_crc32.clone(),
-            checksum_crc32c: input.checksum_crc32c.clone(),
-            checksum_sha1: input.checksum_sha1.clone(),
-            checksum_sha256: input.checksum_sha256.clone(),
-            ..s3s::dto::Checksum::default()
+            checksum_crc64nvme: None,
+            ..checksums!(input)
         };
         let algorithm = input.checksum_algorithm.as_ref();
         Check::new(claimed, input.content_md5.as_ref(), algorithm, trailer)
@@ -1457,17 +1469,9 @@ macro_rules! upstream_s3 {
                 match len {
                     Some(len) if len <= self.multipart_bytes => {
                         let input = &req.input;
-                        let claimed = s3s::dto::Checksum {
-                            checksum_crc32: input.checksum_crc32.clone(),
-                            checksum_crc32c: input.checksum_crc32c.clone(),
-                            checksum_crc64nvme: input.checksum_crc64nvme.clone(),
-                            checksum_sha1: input.checksum_sha1.clone(),
-                            checksum_sha256: input.checksum_sha256.clone(),
-                            ..s3s::dto::Checksum::default()
-                        };
                         let check = Check::single(
                             &req.headers,
-                            claimed,
+                            checksums!(input),
                             input.content_md5.as_ref(),
                             input.checksum_algorithm.as_ref(),
                             req.trailing_headers.clone(),
@@ -1510,17 +1514,9 @@ macro_rules! upstream_s3 {
                 let expected = req.input.content_length.and_then(|n| u64::try_from(n).ok());
                 let tracker = Arc::new(Tracker::new());
                 let input = &req.input;
-                let claimed = s3s::dto::Checksum {
-                    checksum_crc32: input.checksum_crc32.clone(),
-                    checksum_crc32c: input.checksum_crc32c.clone(),
-                    checksum_crc64nvme: input.checksum_crc64nvme.clone(),
-                    checksum_sha1: input.checksum_sha1.clone(),
-                    checksum_sha256: input.checksum_sha256.clone(),
-                    ..s3s::dto::Checksum::default()
-                };
                 let check = Check::single(
                     &req.headers,
-                    claimed,
+                    checksums!(input),
                     input.content_md5.as_ref(),
                     input.checksum_algorithm.as_ref(),
                     req.trailing_headers.clone(),

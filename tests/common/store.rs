@@ -38,7 +38,7 @@ use aws_sdk_s3::config::{
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
-use hipobj::client::{Client, GpuSelect};
+use hipobj::client::{Buffer, Client, GpuSelect};
 use hipobj::core::Options;
 use hipobj::s3::objects::{self, Object, Path as Via, Plan, Policy, Rdma, Verified};
 use hipobj::s3::{Checksum, Credentials, Request, S3Config, S3Error, S3};
@@ -297,48 +297,24 @@ pub fn wait_until(done: impl Fn() -> bool, what: &str) {
 /// test crate's root.
 macro_rules! store_tests {
     ($store:path) => {
-        #[test]
-        fn gets_ranges_puts_and_multipart_go_by_rdma_through_the_gateway_byte_exact() {
-            $crate::store::gets_ranges_puts_and_multipart_go_by_rdma_through_the_gateway_byte_exact(
-                &$store(),
-            );
-        }
-
-        #[test]
-        fn a_checksum_mismatch_is_refused_at_each_hop_and_nothing_is_stored() {
-            $crate::store::a_checksum_mismatch_is_refused_at_each_hop_and_nothing_is_stored(
-                &$store(),
-            );
-        }
-
-        #[test]
-        fn the_store_keeps_the_crc64nvme_of_a_put_through_the_gateway() {
-            $crate::store::the_store_keeps_the_crc64nvme_of_a_put_through_the_gateway(&$store());
-        }
-
-        #[test]
-        fn plain_requests_through_the_gateway_keep_s3_s_semantics() {
-            $crate::store::plain_requests_through_the_gateway_keep_s3_s_semantics(&$store());
-        }
-
-        #[test]
-        fn a_store_that_pauses_longer_than_the_rdma_timeout_is_waited_for() {
-            $crate::store::a_store_that_pauses_longer_than_the_rdma_timeout_is_waited_for(
-                &$store(),
-            );
-        }
-
-        #[test]
-        fn a_large_object_streams_through_the_gateway_both_ways() {
-            $crate::store::a_large_object_streams_through_the_gateway_both_ways(&$store());
-        }
-
-        #[test]
-        fn a_stalled_store_fails_transfers_within_the_time_out_and_serves_again_after() {
-            $crate::store::a_stalled_store_fails_transfers_within_the_time_out_and_serves_again_after(
-                &$store(),
-            );
-        }
+        $crate::store::store_tests!(
+            $store:
+            gets_ranges_puts_and_multipart_go_by_rdma_through_the_gateway_byte_exact,
+            a_checksum_mismatch_is_refused_at_each_hop_and_nothing_is_stored,
+            the_store_keeps_the_crc64nvme_of_a_put_through_the_gateway,
+            plain_requests_through_the_gateway_keep_s3_s_semantics,
+            a_store_that_pauses_longer_than_the_rdma_timeout_is_waited_for,
+            a_large_object_streams_through_the_gateway_both_ways,
+            a_stalled_store_fails_transfers_within_the_time_out_and_serves_again_after,
+        );
+    };
+    ($store:path: $($test:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $test() {
+                $crate::store::$test(&$store());
+            }
+        )*
     };
 }
 pub(crate) use store_tests;
@@ -544,7 +520,8 @@ pub fn plain_requests_through_the_gateway_keep_s3_s_semantics(store: &Store) {
             .send()
             .await
             .unwrap_or_else(|e| panic!("HeadObject: {e:?}"));
-        assert_eq!(head.content_length(), Some(data.len() as i64));
+        let len = i64::try_from(data.len()).unwrap();
+        assert_eq!(head.content_length(), Some(len));
         assert_eq!(head.e_tag(), Some(etag.as_str()));
         assert!(head.last_modified().is_some(), "HeadObject's Last-Modified");
 
@@ -592,7 +569,7 @@ pub fn plain_requests_through_the_gateway_keep_s3_s_semantics(store: &Store) {
         let e = c
             .get_object()
             .bucket(bucket)
-            .key(&format!("{prefix}/missing"))
+            .key(format!("{prefix}/missing"))
             .send()
             .await
             .expect_err("a missing key");
@@ -724,14 +701,8 @@ pub fn plain_requests_through_the_gateway_keep_s3_s_semantics(store: &Store) {
         let keys: Vec<_> = listed.contents().iter().filter_map(|o| o.key()).collect();
         assert_eq!(keys, [copy.as_str(), multi.as_str(), key.as_str()]);
         let sizes: Vec<_> = listed.contents().iter().filter_map(|o| o.size()).collect();
-        assert_eq!(
-            sizes,
-            [
-                data.len() as i64,
-                parts.concat().len() as i64,
-                data.len() as i64
-            ]
-        );
+        let multi_len = i64::try_from(parts.concat().len()).unwrap();
+        assert_eq!(sizes, [len, multi_len, len]);
 
         c.get_bucket_versioning()
             .bucket(bucket)
@@ -783,14 +754,19 @@ pub fn plain_requests_through_the_gateway_keep_s3_s_semantics(store: &Store) {
             .await
             .unwrap_or_else(|e| panic!("DeleteObjects: {e:?}"));
         assert!(deleted.errors().is_empty(), "{:?}", deleted.errors());
-        let left = c
-            .list_objects_v2()
-            .bucket(bucket)
-            .prefix(format!("{prefix}/"))
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("ListObjectsV2: {e:?}"));
-        assert_eq!(left.key_count(), Some(0), "{:?}", left.contents());
+        // Gone, as a HEAD of each key says (a listing right after a delete
+        // is not what this checks: Garage once listed a deleted object
+        // with a node just restarted, docs/reliability.md).
+        for gone in [&copy, &key, &multi] {
+            let e = c
+                .head_object()
+                .bucket(bucket)
+                .key(gone)
+                .send()
+                .await
+                .expect_err("a deleted key");
+            assert_eq!(sdk_status(&e), Some(404), "HEAD {gone}: {e:?}");
+        }
     });
     assert!(!store.holds(&format!("{prefix}/bad")), "nothing stored");
 }
@@ -1001,17 +977,18 @@ pub fn a_stalled_store_fails_transfers_within_the_time_out_and_serves_again_afte
     assert!(took < Duration::from_secs(30), "{took:?}");
     assert!(e.to_string().contains("503"), "{e}");
 
-    let object = Object::new(&s3, bucket, &key);
-    objects::get(
-        &client,
-        object,
-        0..data.len() as u64,
-        &mut buf,
-        0,
-        NO_FALLBACK,
-    )
-    .expect("a GET once the store is back");
-    assert!(buf.as_slice().unwrap() == data);
+    reads_back(&client, Object::new(&s3, bucket, &key), &mut buf, &data);
+}
+
+/// GETs `object` whole by RDMA into `buf` and checks that it is `data`.
+pub fn reads_back(client: &Client, object: Object<'_>, buf: &mut Buffer, data: &[u8]) {
+    let what = format!("GET {}", object.key);
+    objects::get(client, object, 0..data.len() as u64, buf, 0, NO_FALLBACK)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        buf.as_slice().unwrap()[..data.len()] == *data,
+        "{what}: byte for byte"
+    );
 }
 
 fn base64_of(bytes: &[u8]) -> String {
