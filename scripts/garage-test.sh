@@ -15,7 +15,8 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 garage=$(bash scripts/garage.sh)
-features=s3-server,cli,garage-lane
+# SeaweedFS's lane builds with the same features: one build serves both.
+features=s3-server,cli,garage-lane,seaweedfs-lane
 cargo build --locked --features "$features" --test gateway_garage --bench gateway
 
 # As root, everything runs in a network namespace of its own whose loopback

@@ -37,7 +37,7 @@ echo "== disk: $(df -h --output=avail "$build_dir" 2>/dev/null | tail -1 | tr -d
 section "format, lints, docs"
 cargo fmt --check
 cargo fmt --check --manifest-path fuzz/Cargo.toml
-cargo clippy --locked --all-targets --features vm-lane,s3-server,cuda-device,cli,garage-lane -- -D warnings
+cargo clippy --locked --all-targets --features vm-lane,s3-server,cuda-device,cli,garage-lane,seaweedfs-lane -- -D warnings
 cargo clippy --locked --all-targets --manifest-path fuzz/Cargo.toml -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --features cli,fake-platform,s3-server
 
@@ -57,6 +57,9 @@ bash scripts/garage.sh >/dev/null
 
 section "the gateway in front of a three-node Garage cluster"
 bash scripts/garage-test.sh
+
+section "the gateway in front of SeaweedFS"
+bash scripts/seaweedfs-test.sh
 
 section "the Python package: installed with pip into target/pyvenv, its unit tests on the fake library"
 bash scripts/python-test.sh

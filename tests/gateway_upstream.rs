@@ -7,19 +7,23 @@
 //! that every answer is the gateway's first); what reached the upstream is
 //! read from its directory. A fake upstream (a TCP listener answering what
 //! a test says, or nothing) shows the headers that reach an upstream and
-//! the answers that a directory cannot give. The RDMA paths through the
-//! upstream are the VM lane's.
+//! the answers that a directory cannot give. Where a test needs the RDMA
+//! path, the gateway runs in this process with RDMA on the fake fabric
+//! (`tests/common/gateway.rs`); over real verbs it is the VM lane's.
 //!
 //! The second half calls `Upstream::put_object` directly with bodies that
 //! fail: nothing of them may become visible upstream.
 
+#[path = "common/gateway.rs"]
+mod gateway;
 #[path = "common/s3.rs"]
-mod s3;
+mod s3server;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,9 +38,9 @@ use base64::Engine as _;
 use bytes::Bytes;
 use futures::StreamExt;
 use hipobj::gateway::upstream::{Settings, Upstream};
-use s3::{parse_banner, S3Server, ACCESS_KEY, BUCKET, SECRET_KEY};
 use s3s::dto::{PutObjectInput, StreamingBlob};
 use s3s::S3;
+use s3server::{parse_banner, S3Server, ACCESS_KEY, BUCKET, SECRET_KEY};
 
 /// The upstream's own keys, which only the gateway has.
 const UPSTREAM_KEY: &str = "upstream-key";
@@ -65,6 +69,11 @@ fn upstream() -> S3Server {
 struct Gateway {
     endpoint: String,
     child: Child,
+    /// What it printed on standard error, a line each (also passed on to
+    /// the test's).
+    log: Arc<Mutex<Vec<String>>>,
+    /// The lines it printed on standard output after its first.
+    later: Arc<Mutex<Vec<String>>>,
 }
 
 impl Gateway {
@@ -92,17 +101,31 @@ impl Gateway {
             .env("AWS_EC2_METADATA_DISABLED", "true")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("starting the gateway");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("piped");
+        let lines = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("{line}");
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let later = Arc::new(Mutex::new(Vec::new()));
         let stdout = child.stdout.take().expect("piped");
         let (tx, rx) = mpsc::channel();
+        let lines = Arc::clone(&later);
         std::thread::spawn(move || {
             let mut reader = BufReader::new(stdout);
             let mut line = String::new();
             let _ = tx.send(reader.read_line(&mut line).map(|_| line));
-            let mut rest = String::new();
-            let _ = reader.read_to_string(&mut rest);
+            for line in reader.lines() {
+                let Ok(line) = line else { break };
+                lines.lock().unwrap().push(line);
+            }
         });
         let line = match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(Ok(line)) if !line.is_empty() => line,
@@ -114,7 +137,40 @@ impl Gateway {
         };
         let (endpoint, _) = parse_banner(line.trim_end())
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-        Gateway { endpoint, child }
+        Gateway {
+            endpoint,
+            child,
+            log,
+            later,
+        }
+    }
+
+    /// The lines of its log that contain `text`.
+    fn logged(&self, text: &str) -> Vec<String> {
+        let log = self.log.lock().unwrap();
+        log.iter().filter(|l| l.contains(text)).cloned().collect()
+    }
+
+    /// Its metrics' text, from `--metrics-listen`'s line.
+    fn metrics(&self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let url = loop {
+            let found = self.later.lock().unwrap().iter().find_map(|l| {
+                l.strip_prefix("hipobj-s3-server metrics on ")
+                    .map(str::to_owned)
+            });
+            if let Some(url) = found {
+                break url;
+            }
+            assert!(Instant::now() < deadline, "no metrics line");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let out = Command::new("curl")
+            .args(["-sS", "--fail", &url])
+            .output()
+            .expect("curl is needed for this test");
+        assert!(out.status.success(), "GET {url}: {out:?}");
+        String::from_utf8(out.stdout).expect("the metrics are text")
     }
 }
 
@@ -128,10 +184,15 @@ impl Drop for Gateway {
 /// An SDK client of `endpoint` with the test keys: no retries, checksums
 /// only where asked, and no time-out of its own below a minute.
 fn client(endpoint: &str) -> aws_sdk_s3::Client {
+    client_in(endpoint, "us-east-1")
+}
+
+/// [`client`], signing for `region`.
+fn client_in(endpoint: &str, region: &str) -> aws_sdk_s3::Client {
     let config = aws_sdk_s3::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .endpoint_url(endpoint)
-        .region(Region::new("us-east-1"))
+        .region(Region::new(region.to_owned()))
         .credentials_provider(Credentials::new(ACCESS_KEY, SECRET_KEY, None, None, "test"))
         .force_path_style(true)
         .retry_config(aws_sdk_s3::config::retry::RetryConfig::disabled())
@@ -916,6 +977,615 @@ fn slow_down_comes_back_as_503_slow_down() {
     });
 }
 
+/// What the store says, in words the gateway's SDK cannot read: a
+/// GetObject whose Last-Modified is ISO 8601 rather than an HTTP date, or
+/// whose parts count is not a number.
+const UNREADABLE_GETS: [&str; 2] = [
+    "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nETag: \"e1\"\r\n\
+     Last-Modified: 2026-12-04T10:00:00.000Z\r\nConnection: close\r\n\r\nabc",
+    "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nETag: \"e1\"\r\n\
+     Last-Modified: Fri, 04 Dec 2026 10:00:00 GMT\r\nx-amz-mp-parts-count: many\r\n\
+     Connection: close\r\n\r\nabc",
+];
+
+/// A GET of `key` through `gw` with curl (`--aws-sigv4`, as a plain HTTP
+/// client): its status, whether `--fail` would fail, and its body.
+fn curl_get(gw: &Gateway, key: &str) -> (String, bool, String) {
+    let file = std::env::temp_dir().join(format!("hipobj-gw-curl-{}-{key}", std::process::id()));
+    let out = Command::new("curl")
+        .args(["-sS", "--fail-with-body", "-o"])
+        .arg(&file)
+        .args(["-w", "%{http_code}", "--aws-sigv4", "aws:amz:us-east-1:s3"])
+        .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"])
+        .arg("--user")
+        .arg(format!("{ACCESS_KEY}:{SECRET_KEY}"))
+        .arg(format!("{}/{BUCKET}/{key}", gw.endpoint))
+        .output()
+        .expect("curl is needed for this test");
+    let body = std::fs::read(&file).unwrap_or_default();
+    let _ = std::fs::remove_file(&file);
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        !out.status.success(),
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+/// A store's answer the gateway cannot read is 502 Bad Gateway with the
+/// SDK's reason, logged and counted as every answer of 400 or more (and
+/// the store's request as `unreadable`): never a success whose body is an
+/// error (for GetObject, the object's bytes).
+#[test]
+fn an_answer_the_gateway_cannot_read_is_502_never_a_success() {
+    for answer in UNREADABLE_GETS {
+        let fake = Fake::answering(answer);
+        let gw = Gateway::start(
+            &fake.endpoint,
+            UPSTREAM_SECRET,
+            &["--metrics-listen", "127.0.0.1:0"],
+        );
+        let (status, failed, body) = curl_get(&gw, "k");
+        assert_eq!(status, "502", "{body}");
+        assert!(failed, "curl --fail fails");
+        assert!(
+            body.contains("could not read the store&apos;s answer")
+                || body.contains("could not read the store's answer"),
+            "{body}"
+        );
+        assert!(body.contains(&fake.endpoint), "names the store: {body}");
+        // Logged once the answer has gone.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !gw
+            .logged("(GetObject)")
+            .iter()
+            .any(|l| l.contains(": 502 InternalError"))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the log line of an answer of 400 or more: {:?}",
+                gw.logged("")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let counted = |metrics: &str| {
+            let has = |series: &str, labels: [&str; 2]| {
+                metrics
+                    .lines()
+                    .any(|l| l.starts_with(series) && labels.iter().all(|x| l.contains(x)))
+            };
+            has(
+                "hipobj_s3_requests_total{",
+                ["op=\"GetObject\"", "status=\"502\""],
+            ) && has(
+                "hipobj_s3_upstream_request_duration_seconds_count{",
+                ["op=\"GetObject\"", "outcome=\"unreadable\""],
+            )
+        };
+        let mut metrics = gw.metrics();
+        while !counted(&metrics) {
+            assert!(Instant::now() < deadline, "counted as a 502: {metrics}");
+            std::thread::sleep(Duration::from_millis(20));
+            metrics = gw.metrics();
+        }
+    }
+
+    // Answers of other operations whose XML root is not S3's.
+    let fake = Fake::answering(&xml_answer(
+        200,
+        "<ListPartsOutput><Bucket>bucket</Bucket><Key>k</Key><UploadId>u-1</UploadId>\
+         </ListPartsOutput>",
+    ));
+    let gw = Gateway::start(&fake.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let e = client(&gw.endpoint)
+            .list_parts()
+            .bucket(BUCKET)
+            .key("k")
+            .upload_id("u-1")
+            .send()
+            .await
+            .unwrap_err();
+        let (status, _, message) = failure(e);
+        assert_eq!(status, 502, "{message}");
+        assert!(
+            message.contains("ListParts: could not read the store's answer"),
+            "{message}"
+        );
+    });
+    let fake = Fake::answering(&xml_answer(
+        200,
+        "<BucketVersioning><Status>Enabled</Status></BucketVersioning>",
+    ));
+    let gw = Gateway::start(&fake.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let e = client(&gw.endpoint)
+            .get_bucket_versioning()
+            .bucket(BUCKET)
+            .send()
+            .await
+            .unwrap_err();
+        let (status, _, message) = failure(e);
+        assert_eq!(status, 502, "{message}");
+        assert!(
+            message.contains("could not read the store's answer"),
+            "{message}"
+        );
+    });
+}
+
+/// By RDMA (the gateway in this process, on the fake fabric), the same
+/// answers fail the transfer with the store's 502 in the RDMA reply: the
+/// client is told what the store did, not that RDMA failed.
+#[test]
+fn an_rdma_get_of_an_answer_the_gateway_cannot_read_fails_with_502() {
+    use hipobj::s3::objects::{self, Object, Policy};
+    for answer in UNREADABLE_GETS {
+        let fake = Fake::answering(answer);
+        let world = hipobj::testing::world::World::new();
+        let credentials = Credentials::new(UPSTREAM_KEY, UPSTREAM_SECRET, None, None, "test");
+        let gw = gateway::Gateway::upstream_signed(&world, &fake.endpoint, &[], credentials);
+        let client = rdma_client(&world);
+        let s3 = gateway_s3(&gw);
+        let mut buf = client.host_buffer(3).unwrap();
+        let policy = Policy {
+            fallback: false,
+            verify: true,
+        };
+        let e = objects::get(
+            &client,
+            Object::new(&s3, BUCKET, "k"),
+            0..3,
+            &mut buf,
+            0,
+            policy,
+        )
+        .expect_err("a GET of an answer the gateway cannot read");
+        let text = e.to_string();
+        assert!(text.contains("502"), "{text}");
+        assert!(text.contains("could not read the store's answer"), "{text}");
+        assert!(
+            fake.heads().iter().any(|h| h.starts_with("GET /bucket/k")),
+            "asked of the store: {:?}",
+            fake.heads()
+        );
+    }
+}
+
+/// A PutObject up to S3's single-PUT limit (5 GiB) keeps S3's semantics
+/// through the gateway: one streamed PutObject at the store, whose ETag
+/// (the body's MD5) is the client's answer. The body streams: the client
+/// sends 48 of its 65 MiB and holds the rest back until the store has 32
+/// MiB of them, which a gateway that held the body (or more than 16 MiB of
+/// it) before sending it on would never give.
+#[test]
+fn a_put_object_up_to_5_gib_is_one_streamed_put_answered_with_its_md5() {
+    use s3s::crypto::{Checksum as _, Md5};
+    let taker = Taker::start();
+    let gw = Gateway::start(&taker.endpoint, UPSTREAM_SECRET, &[]);
+    let data = Bytes::from(pattern(65 << 20, 14));
+    let md5 = Md5::checksum(&data);
+    let content_md5 = base64::engine::general_purpose::STANDARD.encode(md5);
+    let (sent_first, held_until) = (48 << 20, 32 << 20);
+    runtime().block_on(async {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+        let body = ByteStream::from_body_1_x(Channel {
+            rx,
+            left: data.len() as u64,
+        });
+        let received = Arc::clone(&taker.received);
+        let feed = tokio::spawn({
+            let data = data.clone();
+            async move {
+                let pieces = |range: std::ops::Range<usize>| {
+                    (range.clone().step_by(1 << 20))
+                        .map(|at| data.slice(at..(at + (1 << 20)).min(range.end)))
+                        .collect::<Vec<_>>()
+                };
+                for piece in pieces(0..sent_first) {
+                    tx.send(piece).await.expect("the body is read");
+                }
+                // Within the client's own time-out (a minute).
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while received.load(Ordering::SeqCst) < held_until {
+                    assert!(
+                        Instant::now() < deadline,
+                        "the store had {} bytes of the first {sent_first} sent, not {held_until}: \
+                         the gateway holds the body back",
+                        received.load(Ordering::SeqCst)
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                for piece in pieces(sent_first..data.len()) {
+                    tx.send(piece).await.expect("the body is read");
+                }
+            }
+        });
+        let out = client(&gw.endpoint)
+            .put_object()
+            .bucket(BUCKET)
+            .key("big")
+            .content_length(i64::try_from(data.len()).unwrap())
+            .content_md5(&content_md5)
+            .body(body)
+            .send()
+            .await;
+        feed.abort();
+        if let Err(e) = feed.await {
+            if e.is_panic() {
+                std::panic::resume_unwind(e.into_panic());
+            }
+        }
+        let out = out.unwrap_or_else(|e| panic!("PUT: {e:?}"));
+        assert_eq!(
+            out.e_tag(),
+            Some(format!("\"{}\"", hex::encode(md5)).as_str()),
+            "the body's MD5"
+        );
+    });
+    let heads = taker.heads();
+    assert_eq!(heads.len(), 1, "one request to the store: {heads:?}");
+    let head = heads[0].to_ascii_lowercase();
+    // PutObject: PUT of the key, no upload's query (the SDK adds x-id).
+    let target = head.split(' ').nth(1).unwrap_or_default();
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    assert!(head.starts_with("put ") && path == "/bucket/big", "{head}");
+    assert!(
+        !query.contains("upload") && !query.contains("partnumber"),
+        "{head}"
+    );
+    assert!(
+        head.contains(&format!("content-length: {}\r\n", data.len())),
+        "{head}"
+    );
+    assert!(
+        head.contains(&format!(
+            "content-md5: {}\r\n",
+            content_md5.to_ascii_lowercase()
+        )),
+        "{head}"
+    );
+    assert_eq!(taker.received.load(Ordering::SeqCst), data.len() as u64);
+}
+
+/// A request body fed from a channel, of a length given in advance.
+struct Channel {
+    rx: tokio::sync::mpsc::Receiver<Bytes>,
+    left: u64,
+}
+
+impl hyper::body::Body for Channel {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
+        self.rx.poll_recv(cx).map(|piece| {
+            piece.map(|piece| {
+                self.left = self.left.saturating_sub(piece.len() as u64);
+                Ok(hyper::body::Frame::data(piece))
+            })
+        })
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.left)
+    }
+}
+
+/// A fake store that takes bodies, as S3 takes a PutObject: it records
+/// each request's head, reads its body (`Content-Length`) as it comes,
+/// counting the bytes received, and answers 200 with the body's MD5 as
+/// its ETag.
+struct Taker {
+    endpoint: String,
+    heads: Arc<Mutex<Vec<String>>>,
+    received: Arc<AtomicU64>,
+    /// The bodies received whole.
+    whole: Arc<AtomicUsize>,
+}
+
+impl Taker {
+    fn start() -> Taker {
+        use s3s::crypto::{Checksum as _, Md5};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let received = Arc::new(AtomicU64::new(0));
+        let whole = Arc::new(AtomicUsize::new(0));
+        let (seen, counted, bodies) = (
+            Arc::clone(&heads),
+            Arc::clone(&received),
+            Arc::clone(&whole),
+        );
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(120)));
+                let Some(head) = read_head(&mut conn) else {
+                    continue;
+                };
+                let length = content_length(&head);
+                seen.lock().unwrap().push(head);
+                let mut md5 = Md5::new();
+                let mut block = vec![0u8; 64 << 10];
+                let mut left = length;
+                while left > 0 {
+                    let want = usize::try_from(left.min(block.len() as u64)).unwrap();
+                    match conn.read(&mut block[..want]) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            md5.update(&block[..n]);
+                            left -= n as u64;
+                            counted.fetch_add(n as u64, Ordering::SeqCst);
+                        }
+                    }
+                }
+                if left > 0 {
+                    continue;
+                }
+                bodies.fetch_add(1, Ordering::SeqCst);
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nETag: \"{}\"\r\nContent-Length: 0\r\n\
+                     Connection: close\r\n\r\n",
+                    hex::encode(md5.finalize())
+                );
+                let _ = conn.write_all(answer.as_bytes());
+            }
+        });
+        Taker {
+            endpoint,
+            heads,
+            received,
+            whole,
+        }
+    }
+
+    fn heads(&self) -> Vec<String> {
+        self.heads.lock().unwrap().clone()
+    }
+}
+
+/// A single PUT whose checksum comes as a value alone (the AWS SDKs and
+/// the hipobj client send `x-amz-checksum-crc64nvme` without
+/// `x-amz-sdk-checksum-algorithm`) reaches the store with its algorithm
+/// named too: some stores keep a checksum only when it is named. Plain
+/// and by RDMA.
+#[test]
+fn a_single_put_names_the_algorithm_of_its_checksum() {
+    let ok = "HTTP/1.1 200 OK\r\nETag: \"e1\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    let data = pattern(4096, 15);
+    let crc = crc64nvme(&data);
+    let named = |head: &str| {
+        let head = head.to_ascii_lowercase();
+        assert!(
+            head.contains(&format!(
+                "x-amz-checksum-crc64nvme: {}\r\n",
+                crc.to_ascii_lowercase()
+            )),
+            "{head}"
+        );
+        assert!(
+            head.contains("x-amz-sdk-checksum-algorithm: crc64nvme\r\n"),
+            "{head}"
+        );
+    };
+
+    let fake = Fake::answering(ok);
+    let gw = Gateway::start(&fake.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        client(&gw.endpoint)
+            .put_object()
+            .bucket(BUCKET)
+            .key("summed")
+            .checksum_crc64_nvme(&crc)
+            .body(ByteStream::from(data.clone()))
+            .send()
+            .await
+            .unwrap();
+    });
+    let heads = fake.heads();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    named(&heads[0]);
+
+    let fake = Fake::answering(ok);
+    let world = hipobj::testing::world::World::new();
+    let credentials = Credentials::new(UPSTREAM_KEY, UPSTREAM_SECRET, None, None, "test");
+    let gw = gateway::Gateway::upstream_signed(&world, &fake.endpoint, &[], credentials);
+    let client = rdma_client(&world);
+    let s3 = gateway_s3(&gw);
+    let buf = client.register_host(data.clone()).unwrap();
+    let object = hipobj::s3::objects::Object::new(&s3, BUCKET, "summed");
+    let mut request = hipobj::s3::objects::RdmaRequest::new(object, hipobj::s3::objects::Op::Put)
+        .with_checksum(hipobj::s3::Checksum::crc64nvme(&data));
+    client
+        .put(&buf, 0..data.len(), &mut request)
+        .expect("a PUT by RDMA");
+    let heads = fake.heads();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    named(&heads[0]);
+}
+
+/// A plain PutObject or UploadPart whose header checksum is not its
+/// body's is refused by the gateway itself (400 BadDigest), its body never
+/// reaching the store whole: integrity does not rest on the store checking
+/// what the gateway forwards (this fake store checks nothing).
+#[test]
+fn a_plain_put_whose_header_checksum_is_wrong_never_reaches_the_store_whole() {
+    let taker = Taker::start();
+    let gw = Gateway::start(&taker.endpoint, UPSTREAM_SECRET, &[]);
+    let data = pattern(3 << 20, 16);
+    let wrong_crc = crc64nvme(b"other bytes");
+    runtime().block_on(async {
+        let c = client(&gw.endpoint);
+        let refused = |e: SdkError<_>, what: &str| {
+            let (status, code, message) = failure(e);
+            assert_eq!(
+                (status, code.as_str()),
+                (400, "BadDigest"),
+                "{what}: {message}"
+            );
+        };
+        let e = c
+            .put_object()
+            .bucket(BUCKET)
+            .key("crc")
+            .checksum_crc64_nvme(&wrong_crc)
+            .body(ByteStream::from(data.clone()))
+            .send()
+            .await
+            .unwrap_err();
+        refused(e, "CRC64NVME");
+        let e = c
+            .put_object()
+            .bucket(BUCKET)
+            .key("sha256")
+            .checksum_sha256(base64::engine::general_purpose::STANDARD.encode([7u8; 32]))
+            .body(ByteStream::from(data.clone()))
+            .send()
+            .await
+            .unwrap_err();
+        refused(e, "SHA256");
+        let e = c
+            .put_object()
+            .bucket(BUCKET)
+            .key("md5")
+            .content_md5("1B2M2Y8AsgTpgAmY7PhCfg==")
+            .body(ByteStream::from(data.clone()))
+            .send()
+            .await
+            .unwrap_err();
+        refused(e, "Content-MD5");
+        let e = c
+            .upload_part()
+            .bucket(BUCKET)
+            .key("part")
+            .upload_id("u-1")
+            .part_number(1)
+            .checksum_crc64_nvme(&wrong_crc)
+            .body(ByteStream::from(data.clone()))
+            .send()
+            .await
+            .unwrap_err();
+        let (status, code, message) = failure(e);
+        assert_eq!(
+            (status, code.as_str()),
+            (400, "BadDigest"),
+            "UploadPart: {message}"
+        );
+        // The same with its own checksum: stored.
+        c.put_object()
+            .bucket(BUCKET)
+            .key("right")
+            .checksum_crc64_nvme(crc64nvme(&data))
+            .body(ByteStream::from(data.clone()))
+            .send()
+            .await
+            .unwrap();
+    });
+    assert_eq!(
+        taker.whole.load(Ordering::SeqCst),
+        1,
+        "only the right body reached the store whole: {:?}",
+        taker.heads()
+    );
+}
+
+/// A client of the library on `world`'s fake fabric, without a GPU.
+fn rdma_client(world: &hipobj::testing::world::World) -> hipobj::client::Client {
+    hipobj::client::Client::builder()
+        .platform(world.platform())
+        .gpu(hipobj::client::GpuSelect::None)
+        .build()
+        .unwrap()
+}
+
+/// The built-in S3 client of `gw` (in this process), with the test keys.
+fn gateway_s3(gw: &gateway::Gateway) -> hipobj::s3::S3 {
+    hipobj::s3::S3::new(hipobj::s3::S3Config {
+        endpoint: gw.endpoint.clone(),
+        region: "us-east-1".to_owned(),
+        credentials: hipobj::s3::Credentials {
+            access_key_id: ACCESS_KEY.to_owned(),
+            secret_access_key: SECRET_KEY.to_owned(),
+            session_token: None,
+        },
+        credentials_source: "given".to_owned(),
+    })
+    .unwrap()
+}
+
+/// GetBucketLocation through the gateway answers the region its clients
+/// sign for (the request's), once the store's HeadBucket says the bucket
+/// is there: the store's own location (Garage answers its region,
+/// "garage") would send clients to sign for a region the gateway refuses,
+/// and SeaweedFS's answer (the root `CreateBucketConfiguration`, not S3's
+/// `LocationConstraint`) is one the SDK cannot read.
+#[test]
+fn get_bucket_location_answers_the_gateway_s_region_for_a_bucket_the_store_has() {
+    use aws_sdk_s3::types::BucketLocationConstraint;
+    let seaweedfs = Fake::answering(&xml_answer(
+        200,
+        "<CreateBucketConfiguration><LocationConstraint></LocationConstraint>\
+         </CreateBucketConfiguration>",
+    ));
+    let gw = Gateway::start(
+        &seaweedfs.endpoint,
+        UPSTREAM_SECRET,
+        &["--region", "eu-central-1"],
+    );
+    runtime().block_on(async {
+        let out = client_in(&gw.endpoint, "eu-central-1")
+            .get_bucket_location()
+            .bucket(BUCKET)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(
+            out.location_constraint(),
+            Some(&BucketLocationConstraint::EuCentral1)
+        );
+    });
+    let heads = seaweedfs.heads();
+    assert!(
+        heads.len() == 1 && heads[0].starts_with("HEAD /bucket"),
+        "the store's HeadBucket: {heads:?}"
+    );
+
+    let garage = Fake::answering(&xml_answer(
+        200,
+        "<LocationConstraint>garage</LocationConstraint>",
+    ));
+    let gw = Gateway::start(&garage.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let out = client(&gw.endpoint)
+            .get_bucket_location()
+            .bucket(BUCKET)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        // us-east-1, as S3 says it: an empty constraint.
+        let constraint = out.location_constraint().map(|c| c.as_str());
+        assert_eq!(constraint.unwrap_or_default(), "", "{constraint:?}");
+    });
+
+    let missing =
+        Fake::answering("HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    let gw = Gateway::start(&missing.endpoint, UPSTREAM_SECRET, &[]);
+    runtime().block_on(async {
+        let e = client(&gw.endpoint)
+            .get_bucket_location()
+            .bucket(BUCKET)
+            .send()
+            .await
+            .unwrap_err();
+        let (status, code, message) = failure(e);
+        assert_eq!((status, code.as_str()), (404, "NoSuchBucket"), "{message}");
+        assert!(message.contains(&missing.endpoint), "{message}");
+    });
+}
+
 /// An HTTP answer with an XML body.
 fn xml_answer(status: u16, xml: &str) -> String {
     format!(
@@ -981,6 +1651,14 @@ impl Fake {
 /// body the sender streams without end is read for at most two seconds.
 fn read_request(conn: &mut TcpStream) -> Option<String> {
     conn.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    let head = read_head(conn)?;
+    let length = content_length(&head);
+    let _ = std::io::copy(&mut conn.take(length), &mut std::io::sink());
+    Some(head)
+}
+
+/// A request's head, up to its blank line.
+fn read_head(conn: &mut TcpStream) -> Option<String> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -989,17 +1667,18 @@ fn read_request(conn: &mut TcpStream) -> Option<String> {
         }
         head.push(byte[0]);
     }
-    let head = String::from_utf8_lossy(&head).into_owned();
-    let length = head
-        .lines()
+    Some(String::from_utf8_lossy(&head).into_owned())
+}
+
+/// A head's `Content-Length`, 0 without one.
+fn content_length(head: &str) -> u64 {
+    head.lines()
         .find_map(|l| {
             let (name, value) = l.split_once(':')?;
             name.eq_ignore_ascii_case("content-length")
                 .then(|| value.trim().parse::<u64>().ok())?
         })
-        .unwrap_or(0);
-    let _ = std::io::copy(&mut conn.take(length), &mut std::io::sink());
-    Some(head)
+        .unwrap_or(0)
 }
 
 // Upstream::put_object from a stream, called directly.

@@ -136,9 +136,10 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE]
                         piece of an object (default 30000; ten times that for CopyObject,
                         UploadPartCopy and CompleteMultipartUpload); then 503
   --upstream-multipart-bytes N
-                        the largest PutObject sent on as one request (default 67108864, at
-                        most 5368709120); a larger one (or one of unknown length) goes as a
-                        multipart upload, aborted if anything fails
+                        the largest PutObject sent on as one streamed request (default and at
+                        most 5368709120, S3's largest, so that its ETag stays the body's MD5);
+                        a larger one (or one of unknown length) goes as a multipart upload,
+                        whose ETag is not an MD5, aborted if anything fails
   --upstream-part-bytes N
                         the part size of those uploads (default 16777216, 5242880 to
                         5368709120); larger where the object needs more than 10000 parts
@@ -1375,7 +1376,7 @@ pub(crate) mod tests {
         assert_eq!(u.profile, None);
         assert!(u.path_style);
         assert_eq!(u.timeout, Duration::from_secs(30));
-        assert_eq!((u.multipart_bytes, u.part_bytes), (64 << 20, 16 << 20));
+        assert_eq!((u.multipart_bytes, u.part_bytes), (5 << 30, 16 << 20));
         let o = with_upstream(&[
             "--upstream-region=garage",
             "--upstream-profile",

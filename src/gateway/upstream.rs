@@ -11,7 +11,10 @@
 //!   an upstream that keeps the gateway waiting longer than
 //!   `--upstream-timeout-ms` at one stretch, answers 503 ServiceUnavailable
 //!   naming the upstream and what happened (s3s-aws alone answers 500 with
-//!   no message for all of these).
+//!   no message for all of these). An answer the SDK cannot read (a header
+//!   or an XML document not in S3's form), which the SDK reports with the
+//!   answer's own success status, answers 502 Bad Gateway with the SDK's
+//!   reason: never a success whose body is an error.
 //! - Time-outs: a call waits for the upstream at most the time-out at one
 //!   stretch: to connect, to take the next piece of a request's body, to
 //!   answer once the body is sent, to send the next piece of a response's
@@ -19,21 +22,29 @@
 //!   transfer) to produce a request's body does not count. CopyObject,
 //!   UploadPartCopy and CompleteMultipartUpload, which a store may take
 //!   minutes to answer for large objects, get [`SLOW_CALLS`] times as long.
-//! - PutObject from a stream: up to `--upstream-multipart-bytes` one
-//!   streamed PutObject; above (or of unknown length) a multipart upload of
-//!   `--upstream-part-bytes` parts read from the stream while the previous
-//!   part uploads, each with its CRC64NVME, completed with the whole
-//!   object's CRC64NVME (S3's `FULL_OBJECT` checksum type), and aborted on
-//!   any failure (the stream's, the upstream's, a time-out, the request
-//!   dropped), so that nothing partial becomes visible. A body that ends
+//! - PutObject from a stream: up to `--upstream-multipart-bytes` (5 GiB,
+//!   S3's largest PutObject, by default: its ETag stays the body's MD5)
+//!   one streamed PutObject; above (or of unknown length) a multipart
+//!   upload of `--upstream-part-bytes` parts read from the stream while
+//!   the previous part uploads, each with its CRC64NVME, completed with
+//!   the whole object's CRC64NVME (S3's `FULL_OBJECT` checksum type), and
+//!   aborted on any failure (the stream's, the upstream's, a time-out, the
+//!   request dropped), so that nothing partial becomes visible. A body that ends
 //!   short of its `Content-Length` or runs past it fails the request and
 //!   the upload with it.
-//! - Checksums a client sends in headers are forwarded (the upstream checks
-//!   them); a checksum sent as a trailer (aws-chunked), and for the
-//!   multipart case every checksum and `Content-MD5` of the whole object,
-//!   which the upstream cannot check against parts, are checked here before
-//!   the upload completes: a mismatch answers 400 BadDigest and stores
-//!   nothing.
+//! - GetBucketLocation answers the region the gateway's clients sign for,
+//!   once the upstream's HeadBucket finds the bucket: not the upstream's
+//!   own location, which they could not sign for.
+//! - Checksums a client sends in headers are checked here as the body of a
+//!   single PutObject or UploadPart streams (unless it came by RDMA, whose
+//!   bytes were checked as they were READ) and forwarded (the upstream may
+//!   check them again), a single PutObject's with its algorithm named
+//!   (`x-amz-sdk-checksum-algorithm`) where the client sent a value alone.
+//!   A checksum sent as a trailer (aws-chunked), and for the multipart case
+//!   every checksum and `Content-MD5` of the whole object, which the
+//!   upstream cannot check against parts, are checked here too. A mismatch
+//!   answers 400 BadDigest before the upstream has the whole body, and
+//!   nothing is stored.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -64,7 +75,10 @@ use super::backend::Backend;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest PutObject sent as one request, unless
 /// `--upstream-multipart-bytes` says otherwise: above, a multipart upload.
-pub const DEFAULT_MULTIPART_BYTES: u64 = 64 << 20;
+/// S3's largest PutObject, so that a PutObject keeps S3's semantics up to
+/// it (its ETag the MD5 of its body, where a multipart upload's is
+/// `"HASH-N"`); it streams, so its size costs no memory.
+pub const DEFAULT_MULTIPART_BYTES: u64 = MAX_PART_BYTES;
 /// The part size of a PutObject sent as a multipart upload, unless
 /// `--upstream-part-bytes` says otherwise.
 pub const DEFAULT_PART_BYTES: u64 = 16 << 20;
@@ -76,6 +90,8 @@ pub const MAX_PART_BYTES: u64 = 5 << 30;
 pub const MAX_PARTS: u64 = 10_000;
 /// S3's largest object.
 pub const MAX_OBJECT_BYTES: u64 = 5 << 40;
+/// The header of a request whose payload moves by RDMA (`s3.rs`).
+const RDMA_TOKEN: &str = "x-amz-rdma-token";
 /// How many times the time-out CopyObject, UploadPartCopy and
 /// CompleteMultipartUpload get: the store does the work of the whole
 /// object before it answers.
@@ -240,7 +256,9 @@ impl Upstream {
         let outcome = match &out {
             Ok(_) => "ok",
             Err(e) => match e.source().and_then(|s| s.downcast_ref::<SdkError<E>>()) {
+                Some(SdkError::ServiceError(s)) if s.raw().status().is_success() => "unreadable",
                 Some(SdkError::ServiceError(_)) => e.code().as_str(),
+                Some(SdkError::ResponseError(_)) => "unreadable",
                 _ => "network",
             },
         };
@@ -279,9 +297,16 @@ impl Upstream {
             .source()
             .and_then(|s| s.downcast_ref::<SdkError<E>>())
             .map(|sdk| match sdk {
+                // The SDK could not read a successful answer (a header or
+                // an XML document not as S3 gives them): it reports an
+                // unhandled service error with the answer's own status.
+                SdkError::ServiceError(service) if service.raw().status().is_success() => {
+                    Failure::Unreadable(causes(sdk))
+                }
                 SdkError::ServiceError(service) => {
                     Failure::Answered(service.raw().status().as_u16())
                 }
+                SdkError::ResponseError(_) => Failure::Unreadable(causes(sdk)),
                 SdkError::DispatchFailure(failure) if failure.is_timeout() => {
                     Failure::TimedOut(DisplayErrorContext(sdk).to_string())
                 }
@@ -293,7 +318,7 @@ impl Upstream {
                 }
                 _ => Failure::Other(DisplayErrorContext(sdk).to_string()),
             });
-        let (code, message) = match failure {
+        let (code, status, message) = match failure {
             None => {
                 // s3s-aws's own failure (a field it could not convert).
                 let message = e.message().unwrap_or("converting the request or answer");
@@ -319,8 +344,14 @@ impl Upstream {
                 e.set_message(message);
                 return e;
             }
+            Some(Failure::Unreadable(why)) => (
+                S3ErrorCode::InternalError,
+                Some(http::StatusCode::BAD_GATEWAY),
+                format!("upstream {endpoint}: {what}: could not read the store's answer: {why}"),
+            ),
             Some(Failure::Unreachable(why)) => (
                 S3ErrorCode::ServiceUnavailable,
+                None,
                 format!(
                     "upstream {endpoint}: {what}: could not reach it ({why}); is it running, \
                      and is --upstream right?"
@@ -328,6 +359,7 @@ impl Upstream {
             ),
             Some(Failure::TimedOut(why)) => (
                 S3ErrorCode::ServiceUnavailable,
+                None,
                 format!(
                     "upstream {endpoint}: {what} timed out ({why}; connecting may take {} ms, \
                      --upstream-timeout-ms); is it reachable from here?",
@@ -336,15 +368,58 @@ impl Upstream {
             ),
             Some(Failure::Other(why)) => (
                 S3ErrorCode::InternalError,
+                None,
                 format!("upstream {endpoint}: {what} failed: {why}"),
             ),
         };
-        let status = code.status_code();
+        let status = status.or_else(|| code.status_code());
         let mut mapped = S3Error::with_message(code, message);
         if let Some(status) = status {
             mapped.set_status_code(status);
         }
         mapped
+    }
+
+    /// GetBucketLocation: the region the request was signed for (the
+    /// gateway's, `--region`), once the store's HeadBucket says the bucket
+    /// is there and the gateway's key reaches it. Not the store's own
+    /// location: the gateway's clients sign for the gateway's region
+    /// whatever the store's (Garage answers "garage", which they would
+    /// sign for and be refused), and not every store answers in a form
+    /// the SDK reads (SeaweedFS's root is `CreateBucketConfiguration`).
+    async fn bucket_location(
+        &self,
+        req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        let head = HeadBucketInput {
+            bucket: req.input.bucket.clone(),
+            expected_bucket_owner: req.input.expected_bucket_owner.clone(),
+        };
+        let found = self
+            .call::<op::head_bucket::HeadBucketError, _>(
+                "HeadBucket",
+                false,
+                None,
+                self.proxy.head_bucket(request(head)),
+            )
+            .await;
+        if let Err(mut e) = found {
+            // A HEAD's answer has no code: its 404 is the bucket's.
+            if e.status_code().is_some_and(|s| s.as_u16() == 404) {
+                e.set_code(S3ErrorCode::NoSuchBucket);
+            }
+            return Err(e);
+        }
+        // S3 names us-east-1 by no constraint at all.
+        let location_constraint = req
+            .region
+            .as_ref()
+            .map(|r| r.as_str())
+            .filter(|r| *r != "us-east-1")
+            .map(|r| BucketLocationConstraint::from(r.to_owned()));
+        Ok(S3Response::new(GetBucketLocationOutput {
+            location_constraint,
+        }))
     }
 
     /// PutObject as one streamed request.
@@ -362,6 +437,12 @@ impl Upstream {
             check,
             Arc::clone(&tracker),
         )));
+        // A checksum given as a value alone (as the AWS SDKs and the
+        // hipobj client send it) goes on with its algorithm named too:
+        // AWS keeps it either way, some stores only when it is named.
+        if req.input.checksum_algorithm.is_none() {
+            req.input.checksum_algorithm = algorithm_of(&req.input);
+        }
         self.call::<op::put_object::PutObjectError, _>(
             "PutObject",
             false,
@@ -638,6 +719,21 @@ fn observe(what: &str, start: Instant, outcome: &str) {
     super::metrics::upstream_observed(op, start.elapsed().as_secs_f64(), outcome);
 }
 
+/// The checksum values (`x-amz-checksum-*`) of a PutObject's or an
+/// UploadPart's input.
+macro_rules! checksums {
+    ($input:expr) => {
+        s3s::dto::Checksum {
+            checksum_crc32: $input.checksum_crc32.clone(),
+            checksum_crc32c: $input.checksum_crc32c.clone(),
+            checksum_crc64nvme: $input.checksum_crc64nvme.clone(),
+            checksum_sha1: $input.checksum_sha1.clone(),
+            checksum_sha256: $input.checksum_sha256.clone(),
+            ..s3s::dto::Checksum::default()
+        }
+    };
+}
+
 /// How an upstream call failed, as the SDK tells.
 enum Failure {
     /// The upstream answered with this status.
@@ -646,8 +742,24 @@ enum Failure {
     Unreachable(String),
     /// Connecting (or the SDK's own time-out) timed out, and why.
     TimedOut(String),
-    /// Anything else (an answer it could not read...), and why.
+    /// It answered, in a form the SDK could not read, and why: 502 Bad
+    /// Gateway, never the answer's own success with an error for a body.
+    Unreadable(String),
+    /// Anything else, and why.
     Other(String),
+}
+
+/// `e` and its causes, each in its own words (not the answer's whole
+/// dump, which `DisplayErrorContext` appends).
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    text
 }
 
 /// The code S3 answers with `status` when the answer carries none.
@@ -804,29 +916,21 @@ struct Check {
 }
 
 impl Check {
-    /// Every checksum of the whole object the request gives (for a
-    /// multipart upload, whose whole object the upstream cannot check but
-    /// by CRC64NVME, which the gateway computes anyway), or `None` if it
-    /// gives none.
-    fn whole(input: &PutObjectInput, trailer: Option<s3s::TrailingHeaders>) -> Option<Check> {
+    /// The checks of `claimed` (its values), `content_md5` and, if the
+    /// request has a trailer, the trailer's checksum of `algorithm`; `None`
+    /// if there is nothing to check.
+    fn new(
+        claimed: s3s::dto::Checksum,
+        content_md5: Option<&String>,
+        algorithm: Option<&ChecksumAlgorithm>,
+        trailer: Option<s3s::TrailingHeaders>,
+    ) -> Option<Check> {
         let mut hasher = ChecksumHasher::default();
-        let claimed = s3s::dto::Checksum {
-            checksum_crc32: input.checksum_crc32.clone(),
-            checksum_crc32c: input.checksum_crc32c.clone(),
-            checksum_sha1: input.checksum_sha1.clone(),
-            checksum_sha256: input.checksum_sha256.clone(),
-            ..s3s::dto::Checksum::default()
-        };
         enable(&mut hasher, &claimed);
-        if trailer.is_some() {
-            if let Some(algorithm) = &input.checksum_algorithm {
-                enable_algorithm(&mut hasher, algorithm.as_str());
-            }
+        if let (Some(algorithm), Some(_)) = (algorithm, &trailer) {
+            enable_algorithm(&mut hasher, algorithm.as_str());
         }
-        let md5 = input
-            .content_md5
-            .as_ref()
-            .map(|claimed| (Md5::new(), claimed.clone()));
+        let md5 = content_md5.map(|claimed| (Md5::new(), claimed.clone()));
         let any = md5.is_some() || trailer.is_some() || hashes_any(&hasher);
         any.then_some(Check {
             hasher,
@@ -836,21 +940,38 @@ impl Check {
         })
     }
 
-    /// The checksum of a trailer (aws-chunked), for a PutObject sent on as
-    /// one request: the header ones go with it to the upstream, which
-    /// checks them.
-    fn trailer(input: &PutObjectInput, trailer: Option<s3s::TrailingHeaders>) -> Option<Check> {
-        let trailer = trailer?;
-        let mut hasher = ChecksumHasher::default();
-        if let Some(algorithm) = &input.checksum_algorithm {
-            enable_algorithm(&mut hasher, algorithm.as_str());
+    /// Every checksum of the whole object the request gives (for a
+    /// multipart upload, whose whole object the upstream cannot check but
+    /// by CRC64NVME, which the gateway computes anyway), or `None` if it
+    /// gives none.
+    fn whole(input: &PutObjectInput, trailer: Option<s3s::TrailingHeaders>) -> Option<Check> {
+        let claimed = s3s::dto::Checksum {
+            checksum_crc64nvme: None,
+            ..checksums!(input)
+        };
+        let algorithm = input.checksum_algorithm.as_ref();
+        Check::new(claimed, input.content_md5.as_ref(), algorithm, trailer)
+    }
+
+    /// Every checksum of a PutObject or UploadPart sent on as one request
+    /// (`headers`: the request's; `claimed`, `content_md5`, `algorithm`:
+    /// its input's): the values of its headers and `Content-MD5`, which a
+    /// store may or may not check again, and its trailer's (aws-chunked),
+    /// which the store never sees. A request with an RDMA token had its
+    /// bytes checked against its headers as they were READ (`s3.rs`, which
+    /// stores nothing of a token it does not serve by RDMA): its trailer
+    /// alone, which describes its empty HTTP body.
+    fn single(
+        headers: &http::HeaderMap,
+        claimed: s3s::dto::Checksum,
+        content_md5: Option<&String>,
+        algorithm: Option<&ChecksumAlgorithm>,
+        trailer: Option<s3s::TrailingHeaders>,
+    ) -> Option<Check> {
+        if headers.contains_key(RDMA_TOKEN) {
+            return Check::new(s3s::dto::Checksum::default(), None, algorithm, trailer);
         }
-        Some(Check {
-            hasher,
-            claimed: s3s::dto::Checksum::default(),
-            md5: None,
-            trailer: Some(trailer),
-        })
+        Check::new(claimed, content_md5, algorithm, trailer)
     }
 
     fn update(&mut self, data: &[u8]) {
@@ -915,6 +1036,23 @@ impl Check {
             }
         }
         Ok(())
+    }
+}
+
+/// The algorithm of the one checksum value a PutObject gives, if it gives
+/// exactly one (S3 refuses more).
+fn algorithm_of(input: &PutObjectInput) -> Option<ChecksumAlgorithm> {
+    let given = [
+        (&input.checksum_crc32, ChecksumAlgorithm::CRC32),
+        (&input.checksum_crc32c, ChecksumAlgorithm::CRC32C),
+        (&input.checksum_crc64nvme, ChecksumAlgorithm::CRC64NVME),
+        (&input.checksum_sha1, ChecksumAlgorithm::SHA1),
+        (&input.checksum_sha256, ChecksumAlgorithm::SHA256),
+    ];
+    let mut values = given.iter().filter(|(value, _)| value.is_some());
+    match (values.next(), values.next()) {
+        (Some((_, algorithm)), None) => Some(ChecksumAlgorithm::from_static(algorithm)),
+        _ => None,
     }
 }
 
@@ -1330,7 +1468,14 @@ macro_rules! upstream_s3 {
                 let len = req.input.content_length.and_then(|n| u64::try_from(n).ok());
                 match len {
                     Some(len) if len <= self.multipart_bytes => {
-                        let check = Check::trailer(&req.input, req.trailing_headers.clone());
+                        let input = &req.input;
+                        let check = Check::single(
+                            &req.headers,
+                            checksums!(input),
+                            input.content_md5.as_ref(),
+                            input.checksum_algorithm.as_ref(),
+                            req.trailing_headers.clone(),
+                        );
                         self.put_single(req, check).await
                     }
                     _ => self.put_multipart(req, len).await,
@@ -1368,18 +1513,14 @@ macro_rules! upstream_s3 {
                 let body = req.input.body.take().unwrap_or_else(empty_blob);
                 let expected = req.input.content_length.and_then(|n| u64::try_from(n).ok());
                 let tracker = Arc::new(Tracker::new());
-                let check = req.trailing_headers.clone().map(|trailer| {
-                    let mut hasher = ChecksumHasher::default();
-                    if let Some(algorithm) = &req.input.checksum_algorithm {
-                        enable_algorithm(&mut hasher, algorithm.as_str());
-                    }
-                    Check {
-                        hasher,
-                        claimed: s3s::dto::Checksum::default(),
-                        md5: None,
-                        trailer: Some(trailer),
-                    }
-                });
+                let input = &req.input;
+                let check = Check::single(
+                    &req.headers,
+                    checksums!(input),
+                    input.content_md5.as_ref(),
+                    input.checksum_algorithm.as_ref(),
+                    req.trailing_headers.clone(),
+                );
                 req.input.body = Some(StreamingBlob::new(Outgoing::new(
                     body,
                     expected,
@@ -1394,6 +1535,13 @@ macro_rules! upstream_s3 {
                     self.proxy.upload_part(req),
                 )
                 .await
+            }
+
+            async fn get_bucket_location(
+                &self,
+                req: S3Request<GetBucketLocationInput>,
+            ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+                self.bucket_location(req).await
             }
 
             $(
@@ -1417,8 +1565,6 @@ upstream_s3! {
     delete_bucket: DeleteBucketInput => DeleteBucketOutput, DeleteBucketError, false;
     delete_object: DeleteObjectInput => DeleteObjectOutput, DeleteObjectError, false;
     delete_objects: DeleteObjectsInput => DeleteObjectsOutput, DeleteObjectsError, false;
-    get_bucket_location: GetBucketLocationInput => GetBucketLocationOutput,
-        GetBucketLocationError, false;
     head_bucket: HeadBucketInput => HeadBucketOutput, HeadBucketError, false;
     head_object: HeadObjectInput => HeadObjectOutput, HeadObjectError, false;
     list_buckets: ListBucketsInput => ListBucketsOutput, ListBucketsError, false;

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use aws_sdk_s3::config::Credentials;
 use hipobj::gateway::backend::Backend;
 use hipobj::gateway::local::Local;
 use hipobj::gateway::rdma::Rdma;
@@ -53,7 +54,19 @@ impl Gateway {
     pub fn upstream(world: &World, upstream: &str, extra: &[&str]) -> Gateway {
         let mut args = vec!["--upstream", upstream];
         args.extend_from_slice(extra);
-        Gateway::with(world, &args, None)
+        Gateway::serve(world, &args, None, Backing::Options(None))
+    }
+
+    /// [`Gateway::upstream`], signing for the store with `credentials`.
+    pub fn upstream_signed(
+        world: &World,
+        upstream: &str,
+        extra: &[&str],
+        credentials: Credentials,
+    ) -> Gateway {
+        let mut args = vec!["--upstream", upstream];
+        args.extend_from_slice(extra);
+        Gateway::serve(world, &args, None, Backing::Options(Some(credentials)))
     }
 
     /// The gateway over `backend` (a wrapper of [`Local`] over `root`, say),
@@ -67,7 +80,7 @@ impl Gateway {
         let root_s = root.display().to_string();
         let mut args = vec!["--root", &root_s];
         args.extend_from_slice(extra);
-        Gateway::serve(world, &args, Some(root), Some(backend))
+        Gateway::serve(world, &args, Some(root), Backing::Given(backend))
     }
 
     /// A fresh root holding [`BUCKET`], for [`Gateway::over`].
@@ -83,15 +96,10 @@ impl Gateway {
     }
 
     fn with(world: &World, backend: &[&str], root: Option<PathBuf>) -> Gateway {
-        Gateway::serve(world, backend, root, None)
+        Gateway::serve(world, backend, root, Backing::Options(None))
     }
 
-    fn serve(
-        world: &World,
-        backend: &[&str],
-        root: Option<PathBuf>,
-        given: Option<Arc<dyn Backend>>,
-    ) -> Gateway {
+    fn serve(world: &World, backend: &[&str], root: Option<PathBuf>, backing: Backing) -> Gateway {
         let args: Vec<String> = backend
             .iter()
             .chain(&[
@@ -125,15 +133,22 @@ impl Gateway {
             .enable_all()
             .build()
             .unwrap();
-        let backend: Arc<dyn Backend> = match (given, &options.upstream, &root) {
-            (Some(given), _, _) => given,
-            (None, Some(settings), _) => Arc::new(
+        let backend: Arc<dyn Backend> = match (backing, &options.upstream, &root) {
+            (Backing::Given(given), _, _) => given,
+            (Backing::Options(credentials), Some(settings), _) => Arc::new(
                 runtime
-                    .block_on(Upstream::connect(settings))
+                    .block_on(async {
+                        match credentials {
+                            Some(credentials) => {
+                                Upstream::connect_with(settings, credentials).await
+                            }
+                            None => Upstream::connect(settings).await,
+                        }
+                    })
                     .expect("the upstream's client"),
             ),
-            (None, None, Some(root)) => Arc::new(Local::open(root).unwrap()),
-            (None, None, None) => unreachable!("a root or an upstream"),
+            (Backing::Options(_), None, Some(root)) => Arc::new(Local::open(root).unwrap()),
+            (Backing::Options(_), None, None) => unreachable!("a root or an upstream"),
         };
         let s3 = RdmaS3::new(backend, Ok(Arc::clone(&rdma)), options.region.clone());
         // The server's own service and connections: its SigV4 keys, its
@@ -177,6 +192,15 @@ impl Gateway {
     pub fn root(&self) -> &Path {
         self.root.as_ref().expect("a gateway over a root")
     }
+}
+
+/// Where a gateway's backend comes from.
+enum Backing {
+    /// Its options (`--root`, or `--upstream` signing with these
+    /// credentials, else the environment's).
+    Options(Option<Credentials>),
+    /// A backend a test made.
+    Given(Arc<dyn Backend>),
 }
 
 impl Drop for Gateway {
