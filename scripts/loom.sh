@@ -1,11 +1,26 @@
 #!/usr/bin/env bash
 # Runs the loom models of src/core/loom_models.rs (docs/reliability.md):
-# the library built with `--cfg loom`, whose shared locks (src/core/sync.rs)
-# are then loom's, in a target directory of its own. Every interleaving of
-# each model's threads is tried (LOOM_MAX_PREEMPTIONS, if set, bounds the
-# preemptions per interleaving; unset, the search is exhaustive); a
-# deadlock, a lost wake-up, a panic or a failed assertion fails the run.
+# the library's unit tests built with `--cfg loom` given to this crate
+# alone (`cargo rustc --profile test`), whose shared locks
+# (src/core/sync.rs) are then loom's, every dependency the suite's own
+# build (the same profile and features: nothing else is compiled). Every
+# interleaving of each model's threads is tried (LOOM_MAX_PREEMPTIONS, if
+# set, bounds the preemptions per interleaving; unset, the search is
+# exhaustive); a deadlock, a lost wake-up, a panic or a failed assertion
+# fails the run.
+#
+#   loom.sh [FEATURES]    FEATURES: the suite's (default s3-server,cli)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUSTFLAGS="--cfg loom ${RUSTFLAGS:-}" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
-    cargo test --locked --release --lib loom_models -- --test-threads=1
+features=${1:-s3-server,cli}
+binary=$(
+    cargo rustc --locked --lib --profile test --features "$features" \
+        --message-format=json-render-diagnostics -- --cfg loom |
+        python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["executable"])'
+)
+[[ -x "$binary" ]] || { echo "loom: no test binary was built" >&2; exit 1; }
+"$binary" loom_models --test-threads=1

@@ -412,6 +412,10 @@ pub fn operation(method: &Method, uri: &Uri, headers: &HeaderMap) -> &'static st
                 | "key-marker"
                 | "upload-id-marker"
                 | "max-uploads"
+                // The AWS SDKs name their operation in the query
+                // (`?x-id=PutObject`).
+                | "x-id"
+                | "delete"
         ) && !k.starts_with("response-")
             && !k.to_ascii_lowercase().starts_with("x-amz-")
     });
@@ -434,6 +438,8 @@ pub fn operation(method: &Method, uri: &Uri, headers: &HeaderMap) -> &'static st
         Method::PUT if has("uploadId") => "UploadPart",
         Method::PUT if copy => "CopyObject",
         Method::PUT => "PutObject",
+        Method::POST if !object && has("delete") => "DeleteObjects",
+        _ if has("delete") => "Other",
         Method::POST if has("uploads") => "CreateMultipartUpload",
         Method::POST if has("uploadId") => "CompleteMultipartUpload",
         Method::DELETE if has("uploadId") => "AbortMultipartUpload",
@@ -625,6 +631,10 @@ mod tests {
             (Method::GET, "/b", &none, "ListObjects"),
             (Method::GET, "/b/?prefix=a&max-keys=2", &none, "ListObjects"),
             (Method::GET, "/b?list-type=2", &none, "ListObjectsV2"),
+            (Method::PUT, "/b/k?x-id=PutObject", &none, "PutObject"),
+            (Method::GET, "/b/k?uploadId=u&x-id=ListParts", &none, "ListParts"),
+            (Method::POST, "/b?delete", &none, "DeleteObjects"),
+            (Method::POST, "/b/k?delete", &none, "Other"),
             (Method::GET, "/b?uploads", &none, "ListMultipartUploads"),
             (Method::GET, "/b?location", &none, "Other"),
             (Method::PUT, "/b", &none, "CreateBucket"),
@@ -672,7 +682,6 @@ mod tests {
                 "AbortMultipartUpload",
             ),
             (Method::DELETE, "/b/k", &none, "DeleteObject"),
-            (Method::POST, "/b?delete", &none, "Other"),
         ] {
             let uri: Uri = uri.parse().expect("a URI");
             assert_eq!(operation(&method, &uri, headers), op, "{method} {uri}");
