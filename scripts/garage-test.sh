@@ -8,7 +8,8 @@
 #
 #   garage-test.sh [TEST-FILTER]
 #
-# HIPOBJ_GARAGE_BIG_MIB sets the large object's size (default 3072). Without
+# HIPOBJ_GARAGE_BIG_MIB sets the large object's size (default 2049, past 2^31
+# bytes). Without
 # a filter, benches/gateway.rs then prints the gateway's figures against
 # Garage's own (built like the tests: docs/performance.md says why).
 set -euo pipefail
@@ -16,7 +17,8 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 garage=$(bash scripts/garage.sh)
 # SeaweedFS's lane builds with the same features: one build serves both.
-features=s3-server,cli,garage-lane,seaweedfs-lane
+source scripts/features.sh
+features=$test_features
 cargo build --locked --features "$features" --test gateway_garage --bench gateway
 
 # As root, everything runs in a network namespace of its own whose loopback

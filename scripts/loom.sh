@@ -9,10 +9,11 @@
 # exhaustive); a deadlock, a lost wake-up, a panic or a failed assertion
 # fails the run.
 #
-#   loom.sh [FEATURES]    FEATURES: the suite's (default s3-server,cli)
+#   loom.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-features=${1:-s3-server,cli}
+source scripts/features.sh
+features=$test_features
 binary=$(
     cargo rustc --locked --lib --profile test --features "$features" \
         --message-format=json-render-diagnostics -- --cfg loom |

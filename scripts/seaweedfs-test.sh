@@ -13,8 +13,9 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 weed=$(bash scripts/seaweedfs.sh)
-# Garage's lane builds with the same features: one build serves both.
-features=s3-server,cli,garage-lane,seaweedfs-lane
+# The suite's features: one build serves the suite and every lane.
+source scripts/features.sh
+features=$test_features
 cargo build --locked --features "$features" --test gateway_seaweedfs
 export HIPOBJ_SEAWEEDFS="$weed"
 bash scripts/seaweedfs-cluster.sh \

@@ -36,7 +36,9 @@ static GARAGE: Lane = Lane {
     prefix: "GARAGE",
     script: "scripts/garage-test.sh",
     pid_files: &["node0/pid", "node1/pid", "node2/pid"],
-    big_mib: 3072,
+    // Past 2^31 bytes (a token length and byte counts past 31 bits),
+    // which is what 3 GiB proved, at two thirds of the time.
+    big_mib: 2049,
 };
 
 fn garage() -> Store {

@@ -1135,15 +1135,18 @@ fn gets_during_puts_of_the_same_key_answer_one_version() {
         let writer = {
             let (store, versions, done) = (store.clone(), versions.clone(), done.clone());
             tokio::spawn(async move {
-                for i in 0..3000usize {
+                // Until the reader has read enough: every read meets PUTs.
+                let mut i = 0usize;
+                while !done.load(Ordering::Acquire) {
                     store.put("k", &versions[i % 4], |_| {}).await.unwrap();
+                    i += 1;
                 }
-                done.store(true, Ordering::Release);
+                i
             })
         };
         let mut reads = 0usize;
         let mut mixed = Vec::new();
-        while !done.load(Ordering::Acquire) {
+        while reads < 400 {
             let input = GetObjectInput {
                 bucket: BUCKET.to_owned(),
                 key: "k".to_owned(),
@@ -1167,8 +1170,9 @@ fn gets_during_puts_of_the_same_key_answer_one_version() {
                 mixed.push((etag, bytes[0] as char, from_file[0] as char));
             }
         }
-        writer.await.unwrap();
-        assert!(reads > 100, "{reads} reads");
+        done.store(true, Ordering::Release);
+        let puts = writer.await.unwrap();
+        assert!(puts > 0, "no PUT ran during the reads");
         assert!(
             mixed.is_empty(),
             "{} of {reads} GETs answered one version's bytes under another's ETag: {:?}",

@@ -54,7 +54,7 @@ for line in sys.stdin:
 bash scripts/build-examples.sh
 # The tests' features: --dev-bench builds the bench with them too, so that
 # it reuses the dependencies the tests were built with.
-test_features=vm-lane,s3-server,cli
+source scripts/features.sh
 declare -A built
 while read -r name path; do built[$name]=$path; done < <(
     cargo test --locked --features "$test_features" --test rxe --test e2e --no-run \

@@ -36,7 +36,7 @@
 # coherent shared writable mmap, unlike 9p) stays under DIR.
 set -euo pipefail
 version=2.5.0
-garage=${HIPOBJ_GARAGE:-${HIPOBJ_CACHE:-$HOME/.cache/hipobj}/garage-$version/bin/garage}
+garage=${HIPOBJ_GARAGE:-${HIPOBJ_CACHE:-$HOME/.cache/hipobj}/garage-$version-o${HIPOBJ_GARAGE_OPT_LEVEL:-1}/bin/garage}
 nodes=3
 ip=127.0.0.1
 # Node N listens on 39N0 (S3), 39N1 (RPC), 39N3 (admin).

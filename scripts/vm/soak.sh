@@ -35,7 +35,8 @@ bash scripts/build-examples.sh >/dev/null
 # features include the dev-dependencies' (a `cargo build` of the binary
 # unifies them without, and rebuilt the AWS SDK's crates after every lane:
 # about 4 minutes of CI).
-cargo test --locked --features vm-lane,s3-server,cli --test e2e --no-run
+source scripts/features.sh
+cargo test --locked --features "$test_features" --test e2e --no-run
 server="$root/target/debug/hipobj-s3-server"
 soak="$root/target/examples/soak"
 out="$root/target/vm/out/soak"

@@ -632,7 +632,12 @@ mod tests {
             (Method::GET, "/b/?prefix=a&max-keys=2", &none, "ListObjects"),
             (Method::GET, "/b?list-type=2", &none, "ListObjectsV2"),
             (Method::PUT, "/b/k?x-id=PutObject", &none, "PutObject"),
-            (Method::GET, "/b/k?uploadId=u&x-id=ListParts", &none, "ListParts"),
+            (
+                Method::GET,
+                "/b/k?uploadId=u&x-id=ListParts",
+                &none,
+                "ListParts",
+            ),
             (Method::POST, "/b?delete", &none, "DeleteObjects"),
             (Method::POST, "/b/k?delete", &none, "Other"),
             (Method::GET, "/b?uploads", &none, "ListMultipartUploads"),

@@ -1,0 +1,29 @@
+# Sourced by the scripts that build the tests (scripts/test.sh, the lanes,
+# loom): the one feature set every debug build of the tests uses, the
+# suite's, the lanes' and clippy's alike, so that the library and its
+# dependencies are compiled once per run instead of once per feature set.
+# (vm-lane, garage-lane, seaweedfs-lane and cuda-device only add test
+# targets: they change nothing the library ships.)
+test_features=s3-server,cli,vm-lane,garage-lane,seaweedfs-lane,cuda-device
+
+# The test targets that need what this host may not have (the Soft-RoCE
+# VM, a store's cluster, a GPU): built with the others, run in their own
+# lanes (scripts/vm/lane.sh, garage-test.sh, seaweedfs-test.sh,
+# scripts/gpu/test.sh), never by the host's suite.
+lane_tests=(rxe e2e gateway_garage gateway_seaweedfs cuda)
+
+# The host's test targets: every [[test]] of the package but the lanes'
+# (from cargo metadata, so that a new test file is run without being
+# listed), as `--test NAME` arguments.
+host_test_args() {
+    cargo metadata --locked --no-deps --format-version 1 |
+        python3 -c 'import json, sys
+lanes = set(sys.argv[1:])
+meta = json.load(sys.stdin)
+for package in meta["packages"]:
+    if package["name"] != "hipobj":
+        continue
+    for target in package["targets"]:
+        if "test" in target["kind"] and target["name"] not in lanes:
+            print("--test=" + target["name"])' "${lane_tests[@]}"
+}
