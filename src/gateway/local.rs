@@ -39,7 +39,7 @@
 //!   body to its answer; CompleteMultipartUpload, CopyObject, DeleteObject
 //!   and DeleteObjects for their whole call), and a GET or HEAD is made
 //!   while no commit of its key runs and kept only if none ended meanwhile
-//!   ([`Commits`]); else it is made again. The file it opened goes with a
+//!   (`Commits`); else it is made again. The file it opened goes with a
 //!   GET's answer ([`ObjectFile`]), so an RDMA GET reads the bytes of the
 //!   version it answered for, never a path resolved again. One gateway
 //!   process per root.
@@ -50,7 +50,7 @@
 //! - **Suffix ranges** (`bytes=-N`) are resolved against the length of the
 //!   version read (s3s-fs fails a suffix longer than the object, and
 //!   answers one of an empty object with a last byte of 2^64 - 1;
-//!   [`range::for_backend`](super::range::for_backend)).
+//!   [`range::for_backend`]).
 //! - **Listings carry ETags**, from the info files, as S3's do (s3s-fs's
 //!   have none): a client pins the downloads of a listing to them.
 //! - **Buckets are made by CreateBucket only** (or the server's

@@ -793,7 +793,7 @@ impl Drop for Request {
     }
 }
 
-/// An answer's body, with its request's place ([`Request`]) until hyper
+/// An answer's body, with its request's place (`Request`) until hyper
 /// is done with it.
 pub struct InFlight {
     body: metrics::Observed,

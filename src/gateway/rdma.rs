@@ -484,9 +484,9 @@ impl Rdma {
     }
 
     /// Reserves the memory a transfer will hold, all at once and before
-    /// it holds any (never part now and more later: [`Budget`]): room for
+    /// it holds any (never part now and more later: `Budget`): room for
     /// `wanted` buffers of `len` bytes (each registered as
-    /// [`buffer_size`]), fewer if the budget could never hold that many,
+    /// `buffer_size`), fewer if the budget could never hold that many,
     /// but never fewer than `needed`. Waits its turn up to the transfer
     /// deadline (`--rdma-timeout-ms`) for room: `Busy` then. `TooLarge`
     /// (declined) when the budget could never hold `needed` of them.
