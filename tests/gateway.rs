@@ -181,6 +181,20 @@ struct Racy {
 }
 
 impl Racy {
+    /// A gateway over a fresh root through a racy backend (`after_head`:
+    /// it replaces the object after a HEAD too).
+    fn gateway(world: &World, after_head: bool) -> (Arc<Racy>, gateway::Gateway) {
+        let root = gateway::Gateway::fresh_root();
+        let racy = Arc::new(Racy {
+            inner: hipobj::gateway::local::Local::open(&root).unwrap(),
+            root: root.clone(),
+            armed: parking_lot::Mutex::new(None),
+            after_head,
+        });
+        let gateway = gateway::Gateway::over(world, racy.clone(), root, &[]);
+        (racy, gateway)
+    }
+
     fn overwrite(&self) {
         if let Some((key, bytes)) = self.armed.lock().take() {
             let dir = self.root.join(BUCKET);
@@ -242,14 +256,7 @@ fn etag_of(bytes: &[u8]) -> String {
 #[test]
 fn a_ranged_rdma_get_at_a_version_gets_that_versions_bytes() {
     let world = World::new();
-    let root = gateway::Gateway::fresh_root();
-    let racy = Arc::new(Racy {
-        inner: hipobj::gateway::local::Local::open(&root).unwrap(),
-        root: root.clone(),
-        armed: parking_lot::Mutex::new(None),
-        after_head: false,
-    });
-    let gateway = gateway::Gateway::over(&world, racy.clone(), root, &[]);
+    let (racy, gateway) = Racy::gateway(&world, false);
     let s3 = s3(&gateway.endpoint);
     let client = client(&world);
     let a = vec![b'A'; 64 << 10];
@@ -281,14 +288,7 @@ fn a_ranged_rdma_get_at_a_version_gets_that_versions_bytes() {
 #[test]
 fn a_suffix_range_gets_that_many_bytes_of_one_version() {
     let world = World::new();
-    let root = gateway::Gateway::fresh_root();
-    let racy = Arc::new(Racy {
-        inner: hipobj::gateway::local::Local::open(&root).unwrap(),
-        root: root.clone(),
-        armed: parking_lot::Mutex::new(None),
-        after_head: true,
-    });
-    let gateway = gateway::Gateway::over(&world, racy.clone(), root, &[]);
+    let (racy, gateway) = Racy::gateway(&world, true);
     let s3 = s3(&gateway.endpoint);
     let short: Vec<u8> = (0..100u8).collect();
     objects::put_http(Object::new(&s3, BUCKET, "k"), &short, false).expect("a plain PUT");

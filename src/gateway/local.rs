@@ -313,19 +313,7 @@ impl Local {
             if !self.commits.unchanged(seen) {
                 continue;
             }
-            let output = &resp.output;
-            check_conditions(
-                &Conditions {
-                    if_match: req.input.if_match.as_ref(),
-                    if_none_match: req.input.if_none_match.as_ref(),
-                    if_modified_since: req.input.if_modified_since.as_ref(),
-                    if_unmodified_since: req.input.if_unmodified_since.as_ref(),
-                },
-                output.e_tag.as_ref(),
-                output.last_modified.as_ref(),
-                &bucket,
-                &key,
-            )?;
+            check_conditions(&req.input, &resp.output, &bucket, &key)?;
             if let Some(file) = file {
                 resp.extensions.insert(ObjectFile(Arc::new(file)));
             }
@@ -355,19 +343,7 @@ impl Local {
             if !self.commits.unchanged(seen) {
                 continue;
             }
-            let output = &resp.output;
-            check_conditions(
-                &Conditions {
-                    if_match: req.input.if_match.as_ref(),
-                    if_none_match: req.input.if_none_match.as_ref(),
-                    if_modified_since: req.input.if_modified_since.as_ref(),
-                    if_unmodified_since: req.input.if_unmodified_since.as_ref(),
-                },
-                output.e_tag.as_ref(),
-                output.last_modified.as_ref(),
-                &bucket,
-                &key,
-            )?;
+            check_conditions(&req.input, &resp.output, &bucket, &key)?;
             return Ok(resp);
         }
     }
@@ -753,9 +729,11 @@ impl Local {
 /// to a multipart ETag are a replaced object's ([`no_stale_checksums`]).
 const WHOLE_CRC64NVME: &str = "hipobj_full_object_crc64nvme";
 
-/// A GetObject's or HeadObject's answer, for [`Local::serve_whole`].
+/// A GetObject's or HeadObject's answer, for [`Local::serve_whole`] and
+/// [`check_conditions`].
 trait Served {
     fn e_tag(&self) -> Option<&ETag>;
+    fn last_modified(&self) -> Option<&Timestamp>;
     fn set_whole(&mut self, crc: String);
 }
 
@@ -764,6 +742,9 @@ macro_rules! served {
         impl Served for $output {
             fn e_tag(&self) -> Option<&ETag> {
                 self.e_tag.as_ref()
+            }
+            fn last_modified(&self) -> Option<&Timestamp> {
+                self.last_modified.as_ref()
             }
             fn set_whole(&mut self, crc: String) {
                 self.checksum_crc64nvme = Some(crc);
@@ -867,12 +848,32 @@ fn check_key(bucket: &str, key: &str) -> S3Result<()> {
 }
 
 /// A GET's or HEAD's conditions.
-struct Conditions<'a> {
-    if_match: Option<&'a ETagCondition>,
-    if_none_match: Option<&'a ETagCondition>,
-    if_modified_since: Option<&'a Timestamp>,
-    if_unmodified_since: Option<&'a Timestamp>,
+trait Conditional {
+    fn if_match(&self) -> Option<&ETagCondition>;
+    fn if_none_match(&self) -> Option<&ETagCondition>;
+    fn if_modified_since(&self) -> Option<&Timestamp>;
+    fn if_unmodified_since(&self) -> Option<&Timestamp>;
 }
+
+macro_rules! conditional {
+    ($($input:ty),*) => {$(
+        impl Conditional for $input {
+            fn if_match(&self) -> Option<&ETagCondition> {
+                self.if_match.as_ref()
+            }
+            fn if_none_match(&self) -> Option<&ETagCondition> {
+                self.if_none_match.as_ref()
+            }
+            fn if_modified_since(&self) -> Option<&Timestamp> {
+                self.if_modified_since.as_ref()
+            }
+            fn if_unmodified_since(&self) -> Option<&Timestamp> {
+                self.if_unmodified_since.as_ref()
+            }
+        }
+    )*};
+}
+conditional!(GetObjectInput, HeadObjectInput);
 
 /// The conditions of a read of `bucket/key` evaluated on the version read
 /// (its ETag and time), in RFC 9110's order (section 13.2.2), as S3 does:
@@ -881,12 +882,12 @@ struct Conditions<'a> {
 /// false is 304 NotModified. Times compare to the second, as HTTP dates
 /// carry them.
 fn check_conditions(
-    c: &Conditions<'_>,
-    e_tag: Option<&ETag>,
-    modified: Option<&Timestamp>,
+    c: &impl Conditional,
+    version: &impl Served,
     bucket: &str,
     key: &str,
 ) -> S3Result<()> {
+    let (e_tag, modified) = (version.e_tag(), version.last_modified());
     let matches = |condition: &ETagCondition| match condition {
         ETagCondition::Any => e_tag.is_some(),
         ETagCondition::ETag(wanted) => e_tag.is_some_and(|e| e.value() == wanted.value()),
@@ -897,7 +898,7 @@ fn check_conditions(
         _ => None,
     };
     let shown = || e_tag.map_or_else(|| "none".to_owned(), |e| format!("\"{}\"", e.value()));
-    match (c.if_match, c.if_unmodified_since) {
+    match (c.if_match(), c.if_unmodified_since()) {
         (Some(condition), _) if !matches(condition) => {
             return Err(s3_error!(
                 PreconditionFailed,
@@ -913,7 +914,7 @@ fn check_conditions(
         }
         _ => {}
     }
-    match (c.if_none_match, c.if_modified_since) {
+    match (c.if_none_match(), c.if_modified_since()) {
         (Some(condition), _) if matches(condition) => Err(s3_error!(NotModified)),
         (None, Some(at)) if after(at) == Some(false) => Err(s3_error!(NotModified)),
         _ => Ok(()),
