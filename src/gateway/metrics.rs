@@ -65,8 +65,9 @@ const RDMA_BYTES: &str = "x-amz-rdma-bytes-transferred";
 /// Records that the store behind the server (an upstream backend)
 /// answered one request: its S3 operation (`GetObject`, `PutObject`...),
 /// how long it took in seconds, and its outcome: `ok`, the S3 error code
-/// it answered (`NoSuchKey`, `SlowDown`...) or `network` when no answer
-/// came. Keep both to a small set of values: each pair is a series.
+/// it answered (`NoSuchKey`, `SlowDown`...), `network` when no answer
+/// came, or `unreadable` for an answer the gateway could not read (502).
+/// Keep both to a small set of values: each pair is a series.
 pub fn upstream_observed(op: &str, seconds: f64, outcome: &str) {
     METRICS
         .upstream
