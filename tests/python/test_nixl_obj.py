@@ -674,15 +674,19 @@ def test_reading_a_missing_object_raises_from_check_xfer_state(target: Target, o
 
 
 @pytest.mark.parametrize(
-    "wrong, code",
+    "wrong, value, status, code",
     [
-        ("secret_key", "SignatureDoesNotMatch"),
-        ("access_key", "(InvalidAccessKeyId|NotSignedUp)"),
+        ("secret_key", "NOTTHESECRET", "403", "SignatureDoesNotMatch"),
+        ("access_key", "NOTTHEKEY", "403", "(InvalidAccessKeyId|NotSignedUp)"),
+        # Signed for another region than the gateway's --region.
+        ("region", "eu-west-1", "400", "AuthorizationHeaderMalformed"),
     ],
 )
-def test_wrong_credentials_are_refused(target: Target, obj, key, wrong: str, code: str) -> None:
+def test_wrong_credentials_are_refused(
+    target: Target, obj, key, wrong: str, value: str, status: str, code: str
+) -> None:
     data = random_bytes(4096, seed=80)
-    params = target.params(**{wrong: "NOTTHEKEY"})
+    params = target.params(**{wrong: value})
     agent = obj(params)
     agent.buffers(data)
     name = key("denied")
@@ -690,15 +694,15 @@ def test_wrong_credentials_are_refused(target: Target, obj, key, wrong: str, cod
     before = target.gateway.requests()
     with pytest.raises(nixlBackendError):
         agent.xfer("WRITE", [(data, dev, 0)])
-    # query_memory raises too: a 403 is neither "present" nor "missing".
+    # query_memory raises too: a refusal is neither "present" nor "missing".
     with pytest.raises(nixlBackendError):
         agent.query((dev, name, 4096))
     assert target.stored(name) is None
     arrived = target.gateway.requests() - before
-    assert arrived == Requests({("PutObject", "403"): 1, ("HeadObject", "403"): 1}), arrived
+    assert arrived == Requests({("PutObject", status): 1, ("HeadObject", status): 1}), arrived
     assert re.search(
         rf"PUT /{BUCKET}/{re.escape(name)} \(PutObject\) .* with access key "
-        rf"{params['access_key']}: 403 {code}, authentication refused",
+        rf"{params['access_key']}: {status} {code}, authentication refused",
         target.gateway.log(),
     ), target.gateway.log()
 
