@@ -28,17 +28,18 @@ test can pass against a server that saw nothing.
 from __future__ import annotations
 
 import collections
-import ctypes
 import dataclasses
 import itertools
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 import uuid
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -73,11 +74,14 @@ _REQUESTS = re.compile(
 # The servers
 
 
-def _die_with_parent() -> None:
-    """Runs in each server's child process before exec: the server gets
-    SIGTERM if the test process dies without stopping it."""
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+def _die_with_parent() -> list[str]:
+    """What each server's command starts with: util-linux's ``setpriv``
+    sets its parent-death signal before it execs the server, so that the
+    server gets SIGTERM should the test process die without stopping it
+    (no ``preexec_fn``: forking a threaded process to run Python is not
+    safe). Without ``setpriv``, the fixture's teardown alone stops them."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM"] if setpriv else []
 
 
 @dataclasses.dataclass
@@ -98,12 +102,13 @@ class Gateway:
         work: pathlib.Path,
         args: list[str],
         env: dict[str, str] | None = None,
-    ) -> "Gateway":
+    ) -> Gateway:
         """Starts the server with ``args`` (and the listeners on free
         ports), and waits until it says where it listens."""
         out_path = work / f"{name}.out"
         log_path = work / f"{name}.log"
         command = [
+            *_die_with_parent(),
             binary,
             *args,
             "--listen",
@@ -120,7 +125,6 @@ class Gateway:
                 stdout=out,
                 stderr=log,
                 env=env,
-                preexec_fn=_die_with_parent,
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
@@ -152,8 +156,6 @@ class Gateway:
         """The answers it has sent so far, by (S3 operation, HTTP status),
         from its Prometheus metrics. Every one went by HTTP: NIXL's plugin
         never asks for RDMA."""
-        import urllib.request
-
         with urllib.request.urlopen(self.metrics_url, timeout=10) as answer:
             text = answer.read().decode()
         counts: Requests = collections.Counter()
@@ -212,11 +214,10 @@ class Target:
         by the gateway; for ``upstream``, the store must have answered
         the same operations with the same statuses."""
         now = self.requests()
-        deltas = [after - earlier for after, earlier in zip(now, before)]
+        deltas = [after - earlier for after, earlier in zip(now, before, strict=True)]
         for store_delta in deltas[1:]:
             assert store_delta == deltas[0], (
-                f"the gateway answered {dict(deltas[0])}, "
-                f"the store behind it {dict(store_delta)}"
+                f"the gateway answered {dict(deltas[0])}, the store behind it {dict(store_delta)}"
             )
         return deltas[0]
 
@@ -244,10 +245,14 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Targ
             binary,
             work,
             [
-                "--root", str(local_root),
-                "--bucket", BUCKET,
-                "--access-key", "NIXLLOCALKEY",
-                "--secret-key-file", str(_secret_file(work / "local.secret", "local-secret-1")),
+                "--root",
+                str(local_root),
+                "--bucket",
+                BUCKET,
+                "--access-key",
+                "NIXLLOCALKEY",
+                "--secret-key-file",
+                str(_secret_file(work / "local.secret", "local-secret-1")),
             ],
         )
         started.append(local)
@@ -257,11 +262,15 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Targ
             binary,
             work,
             [
-                "--root", str(store_root),
-                "--bucket", BUCKET,
+                "--root",
+                str(store_root),
+                "--bucket",
+                BUCKET,
                 "--no-rdma",
-                "--access-key", "STOREKEY",
-                "--secret-key-file", str(_secret_file(work / "store.secret", "store-secret-2")),
+                "--access-key",
+                "STOREKEY",
+                "--secret-key-file",
+                str(_secret_file(work / "store.secret", "store-secret-2")),
             ],
         )
         started.append(store)
@@ -279,8 +288,10 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Targ
             binary,
             work,
             [
-                "--upstream", store.endpoint,
-                "--access-key", "NIXLUPSTREAMKEY",
+                "--upstream",
+                store.endpoint,
+                "--access-key",
+                "NIXLUPSTREAMKEY",
                 "--secret-key-file",
                 str(_secret_file(work / "upstream.secret", "upstream-secret-3")),
             ],
@@ -357,7 +368,7 @@ class ObjAgent:
         transfers name them by. The size bounds what may be transferred."""
         ids = [next(self._dev_ids) for _ in objects]
         reg = self.agent.get_reg_descs(
-            [(0, size, dev, key) for dev, (key, size) in zip(ids, objects)], "OBJ"
+            [(0, size, dev, key) for dev, (key, size) in zip(ids, objects, strict=True)], "OBJ"
         )
         self.agent.register_memory(reg, backends=["OBJ"])
         return ids
@@ -386,7 +397,9 @@ class ObjAgent:
         deadline = time.monotonic() + TRANSFER_TIMEOUT_S
         while state != "DONE":
             assert state in ("PROC", "DONE"), f"transfer state {state!r}"
-            assert time.monotonic() < deadline, f"transfer still {state} after {TRANSFER_TIMEOUT_S} s"
+            assert time.monotonic() < deadline, (
+                f"transfer still {state} after {TRANSFER_TIMEOUT_S} s"
+            )
             time.sleep(0.002)
             state = self.agent.check_xfer_state(handle)
 
@@ -399,8 +412,13 @@ class ObjAgent:
             self.agent.release_xfer_handle(handle)
 
 
+# What the ``obj`` and ``key`` fixtures give.
+MakeAgent = Callable[[dict[str, str]], ObjAgent]
+MakeKey = Callable[[str], str]
+
+
 @pytest.fixture
-def obj() -> Iterator[Callable[[dict[str, str]], ObjAgent]]:
+def obj() -> Iterator[MakeAgent]:
     """Makes agents for a test; they go with it."""
     agents: list[ObjAgent] = []
 
@@ -413,7 +431,7 @@ def obj() -> Iterator[Callable[[dict[str, str]], ObjAgent]]:
 
 
 @pytest.fixture
-def key(request: pytest.FixtureRequest) -> Callable[[str], str]:
+def key(request: pytest.FixtureRequest) -> MakeKey:
     """Object keys no other test uses: ``kv/<test>/<name>-<random>``."""
     test = re.sub(r"[^A-Za-z0-9_.-]", "-", request.node.name)
 
@@ -431,7 +449,7 @@ def random_bytes(size: int, seed: int) -> np.ndarray:
 # Transfers
 
 
-def test_write_then_read_is_byte_exact(target: Target, obj, key) -> None:
+def test_write_then_read_is_byte_exact(target: Target, obj: MakeAgent, key: MakeKey) -> None:
     data = random_bytes(MIB, seed=1)
     back = np.zeros(MIB, dtype=np.uint8)
     agent = obj(target.params())
@@ -451,7 +469,7 @@ def test_write_then_read_is_byte_exact(target: Target, obj, key) -> None:
     assert all(status in ("200", "206") for _, status in arrived), arrived
 
 
-def test_ranged_reads_at_offsets(target: Target, obj, key) -> None:
+def test_ranged_reads_at_offsets(target: Target, obj: MakeAgent, key: MakeKey) -> None:
     size = MIB + 12345
     data = random_bytes(size, seed=2)
     agent = obj(target.params())
@@ -477,7 +495,7 @@ def test_ranged_reads_at_offsets(target: Target, obj, key) -> None:
     assert arrived == Requests({("GetObject", "206"): 4}), arrived
 
 
-def test_several_descriptors_in_one_transfer(target: Target, obj, key) -> None:
+def test_several_descriptors_in_one_transfer(target: Target, obj: MakeAgent, key: MakeKey) -> None:
     sizes = [64 * 1024, MIB, 300 * 1024 + 7]
     datas = [random_bytes(size, seed=10 + i) for i, size in enumerate(sizes)]
     agent = obj(target.params())
@@ -486,11 +504,11 @@ def test_several_descriptors_in_one_transfer(target: Target, obj, key) -> None:
     back = np.zeros(sum(sizes) + piece, dtype=np.uint8)
     agent.buffers(*datas, back)
     names = [key(f"part{i}") for i in range(len(sizes))]
-    devs = agent.objects(*zip(names, sizes))
+    devs = agent.objects(*zip(names, sizes, strict=True))
 
     before = target.requests()
-    agent.xfer("WRITE", [(data, dev, 0) for data, dev in zip(datas, devs)])
-    for name, data in zip(names, datas):
+    agent.xfer("WRITE", [(data, dev, 0) for data, dev in zip(datas, devs, strict=True)])
+    for name, data in zip(names, datas, strict=True):
         assert target.stored(name) == data.tobytes()
     assert target.since(before) == Requests({("PutObject", "200"): 3})
 
@@ -508,7 +526,9 @@ def test_several_descriptors_in_one_transfer(target: Target, obj, key) -> None:
     assert all(status in ("200", "206") for _, status in arrived), arrived
 
 
-def test_crt_client_above_its_limit_standard_client_below(target: Target, obj, key) -> None:
+def test_crt_client_above_its_limit_standard_client_below(
+    target: Target, obj: MakeAgent, key: MakeKey
+) -> None:
     """``crtMinLimit``: objects of that size or more go through the CRT
     client (a multipart upload, and GETs of parts), smaller ones through
     the standard client (one PUT, one GET)."""
@@ -549,7 +569,9 @@ def test_crt_client_above_its_limit_standard_client_below(target: Target, obj, k
 
 @pytest.mark.parametrize("req_checksum", ["required", "supported"])
 @pytest.mark.parametrize("resp_checksum", ["required", "supported"])
-def test_checksum_modes(target: Target, obj, key, req_checksum: str, resp_checksum: str) -> None:
+def test_checksum_modes(
+    target: Target, obj: MakeAgent, key: MakeKey, req_checksum: str, resp_checksum: str
+) -> None:
     """With ``supported`` the SDK adds checksums to every request it can
     (a PUT's body goes aws-chunked, the CRC in a trailer) and asks for
     them back: the object stored must be the payload, not its framing."""
@@ -570,7 +592,9 @@ def test_checksum_modes(target: Target, obj, key, req_checksum: str, resp_checks
     assert sum(n for (op, _), n in arrived.items() if op == "GetObject") == 1, arrived
 
 
-def test_endpoint_without_scheme_takes_the_scheme_parameter(local: Target, obj, key) -> None:
+def test_endpoint_without_scheme_takes_the_scheme_parameter(
+    local: Target, obj: MakeAgent, key: MakeKey
+) -> None:
     """``host:port`` and ``scheme=http``: the default scheme, https, would
     fail here (after the SDK's retries, 11 attempts over about 25 s, each
     logged by the gateway as "invalid HTTP method parsed")."""
@@ -586,8 +610,7 @@ def test_endpoint_without_scheme_takes_the_scheme_parameter(local: Target, obj, 
     assert local.since(before) == Requests({("PutObject", "200"): 1})
 
 
-
-def test_query_memory_present_and_missing(target: Target, obj, key) -> None:
+def test_query_memory_present_and_missing(target: Target, obj: MakeAgent, key: MakeKey) -> None:
     data = random_bytes(1000, seed=50)
     agent = obj(target.params())
     agent.buffers(data)
@@ -605,7 +628,9 @@ def test_query_memory_present_and_missing(target: Target, obj, key) -> None:
 # The traps
 
 
-def test_read_beyond_the_registered_size_fails_at_initialize(local: Target, obj, key) -> None:
+def test_read_beyond_the_registered_size_fails_at_initialize(
+    local: Target, obj: MakeAgent, key: MakeKey
+) -> None:
     """The registered size bounds transfers, whatever the object's."""
     data = random_bytes(8192, seed=60)
     back = np.zeros(200, dtype=np.uint8)
@@ -628,7 +653,9 @@ def test_read_beyond_the_registered_size_fails_at_initialize(local: Target, obj,
     assert local.since(before) == Requests({("GetObject", "206"): 1})
 
 
-def test_write_at_a_nonzero_offset_is_a_backend_error(target: Target, obj, key) -> None:
+def test_write_at_a_nonzero_offset_is_a_backend_error(
+    target: Target, obj: MakeAgent, key: MakeKey
+) -> None:
     data = random_bytes(4096, seed=70)
     agent = obj(target.params())
     agent.buffers(data)
@@ -644,7 +671,9 @@ def test_write_at_a_nonzero_offset_is_a_backend_error(target: Target, obj, key) 
     assert target.stored(name) == data.tobytes()
 
 
-def test_reading_a_missing_object_raises_from_check_xfer_state(target: Target, obj, key) -> None:
+def test_reading_a_missing_object_raises_from_check_xfer_state(
+    target: Target, obj: MakeAgent, key: MakeKey
+) -> None:
     dest = np.full(4096, 0xA5, dtype=np.uint8)
     agent = obj(target.params())
     agent.buffers(dest)
@@ -683,7 +712,7 @@ def test_reading_a_missing_object_raises_from_check_xfer_state(target: Target, o
     ],
 )
 def test_wrong_credentials_are_refused(
-    target: Target, obj, key, wrong: str, value: str, status: str, code: str
+    target: Target, obj: MakeAgent, key: MakeKey, wrong: str, value: str, status: str, code: str
 ) -> None:
     data = random_bytes(4096, seed=80)
     params = target.params(**{wrong: value})
@@ -711,7 +740,9 @@ def test_wrong_credentials_are_refused(
 # The configuration itself
 
 
-def test_bucket_from_aws_default_bucket(local: Target, obj, key, monkeypatch) -> None:
+def test_bucket_from_aws_default_bucket(
+    local: Target, obj: MakeAgent, key: MakeKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AWS_DEFAULT_BUCKET", BUCKET)
     params = local.params()
     del params["bucket"]
@@ -735,14 +766,16 @@ def test_bucket_from_aws_default_bucket(local: Target, obj, key, monkeypatch) ->
     ],
     ids=["no-bucket", "scheme", "accelerated", "req_checksum", "resp_checksum"],
 )
-def test_create_backend_refuses_a_bad_configuration(local: Target, change: dict) -> None:
+def test_create_backend_refuses_a_bad_configuration(
+    local: Target, change: dict[str, str | None]
+) -> None:
     params = {k: v for k, v in {**local.params(), **change}.items() if v is not None}
     agent = nixl_agent(f"hipobj-nixl-bad-{next(_agent_names)}", nixl_agent_config(backends=[]))
     with pytest.raises(nixlBackendError):
         agent.create_backend("OBJ", params)
 
 
-def test_backend_params_echo_the_secret_key(local: Target, obj) -> None:
+def test_backend_params_echo_the_secret_key(local: Target, obj: MakeAgent) -> None:
     """NIXL's behaviour, not the gateway's (docs/ml.md warns of it): what
     ``get_backend_params`` returns must not be logged."""
     agent = obj(local.params())
