@@ -12,9 +12,17 @@ it and sets it):
 - ``local``: the gateway over a directory (``--root``), as deployed: RDMA
   is not turned off, it is simply never asked for (the plugin sends no
   ``x-amz-rdma-token``; on a host without a device it is off anyway);
-- ``store``: a second one over a directory, playing the S3 store behind
+- ``store``: a second one over a directory (``--no-rdma``), playing the S3
+  store that ``upstream`` fronts;
 - ``upstream``: the gateway in front of it (``--upstream``), holding no
   object of its own.
+
+The store is a second ``hipobj-s3-server`` because it is the cheapest real
+S3 server at hand (built already, starts in milliseconds, its objects are
+files to compare): what is tested here is NIXL against the gateway's
+upstream backend, and that backend against other stores (SeaweedFS,
+Garage) is their lanes' work (``scripts/seaweedfs-test.sh``,
+``scripts/garage-test.sh``).
 
 NIXL is pointed at ``local`` or at ``upstream`` (the ``target`` fixture),
 and every test checks bytes where they land: in the object's file under
@@ -198,7 +206,8 @@ class Target:
         }
 
     def stored(self, key: str) -> bytes | None:
-        """The object's bytes as the serving root holds them, or None."""
+        """The object's bytes as the serving root holds them (the local
+        backend keeps an object as the file ``ROOT/BUCKET/KEY``), or None."""
         path = self.objects / key
         return path.read_bytes() if path.is_file() else None
 
@@ -207,6 +216,7 @@ class Target:
         return [g.requests() for g in self.gateways()]
 
     def gateways(self) -> list[Gateway]:
+        """The gateway, then the store behind it, if any."""
         return [self.gateway] + ([self.store] if self.store else [])
 
     def since(self, before: list[Requests]) -> Requests:
