@@ -749,6 +749,7 @@ def test_wrong_credentials_are_refused(
 def test_bucket_from_aws_default_bucket(
     local: Target, obj: MakeAgent, key: MakeKey, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Without ``bucket``, the plugin reads ``AWS_DEFAULT_BUCKET``."""
     monkeypatch.setenv("AWS_DEFAULT_BUCKET", BUCKET)
     params = local.params()
     del params["bucket"]
@@ -757,8 +758,29 @@ def test_bucket_from_aws_default_bucket(
     agent.buffers(data)
     name = key("envbucket")
     (dev,) = agent.objects((name, data.nbytes))
+    before = local.requests()
     agent.xfer("WRITE", [(data, dev, 0)])
     assert local.stored(name) == data.tobytes()
+    assert local.since(before) == Requests({("PutObject", "200"): 1})
+
+
+def test_endpoint_from_aws_endpoint_url(
+    local: Target, obj: MakeAgent, key: MakeKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without ``endpoint_override``, the SDK's own variable names the
+    gateway."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", local.gateway.endpoint)
+    params = local.params()
+    del params["endpoint_override"]
+    data = random_bytes(2048, seed=91)
+    agent = obj(params)
+    agent.buffers(data)
+    name = key("envendpoint")
+    (dev,) = agent.objects((name, data.nbytes))
+    before = local.requests()
+    agent.xfer("WRITE", [(data, dev, 0)])
+    assert local.stored(name) == data.tobytes()
+    assert local.since(before) == Requests({("PutObject", "200"): 1})
 
 
 @pytest.mark.parametrize(
