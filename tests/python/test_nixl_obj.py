@@ -742,6 +742,35 @@ def test_wrong_credentials_are_refused(
     ), target.gateway.log()
 
 
+def test_a_missing_bucket(target: Target, obj: MakeAgent, key: MakeKey) -> None:
+    """NIXL creates no bucket: a WRITE fails. But ``query_memory`` answers
+    None, as for a missing object: a HEAD's 404 has no body to tell
+    NoSuchBucket from NoSuchKey, and only the gateway's log says which."""
+    data = random_bytes(4096, seed=85)
+    agent = obj(target.params(bucket="nixl-no-such-bucket"))
+    agent.buffers(data)
+    name = key("nobucket")
+    (dev,) = agent.objects((name, 4096))
+    before = target.gateway.requests()
+    with pytest.raises(nixlBackendError):
+        agent.xfer("WRITE", [(data, dev, 0)])
+    assert agent.query((dev, name, 4096)) == [None]
+    assert not (target.objects.parent / "nixl-no-such-bucket").exists()
+    arrived = target.gateway.requests() - before
+    assert arrived == Requests({("PutObject", "404"): 1, ("HeadObject", "404"): 1}), arrived
+    # In front of a store, the gateway learns of a HEAD's 404 what NIXL
+    # does: no more than NotFound.
+    head_code = "NoSuchBucket" if target.store is None else "NotFound"
+    for method, op, code in [
+        ("PUT", "PutObject", "NoSuchBucket"),
+        ("HEAD", "HeadObject", head_code),
+    ]:
+        assert re.search(
+            rf"{method} /nixl-no-such-bucket/{re.escape(name)} \({op}\) .*: 404 {code}",
+            target.gateway.log(),
+        ), target.gateway.log()
+
+
 # --------------------------------------------------------------------------
 # The configuration itself
 
