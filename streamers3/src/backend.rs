@@ -847,6 +847,140 @@ fn s3_client(config: &ClientConfig, settings: &Settings) -> Result<S3, String> {
         timeout: settings.timeout,
         virtual_hosted: settings.virtual_hosted,
         unsigned: settings.unsigned,
+        ca_bundle: settings.ca_bundle.as_ref().map(std::path::PathBuf::from),
     };
+    if settings.virtual_hosted && literal_host(&config.endpoint) {
+        log(
+            Level::Warning,
+            &format!(
+                "virtual-hosted addressing (the default) puts the bucket in the host name, which {} cannot take: set RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING=0",
+                config.endpoint
+            ),
+        );
+    }
     S3::with_options(config, options).map_err(|e| format!("{e}"))
+}
+
+/// Whether `endpoint`'s host is an IP address or `localhost`: no bucket
+/// can be a label of it.
+fn literal_host(endpoint: &str) -> bool {
+    let rest = endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(endpoint: &str) -> ClientConfig {
+        ClientConfig {
+            endpoint: Some(endpoint.to_owned()),
+            chunk: 0,
+            params: vec![
+                ("access_key_id".to_owned(), Some("ak".to_owned())),
+                ("secret_access_key".to_owned(), Some("sk".to_owned())),
+            ],
+        }
+    }
+
+    #[test]
+    fn ip_and_localhost_endpoints_are_literal_hosts() {
+        assert!(literal_host("http://127.0.0.1:9000"));
+        assert!(literal_host("http://[::1]:9000"));
+        assert!(literal_host("https://localhost"));
+        assert!(!literal_host("https://s3.us-east-1.amazonaws.com"));
+        assert!(!literal_host("http://gateway.local:9000"));
+    }
+
+    const NO_EVENT: Event = Event {
+        id: 0,
+        code: -1,
+        bytes: 0,
+    };
+
+    /// One test: `obj_cancel_all_reads` stops every client of the process,
+    /// so the steps that depend on it run in order.
+    #[test]
+    fn waits_never_report_success_without_events_and_cancel_stops_them() {
+        let backend = backend();
+        backend.open();
+        // Nothing listens on port 1: the read fails as a transport error.
+        let client = backend
+            .create_client(&config("http://127.0.0.1:1"))
+            .unwrap();
+        assert_eq!(backend.window(), 187_500_000);
+        let mut out = [NO_EVENT; 4];
+        // Idle: FinishedError at once, in every mode.
+        for mode in [WaitMode::Block, WaitMode::NonBlocking, WaitMode::Timed] {
+            assert_eq!(backend.wait(client, &mut out, mode), (code::FINISHED, 0));
+        }
+        let mut memory = vec![0x5au8; 64];
+        // SAFETY: `memory` outlives the client, removed below.
+        let dst = unsafe { Dst::new(memory.as_mut_ptr(), memory.len()) };
+        assert_eq!(
+            backend.request_read(client, "s3://bkt/key", 0, dst, 7),
+            code::SUCCESS
+        );
+        // BLOCK waits for the event: never Success with none.
+        let (rc, n) = backend.wait(client, &mut out, WaitMode::Block);
+        assert_eq!((rc, n), (code::SUCCESS, 1));
+        assert_eq!(out[0].id, 7);
+        assert_eq!(
+            out[0].code,
+            backend.retryable(),
+            "a refused connection is transient"
+        );
+        assert_eq!(memory, vec![0x5au8; 64], "a failed read writes nothing");
+        // A bad URI is refused at submission, with no event to follow.
+        assert_eq!(
+            backend.request_read(client, "gs://bkt/key", 0, dst, 8),
+            code::INVALID_PARAMETER
+        );
+        assert_eq!(
+            backend.wait(client, &mut out, WaitMode::Block),
+            (code::FINISHED, 0)
+        );
+        // A cancel wakes a blocked wait, which then ends with FinishedError.
+        let waiter = backend
+            .create_client(&config("http://127.0.0.1:1"))
+            .unwrap();
+        // A read the waiter believes outstanding (never sent).
+        lock(&backend.client(waiter).unwrap().queues).outstanding = 1;
+        let blocked = std::thread::spawn(move || {
+            let mut out = [NO_EVENT; 1];
+            backend.wait(waiter, &mut out, WaitMode::Block)
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !blocked.is_finished(),
+            "BLOCK waits while a read is outstanding"
+        );
+        backend.cancel_all();
+        assert_eq!(blocked.join().unwrap(), (code::FINISHED, 0));
+        // A client made after the cancel is not stopped.
+        let later = backend
+            .create_client(&config("http://127.0.0.1:1"))
+            .unwrap();
+        assert_eq!(
+            backend.request_read(later, "s3://bkt/key", 0, dst, 1),
+            code::SUCCESS
+        );
+        assert_eq!(backend.wait(later, &mut out, WaitMode::Block).1, 1);
+        assert!(backend.remove_client(client));
+        assert!(!backend.remove_client(client), "a handle is removed once");
+        assert!(backend.remove_all());
+        assert_eq!(
+            backend.request_read(later, "s3://bkt/key", 0, dst, 2),
+            code::UNKNOWN,
+            "a removed client takes no read"
+        );
+        drop(memory);
+    }
 }

@@ -476,3 +476,50 @@ def test_the_stock_backend_reads_the_same_bytes(server: Server, model: Model) ->
     result = json.loads(head)
     assert result == {"code": SUCCESS, "stock": True}, result
     assert data == model.shards[key]
+
+
+def test_a_missing_ca_bundle_is_code_10(server: Server, model: Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend reads its environment at each client it makes."""
+    monkeypatch.setenv("AWS_CA_BUNDLE", "/nonexistent/ca.pem")
+    streamer = start(server.endpoint)
+    try:
+        dst = buffer(8)
+        codes = stream(streamer, [Range(uri("model/config.json"), 0, 8, ctypes.addressof(dst))])
+    finally:
+        ls.runai_end(streamer)
+    assert codes == [10]
+
+
+def test_the_abi_calls_directly(server: Server, model: Model) -> None:
+    """What the outer never sends but the contract fixes: the window's
+    answer for too small a buffer, an unknown key, NULL arguments, and
+    freeing an empty listing."""
+    streamer = start(server.endpoint)  # a reading client sets the window
+    try:
+        dst = buffer(8)
+        assert stream(streamer, [Range(uri("model/config.json"), 0, 8, ctypes.addressof(dst))]) == [SUCCESS]
+    finally:
+        ls.runai_end(streamer)
+    lib = ctypes.CDLL(str(OURS))
+    out = ctypes.create_string_buffer(32)
+    room = ctypes.c_uint(32)
+    get = lib.obj_get_backend_config
+    get.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint)]
+    assert get(None, b"max_inflight_bytes", out, ctypes.byref(room)) == 0
+    value = out.value
+    assert value.isdigit() and room.value == len(value), (value, room.value)
+    # The stock default: 10 Gbps for 0.1 s with a margin of 1.5.
+    assert int(value) == 187_500_000
+    room = ctypes.c_uint(4)
+    assert get(None, b"max_inflight_bytes", out, ctypes.byref(room)) == 11
+    assert room.value == len(value) + 1, "the size needed, with the NUL"
+    room = ctypes.c_uint(32)
+    assert get(None, b"no_such_key", out, ctypes.byref(room)) == 11
+    lib.obj_list_files.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    assert lib.obj_list_files(None, b"s3://bkt/", 1, None, None) == 7
+    lib.obj_wait_for_completions.argtypes = [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_int]
+    assert lib.obj_wait_for_completions(None, None, 1, None, 1) == 11
+    lib.obj_free_file_list.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+    lib.obj_free_file_list(None, 0)
+    assert lib.obj_get_backend_shutdown_policy() == 0
