@@ -120,6 +120,8 @@ struct Queues {
 pub struct ClientState {
     s3: Arc<S3>,
     endpoint: String,
+    /// Reads may go by RDMA (`HIPOBJ_STREAMER_RDMA` not 0).
+    rdma: bool,
     readers_max: usize,
     retries: u32,
     timeout: Duration,
@@ -224,26 +226,16 @@ impl Backend {
         self.window.load(Ordering::Relaxed)
     }
 
-    /// The hipobj library, initialized at the first reading client, or why
-    /// not.
-    fn library(&self, settings: &Settings) -> Option<&Client> {
-        if !settings.rdma {
-            self.stats.fell_back("HIPOBJ_STREAMER_RDMA=0");
-            return None;
-        }
-        let library = self.library.get_or_init(|| {
+    /// Initializes the hipobj library once (at the first client that may
+    /// read by RDMA, so that no read waits for it); why it did not is kept
+    /// and counted per read.
+    fn init_library(&self) {
+        self.library.get_or_init(|| {
             Client::builder()
                 .gpu(GpuSelect::None)
                 .build()
                 .map_err(|e| format!("no RDMA device (the hipobj library did not initialize: {e})"))
         });
-        match library {
-            Ok(client) => Some(client),
-            Err(why) => {
-                self.stats.fell_back(why);
-                None
-            }
-        }
     }
 
     /// `obj_create_client`: a client of the endpoint `config` names;
@@ -273,6 +265,7 @@ impl Backend {
         let state = Arc::new(ClientState {
             endpoint: s3.config().endpoint.clone(),
             s3: Arc::new(s3),
+            rdma: settings.rdma,
             readers_max: settings.readers,
             retries: settings.retries,
             timeout: settings.timeout,
@@ -282,9 +275,9 @@ impl Backend {
             rdma_ended: Condvar::new(),
             fence: RwLock::new(false),
         });
-        // The library is set up here, not at the first read: a read must
-        // not wait for it.
-        let _ = self.library(&settings);
+        if settings.rdma {
+            self.init_library();
+        }
         self.window.store(window, Ordering::Relaxed);
         let handle = usize::try_from(self.next_handle.fetch_add(1, Ordering::Relaxed))
             .map_err(|_| (code::UNKNOWN, "out of client handles".to_owned()))?;
@@ -438,11 +431,10 @@ impl Backend {
         for client in &clients {
             client.stop();
         }
-        let fenced = clients
-            .iter()
-            .fold(true, |all, client| client.fence() && all);
+        // Every client fenced, even after one that could not be.
+        let fenced: Vec<bool> = clients.iter().map(|client| client.fence()).collect();
         self.stats.report();
-        fenced
+        fenced.into_iter().all(|fenced| fenced)
     }
 
     /// `obj_list_files`: every object under `prefix` (an `s3://` URI), or
@@ -604,18 +596,18 @@ impl ClientState {
     /// counted).
     fn rdma(&self, job: &Job) -> Option<Outcome> {
         let backend = backend();
-        // The library, if it initialized (the reason it did not is counted
-        // by `library`).
+        // The library, if it initialized (made by `create_client`).
+        if !self.rdma {
+            backend.stats.fell_back("HIPOBJ_STREAMER_RDMA=0");
+            return None;
+        }
         let library = match backend.library.get() {
             Some(Ok(library)) => library,
             Some(Err(why)) => {
                 backend.stats.fell_back(why);
                 return None;
             }
-            None => {
-                backend.stats.fell_back("HIPOBJ_STREAMER_RDMA=0");
-                return None;
-            }
+            None => return None,
         };
         if let Some(why) = lock(&backend.declined).get(&self.endpoint) {
             backend.stats.fell_back(why);
