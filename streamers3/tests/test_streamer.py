@@ -63,6 +63,7 @@ class Server:
         self.root = root
         secret = root.parent / "secret"
         secret.write_text(SECRET + "\n")
+        secret.chmod(0o600)
         self.proc = subprocess.Popen(
             [os.environ["HIPOBJ_S3_SERVER"], "--root", str(root), "--listen", "127.0.0.1:0",
              "--access-key", ACCESS, "--secret-key-file", str(secret), "--bucket", BUCKET,
@@ -369,35 +370,55 @@ def test_two_streamers_in_one_process(server: Server, model: Model) -> None:
         ls.runai_end(third)
 
 
-class Stalling(http.server.ThreadingHTTPServer):
-    """An S3 look-alike whose GETs send half their body, then stall until
-    `release` is set, then send the rest."""
+class LookAlike(http.server.ThreadingHTTPServer):
+    """A tiny S3 look-alike serving one body for any key, misbehaving as
+    `behaviour` says: "stall" sends half of each ranged body, then waits
+    for `release` before the rest; "long" sends 10 bytes more than the range
+    (its Content-Length says so); "busy" answers 503 SlowDown."""
 
     daemon_threads = True
 
-    def __init__(self, body: bytes) -> None:
+    def __init__(self, body: bytes, behaviour: str) -> None:
         self.body = body
+        self.behaviour = behaviour
         self.release = threading.Event()
         self.stalled = threading.Semaphore(0)
-        super().__init__(("127.0.0.1", 0), StallingHandler)
+        super().__init__(("127.0.0.1", 0), LookAlikeHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
 
 
-class StallingHandler(http.server.BaseHTTPRequestHandler):
-    server: Stalling
+class LookAlikeHandler(http.server.BaseHTTPRequestHandler):
+    server: LookAlike
     protocol_version = "HTTP/1.1"
 
     def log_message(self, *args: object) -> None:
         pass
 
     def do_GET(self) -> None:  # noqa: N802 (the http.server's name)
+        if self.server.behaviour == "busy":
+            error = b"<Error><Code>SlowDown</Code><Message>busy</Message></Error>"
+            self.send_response(503)
+            self.send_header("content-length", str(len(error)))
+            self.end_headers()
+            self.wfile.write(error)
+            return
         m = re.match(r"bytes=(\d+)-(\d+)", self.headers.get("range", ""))
         assert m, self.headers
         first, last = int(m.group(1)), int(m.group(2))
+        if self.server.behaviour == "long":
+            last += 10
         part = self.server.body[first : last + 1]
         self.send_response(206)
         self.send_header("content-length", str(len(part)))
         self.send_header("content-range", f"bytes {first}-{last}/{len(self.server.body)}")
         self.end_headers()
+        if self.server.behaviour != "stall":
+            self.wfile.write(part)
+            return
         half = len(part) // 2
         try:
             self.wfile.write(part[:half])
@@ -410,12 +431,37 @@ class StallingHandler(http.server.BaseHTTPRequestHandler):
             pass
 
 
+def test_a_body_longer_than_the_range_is_code_15() -> None:
+    body = bytes(range(256)) * 64
+    liar = LookAlike(body, "long")
+    streamer = start(liar.endpoint)
+    try:
+        dst = buffer(1000, 0x11)
+        codes = stream(streamer, [Range(uri("any/object"), 100, 1000, ctypes.addressof(dst))])
+    finally:
+        ls.runai_end(streamer)
+        liar.shutdown()
+    assert codes == [FILE_TRUNCATED]
+
+
+def test_a_busy_server_is_retryable_which_the_outer_gives_as_2() -> None:
+    """503 is code 19 from the backend (a 0.17 outer); with
+    RUNAI_STREAMER_S3_TIMEOUT unset the outer does not retry and delivers 2."""
+    busy = LookAlike(b"", "busy")
+    streamer = start(busy.endpoint)
+    try:
+        dst = buffer(16)
+        codes = stream(streamer, [Range(uri("any/object"), 0, 16, ctypes.addressof(dst))])
+    finally:
+        ls.runai_end(streamer)
+        busy.shutdown()
+    assert codes == [FILE_ACCESS]
+
+
 def test_end_during_stalled_reads_returns_promptly_and_nothing_lands_after(tmp_path: pathlib.Path) -> None:
     body = bytes(range(256)) * (4 << 12)  # 1 MiB
-    stalling = Stalling(body)
-    thread = threading.Thread(target=stalling.serve_forever, daemon=True)
-    thread.start()
-    endpoint = f"http://127.0.0.1:{stalling.server_address[1]}"
+    stalling = LookAlike(body, "stall")
+    endpoint = stalling.endpoint
     canary = 0xC3
     dsts = [buffer(len(body) // 2, canary), buffer(len(body) // 2, canary)]
     streamer = start(endpoint)
@@ -523,3 +569,25 @@ def test_the_abi_calls_directly(server: Server, model: Model) -> None:
     lib.obj_free_file_list.argtypes = [ctypes.c_void_p, ctypes.c_uint]
     lib.obj_free_file_list(None, 0)
     assert lib.obj_get_backend_shutdown_policy() == 0
+
+
+def test_a_listing_longer_than_one_page(server: Server, model: Model) -> None:
+    """ListObjectsV2 answers at most 1000 keys a page: the backend follows
+    the continuation tokens. The prefix is the URI's key verbatim, as S3
+    takes it: `many` lists everything under it recursively, and one level
+    of it only with the slash (without, one level is the common prefix
+    `many/`, which is no object)."""
+    keys = [f"many/{i:05d}" for i in range(1203)]
+    for key in keys:
+        server.put(key, b"")
+    server.put("many/deeper/last", b"1")
+    streamer = start(server.endpoint)
+    try:
+        found: dict[bool, list[tuple[str, int]]] = {True: [], False: []}
+        for recursive, prefix in ((True, "many"), (False, "many/")):
+            ls.runai_list_files(
+                streamer, f"s3://{BUCKET}/{prefix}", lambda p, s, r=recursive: found[r].append((p, s)), recursive)
+    finally:
+        ls.runai_end(streamer)
+    assert sorted(found[True]) == sorted([(uri(k), 0) for k in keys] + [(uri("many/deeper/last"), 1)])
+    assert sorted(found[False]) == sorted([(uri(k), 0) for k in keys])
