@@ -674,6 +674,19 @@ impl ClientState {
                 backend.stats.fell_back(&why);
                 None
             }
+            // The library failed (a connection to the gateway's RDMA side,
+            // say): the server's access ended when the call returned and
+            // the memory is given back, so the read goes over HTTP.
+            Err(TransferError::Client(e)) => {
+                log(
+                    Level::Debug,
+                    &format!("{what}: {e}: over plain HTTP instead"),
+                );
+                backend
+                    .stats
+                    .fell_back("an RDMA transfer failed (its read went over plain HTTP)");
+                None
+            }
             // The server's answer does not match the range: its byte count
             // differs from the range's length.
             Err(TransferError::S3(S3Error::Response { why, .. })) => Some(Outcome::Failed(
