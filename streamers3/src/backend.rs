@@ -549,13 +549,12 @@ impl ClientState {
     /// the client was removed meanwhile (no event is due then).
     fn read(&self, job: &Job) -> Option<Event> {
         let backend = backend();
-        let retryable = backend.retryable();
         let len = job.dst.len as u64;
         let mut tries = 0;
         loop {
             let outcome = match self.rdma(job) {
                 Some(outcome) => outcome,
-                None => self.http(job, retryable),
+                None => self.http(job),
             };
             let code = match outcome {
                 Outcome::Landed(how) => {
@@ -571,7 +570,7 @@ impl ClientState {
                 }
                 Outcome::Fenced => return None,
                 Outcome::Failed(code, why) => {
-                    if code == retryable && code != code::FILE_ACCESS && tries < self.retries {
+                    if code == TRANSIENT && tries < self.retries {
                         tries += 1;
                         log(
                             Level::Warning,
@@ -579,6 +578,12 @@ impl ClientState {
                         );
                         continue;
                     }
+                    // 19 only for an outer that knows it.
+                    let code = if code == TRANSIENT {
+                        backend.retryable()
+                    } else {
+                        code
+                    };
                     log(Level::Error, &format!("{why} (code {code})"));
                     code
                 }
@@ -694,7 +699,7 @@ impl ClientState {
                 format!("{what}: {why}"),
             )),
             Err(e) => Some(Outcome::Failed(
-                settings::failure_code(&e, backend.retryable()),
+                settings::failure_code(&e, TRANSIENT),
                 format!("{what}: {e}"),
             )),
         }
@@ -702,7 +707,7 @@ impl ClientState {
 
     /// The read as a plain ranged GET, its body copied into the
     /// destination in pieces under the fence.
-    fn http(&self, job: &Job, retryable: i32) -> Outcome {
+    fn http(&self, job: &Job) -> Outcome {
         let len = job.dst.len;
         let last = job.offset + len as u64 - 1;
         let what = format!(
@@ -720,7 +725,7 @@ impl ClientState {
         let mut response = match response {
             Ok(response) => response,
             Err(e) => {
-                return Outcome::Failed(settings::s3_code(&e, retryable), format!("{what}: {e}"))
+                return Outcome::Failed(settings::s3_code(&e, TRANSIENT), format!("{what}: {e}"))
             }
         };
         if response.status() != 206 && job.offset != 0 {
@@ -743,7 +748,7 @@ impl ClientState {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     return Outcome::Failed(
-                        retryable,
+                        TRANSIENT,
                         format!("{what}: the body broke off after {filled} of {len} bytes: {e}"),
                     )
                 }
@@ -787,13 +792,18 @@ impl ClientState {
     }
 }
 
+/// A transient failure's code while a read runs: what the streamer sees
+/// of it depends on its version ([`Backend::retryable`]).
+const TRANSIENT: i32 = code::RETRYABLE_FILE_ACCESS;
+
 /// How a read ended.
 enum Outcome {
     /// Its bytes are in the destination.
     Landed(How),
     /// Its client was removed: no event.
     Fenced,
-    /// Failed: the code and the message.
+    /// Failed: the code (a transient failure as [`TRANSIENT`]) and the
+    /// message.
     Failed(i32, String),
 }
 

@@ -383,6 +383,7 @@ class LookAlike(http.server.ThreadingHTTPServer):
         self.behaviour = behaviour
         self.release = threading.Event()
         self.stalled = threading.Semaphore(0)
+        self.gets = 0
         super().__init__(("127.0.0.1", 0), LookAlikeHandler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
@@ -399,6 +400,7 @@ class LookAlikeHandler(http.server.BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:  # noqa: N802 (the http.server's name)
+        self.server.gets += 1
         if self.server.behaviour == "busy":
             error = b"<Error><Code>SlowDown</Code><Message>busy</Message></Error>"
             self.send_response(503)
@@ -456,6 +458,21 @@ def test_a_busy_server_is_retryable_which_the_outer_gives_as_2() -> None:
         ls.runai_end(streamer)
         busy.shutdown()
     assert codes == [FILE_ACCESS]
+    assert busy.gets == 1, "no retries by default"
+
+
+def test_max_retries_sends_a_transient_failure_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUNAI_STREAMER_S3_MAX_RETRIES", "2")
+    busy = LookAlike(b"", "busy")
+    streamer = start(busy.endpoint)
+    try:
+        dst = buffer(16)
+        codes = stream(streamer, [Range(uri("any/object"), 0, 16, ctypes.addressof(dst))])
+    finally:
+        ls.runai_end(streamer)
+        busy.shutdown()
+    assert codes == [FILE_ACCESS]
+    assert busy.gets == 3, "the first GET and two more"
 
 
 def test_end_during_stalled_reads_returns_promptly_and_nothing_lands_after(tmp_path: pathlib.Path) -> None:
