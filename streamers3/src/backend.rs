@@ -576,6 +576,8 @@ impl ClientState {
                             Level::Warning,
                             &format!("{why}: sent again ({tries} of {})", self.retries),
                         );
+                        // Backing off: 50 ms, doubled each time, at most 3.2 s.
+                        std::thread::sleep(Duration::from_millis(50 << tries.min(6)));
                         continue;
                     }
                     // 19 only for an outer that knows it.
