@@ -238,8 +238,8 @@ impl Backend {
         });
     }
 
-    /// `obj_create_client`: a client of the endpoint `config` names;
-    /// `reading` when it will read (it then sets the window).
+    /// `obj_create_client`: a client of the endpoint `config` names; its
+    /// window becomes the one `max_inflight_bytes` reports.
     pub fn create_client(&self, config: &ClientConfig) -> Result<usize, Refusal> {
         let mut warnings = Vec::new();
         let settings = Settings::from_vars(&|name| std::env::var(name).ok(), &mut warnings);
