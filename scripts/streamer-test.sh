@@ -6,8 +6,12 @@
 # pytest into a venv beside it, builds our library (release) and the
 # gateway (hipobj-s3-server, the suite's debug feature set), and runs
 # streamers3/tests/test_streamer.py with LD_LIBRARY_PATH naming our
-# library's directory, as a user installs it. Plain HTTP only (no RDMA
-# device here): the RDMA path runs in the VM lane.
+# library's directory, as a user installs it: plain HTTP, there being no
+# RDMA device here. Then the RDMA path on hipobj's fake RDMA world: a test
+# build of the library (--profile fake --features fake-world, into
+# target/fake/) under the same outer, its S3 side an in-process look-alike
+# (streamers3/tests/test_streamer_rdma.py, with awscrt for the CRC64/NVME
+# the gateway sends). Real RDMA runs in the VM lane.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -22,7 +26,7 @@ mkdir -p "$work"
 if [[ ! -x "$venv/bin/python" ]]; then
     "$python" -m venv "$venv"
 fi
-"$venv/bin/python" -m pip install --quiet safetensors numpy pytest
+"$venv/bin/python" -m pip install --quiet safetensors numpy pytest awscrt
 # Both wheels in one command: they write into the same package directory,
 # and a second --target install into it would not merge.
 if [[ ! -f "$site/runai_model_streamer/libstreamer/lib/libstreamers3.so" ]]; then
@@ -32,6 +36,7 @@ if [[ ! -f "$site/runai_model_streamer/libstreamer/lib/libstreamers3.so" ]]; the
 fi
 cargo build --locked --release -p hipobj-streamers3
 cargo build --locked --features "$test_features" --bin hipobj-s3-server
+cargo build --locked --profile fake -p hipobj-streamers3 --features fake-world
 library="$target/release/libstreamers3.so"
 # The file exports the twelve functions and nothing else, under its SONAME.
 exports=$(nm -D --defined-only "$library" | awk '{print $3}' | sort | tr '\n' ' ')
@@ -50,7 +55,12 @@ lib_dir="$work/lib"
 rm -rf "$lib_dir"
 mkdir -p "$lib_dir"
 cp "$library" "$lib_dir/libstreamers3.so"
+fake_dir="$work/fake-lib"
+rm -rf "$fake_dir"
+mkdir -p "$fake_dir"
+cp "$target/fake/libstreamers3.so" "$fake_dir/libstreamers3.so"
 cd "$work"
+rm -f stats.json stats-fake.json
 env LD_LIBRARY_PATH="$lib_dir" \
     STREAMERS3_SITE="$site" \
     STREAMERS3_LIBRARY="$lib_dir/libstreamers3.so" \
@@ -60,3 +70,13 @@ env LD_LIBRARY_PATH="$lib_dir" \
     RUNAI_STREAMER_CHUNK_BYTESIZE=$((5 << 20)) \
     AWS_EC2_METADATA_DISABLED=true \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/streamers3/tests/test_streamer.py" "$@"
+env LD_LIBRARY_PATH="$fake_dir" \
+    HIPOBJ_TEST_WORLD=1 \
+    STREAMERS3_SITE="$site" \
+    STREAMERS3_LIBRARY="$fake_dir/libstreamers3.so" \
+    HIPOBJ_S3_SERVER="$target/debug/hipobj-s3-server" \
+    HIPOBJ_STREAMER_STATS="$work/stats-fake.json" \
+    RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING=0 \
+    RUNAI_STREAMER_CHUNK_BYTESIZE=$((5 << 20)) \
+    AWS_EC2_METADATA_DISABLED=true \
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/streamers3/tests/test_streamer_rdma.py" "$@"

@@ -211,8 +211,18 @@ impl Backend {
     /// nothing a thread may still use.
     pub fn close(&self) {
         if self.opened.swap(false, Ordering::Relaxed) {
-            self.stats.report();
+            self.report();
         }
+    }
+
+    /// Logs and writes the counters, with the registrations the library
+    /// holds now.
+    fn report(&self) {
+        if let Some(Ok(library)) = self.library.get() {
+            self.stats
+                .registered(u64::try_from(library.registered_buffers()).unwrap_or(u64::MAX - 1));
+        }
+        self.stats.report();
     }
 
     fn retryable(&self) -> i32 {
@@ -231,8 +241,14 @@ impl Backend {
     /// and counted per read.
     fn init_library(&self) {
         self.library.get_or_init(|| {
-            Client::builder()
-                .gpu(GpuSelect::None)
+            #[allow(unused_mut, reason = "changed by test builds only")]
+            let mut builder = Client::builder().gpu(GpuSelect::None);
+            // A test build on the fake world, when HIPOBJ_TEST_WORLD=1.
+            #[cfg(feature = "fake-world")]
+            if let Some(platform) = hipobj::testing::c_world::platform_for_init() {
+                builder = builder.platform(platform);
+            }
+            builder
                 .build()
                 .map_err(|e| format!("no RDMA device (the hipobj library did not initialize: {e})"))
         });
@@ -433,7 +449,7 @@ impl Backend {
         }
         // Every client fenced, even after one that could not be.
         let fenced: Vec<bool> = clients.iter().map(|client| client.fence()).collect();
-        self.stats.report();
+        self.report();
         fenced.into_iter().all(|fenced| fenced)
     }
 
