@@ -633,3 +633,27 @@ def test_a_listing_longer_than_one_page(server: Server, model: Model) -> None:
         ls.runai_end(streamer)
     assert sorted(found[True]) == sorted([(uri(k), 0) for k in keys] + [(uri("many/deeper/last"), 1)])
     assert sorted(found[False]) == sorted([(uri(k), 0) for k in keys])
+
+
+def test_keys_and_endpoint_from_the_environment(
+    server: Server, model: Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM sets no credentials: the endpoint comes from AWS_ENDPOINT_URL
+    (through the outer), the keys from the backend's own environment."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    streamer = ls.runai_start()
+    try:
+        dst = buffer(27)
+        assert stream(streamer, [Range(uri("model/config.json"), 0, 27, ctypes.addressof(dst))]) == [SUCCESS]
+        assert dst.raw == b'{"architectures": ["Test"]}'
+    finally:
+        ls.runai_end(streamer)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    streamer = ls.runai_start()
+    try:
+        dst = buffer(27)
+        assert stream(streamer, [Range(uri("model/config.json"), 0, 27, ctypes.addressof(dst))]) == [FILE_ACCESS]
+    finally:
+        ls.runai_end(streamer)
