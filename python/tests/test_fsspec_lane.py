@@ -7,7 +7,6 @@ same reads over plain HTTP with ``rdma=False``, timed. Anywhere else every
 test fails."""
 
 import os
-import pathlib
 import random
 import re
 import subprocess
