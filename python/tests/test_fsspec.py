@@ -368,3 +368,18 @@ def test_a_pipe_above_the_block_size_is_a_multipart_upload(options):
     assert fs.cat_file("bkt/piped.bin") == data
     with io.BytesIO(data) as expected, fs.open("bkt/piped.bin", "rb") as f:
         assert f.read(MIB) == expected.read(MIB)
+
+
+def test_modes_and_options_refused_with_their_reason(fs, options):
+    fs.pipe_file("bkt/modes.bin", b"there")
+    with pytest.raises(ValueError, match="mode 'ab'"):
+        fs.open("bkt/modes.bin", "ab")
+    with pytest.raises(FileExistsError, match="xb"):
+        fs.open("bkt/modes.bin", "xb")
+    with fs.open("bkt/modes-new.bin", "xb") as f:
+        f.write(b"new")
+    assert fs.cat_file("bkt/modes-new.bin") == b"new"
+    with pytest.raises(IsADirectoryError, match="bucket/key"):
+        fs.open("bkt", "rb")
+    with pytest.raises(ValueError, match="max_concurrency"):
+        HipObjFileSystem(**options, max_concurrency=0, skip_instance_cache=True)
