@@ -75,6 +75,49 @@ class ObjectReplacedError(OSError):
         self.etag = etag
 
 
+class _Landing(bytearray):
+    """The buffer a GET lands in: a ``bytearray`` that takes weak
+    references, so that the session keeps its registration (its cache of
+    the registrations used last, ``Session(registration_cache=16)``) while
+    the pool keeps it alive, and drops it when it dies."""
+
+
+class _Landings:
+    """GET buffers kept between requests, so that a filesystem reading many
+    ranges registers a few buffers once instead of one per request: at
+    most `count` buffers and `limit` bytes kept; buffers are powers of two
+    from 1 MiB (a request past `limit` gets one of its own length, not
+    kept), a request takes the smallest free one that fits."""
+
+    SMALLEST = 1 << 20
+
+    def __init__(self, count: int, limit: int):
+        self.count = count
+        self.limit = limit
+        self._free: List[_Landing] = []
+        self._lock = threading.Lock()
+
+    def take(self, length: int) -> _Landing:
+        with self._lock:
+            fits = [b for b in self._free if len(b) >= length]
+            if fits:
+                best = min(fits, key=len)
+                self._free.remove(best)
+                return best
+        size = max(self.SMALLEST, 1 << (length - 1).bit_length())
+        # One larger than the pool keeps is for this request only: no more
+        # than it needs.
+        return _Landing(size if size <= self.limit else length)
+
+    def give(self, buffer: _Landing) -> None:
+        """Keeps `buffer` for a later request, if there is room; else lets
+        it go (its registration goes with it)."""
+        with self._lock:
+            kept = sum(len(b) for b in self._free)
+            if len(self._free) < self.count and kept + len(buffer) <= self.limit:
+                self._free.append(buffer)
+
+
 @dataclass
 class FileSystemStats:
     """What the filesystem moved, and how: each GET of a range and each PUT
@@ -208,6 +251,9 @@ class HipObjFileSystem(AbstractFileSystem):
         #: while every transfer has gone by RDMA.
         self.http_reason: Optional[str] = None if rdma else "rdma=False: no hipobj session"
         self.stats = FileSystemStats()
+        # Registered buffers kept between GETs: as many as the session's
+        # registration cache holds by default (16), 64 MiB at most.
+        self._landings = _Landings(count=16, limit=64 << 20)
         arguments = dict(client_kwargs or {})
         if endpoint_url is not None:
             arguments["endpoint_url"] = endpoint_url
@@ -430,13 +476,19 @@ class HipObjFileSystem(AbstractFileSystem):
         pinned = {"IfMatch": etag} if etag else {}
         session = self.session
         if session is not None and session.available:
-            into = bytearray(length)
+            # Into a kept buffer (registered once, while it is kept), then
+            # copied into the bytes fsspec hands back; the buffer is kept
+            # again only after a transfer that ended well.
+            into = self._landings.take(length)
             try:
                 t = session.get_object(self.client, Bucket=bucket, Key=key, into=into, Range=asked, **pinned)
             except TransferError as e:
                 raise self._error(e, path, "GetObject") from e
             self._counted(False, t)
-            return bytes(into)
+            with memoryview(into) as landed:
+                data = bytes(landed[:length])
+            self._landings.give(into)
+            return data
         try:
             response = self.client.get_object(Bucket=bucket, Key=key, Range=asked, **pinned)
             body = response["Body"].read()

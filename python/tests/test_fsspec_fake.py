@@ -93,3 +93,21 @@ def test_an_rdma_read_of_wrong_bytes_is_an_error_not_data(session):
     fs.fake.rdma_checksum = "wrong"
     with pytest.raises(OSError, match="not the bytes the server says it wrote"):
         fs.cat_file("bucket/checked.bin")
+
+
+def test_gets_reuse_their_registered_buffers(session, fake):
+    fs = attached(block_size=MIB)
+    data = randbytes(4 * MIB, 6)
+    fs.pipe_file("bucket/reused.bin", data)
+    assert fs.cat_file("bucket/reused.bin", 0, 300000) == data[:300000]
+    # The next registration would fail: a read that registered its buffer
+    # again would fall back to HTTP.
+    assert fake.hipobjFakeFailCall(b"ibv_reg_mr", 1) == 0
+    for at in range(0, 3 * MIB, 512 * 1024):
+        assert fs.cat_file("bucket/reused.bin", at, at + 700000) == data[at : at + 700000]
+    assert fs.stats.http == 0 and fs.stats.reads == 7
+    fake.hipobjFakeClearFaults()
+    # A read past what the pool keeps lands in a buffer of its own, once.
+    fs._landings = filesystem._Landings(count=16, limit=MIB)
+    assert fs.cat_file("bucket/reused.bin") == data and fs.stats.rdma == 9
+    assert not fs._landings._free
