@@ -60,7 +60,7 @@ _DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
 #: The reasons already said in this process (each once).
 _said: set = set()
 _said_lock = threading.Lock()
-#: The session this module opened, if it did (closed at exit).
+#: Held while the process's session is looked for or opened.
 _opened_lock = threading.Lock()
 
 
@@ -209,8 +209,7 @@ class HipObjFileSystem(AbstractFileSystem):
       no session at all, every transfer over plain HTTP.
     - `block_size`: a file's read-ahead block and its write parts (16 MiB;
       parts are at least 5 MiB, S3's smallest); `max_concurrency`: the
-      requests ``cat_ranges`` and ``cat_file`` of many paths keep in
-      flight together (16).
+      requests ``cat_ranges`` keeps in flight together (16).
     """
 
     protocol = ("hipobj",)
