@@ -15,6 +15,9 @@ S3's for a single PUT), every GET answer carries it, and a GET with
 ``If-Match`` another ETag is answered 412 PreconditionFailed before any
 byte moves (``ignore_if_match``: a store that ignores the condition).
 
+A HEAD answers an object's size and ETag (404 without a body when there
+is none).
+
 Requests that carry ``x-amz-rdma-token`` go to the fake library's RDMA S3
 server (``hipobjFakeServe``: it connects to the library's fake NIC and
 moves the bytes, as the real server does), with the fake server's object
@@ -179,6 +182,11 @@ class FakeS3:
             return self._respond(request, 204, {})
         if request.method == "GET":
             return self._get(request, bucket, key, token)
+        if request.method == "HEAD":
+            data = self.objects.get((bucket, key))
+            if data is None:
+                return self._respond(request, 404, {})
+            return self._respond(request, 200, {"Content-Length": str(len(data)), "ETag": self.etag(data)})
         if request.method == "PUT":
             return self._put(request, bucket, key, token, body, query)
         return self._respond(request, 405, {})

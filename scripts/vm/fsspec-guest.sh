@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Inside the VM (scripts/vm/fsspec-lane.sh): hipobj:// through fsspec,
+# pandas and pyarrow by RDMA (python/tests/test_fsspec_lane.py), with the
+# venv scripts/fsspec-test.sh made on the host, the release libhipobj and
+# the RDMA S3 server.
+#
+# Usage: fsspec-guest.sh VENV LIBHIPOBJ SERVER_BINARY
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+venv=$1
+[[ -x "$venv/bin/python" ]] || { echo "fsspec-guest: $venv is missing: run scripts/fsspec-test.sh first" >&2; exit 1; }
+cd "$root/python/tests"
+# The root file system is the host's, read-only: no bytecode or pytest cache.
+HIPOBJ_PYTHON_LANE=1 HIPOBJ_LIBRARY="$2" HIPOBJ_S3_SERVER="$3" PYTHONDONTWRITEBYTECODE=1 TMPDIR="${TMPDIR:-/tmp}" \
+    "$venv/bin/python" -m pytest -q -s -p no:cacheprovider test_fsspec_lane.py
