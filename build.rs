@@ -8,7 +8,10 @@
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     let target_os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
-    if target_os == "linux" {
+    // Without the C functions (feature capi off) hipobj is linked into
+    // another library, whose SONAME is its own.
+    let capi = std::env::var_os("CARGO_FEATURE_CAPI").is_some();
+    if target_os == "linux" && capi {
         let major = std::env::var("CARGO_PKG_VERSION_MAJOR").unwrap_or_else(|_| "0".into());
         println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libhipobj.so.{major}");
     }

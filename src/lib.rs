@@ -20,6 +20,7 @@
 //! calls an exported function, and only `platform` touches vendor libraries.
 //! `docs/architecture.md` describes each layer as built.
 
+#[cfg(feature = "capi")]
 pub mod capi;
 pub mod client;
 pub mod core;

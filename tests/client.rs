@@ -311,3 +311,44 @@ fn dropping_buffers_and_clients_releases_everything_they_made() {
         .collect();
     assert!(live.is_empty(), "objects left behind: {live:?}");
 }
+
+#[test]
+fn lent_memory_is_registered_while_lent_and_given_back_deregistered() {
+    let world = World::new();
+    let client = client(&world, GpuSelect::None);
+    let object = pattern(16 << 10, 9);
+    world.server.set_object(&object);
+    // Memory the caller owns (a host program's buffer), lent for one GET.
+    let memory: &'static mut [u8] = Box::leak(vec![0u8; 16 << 10].into_boxed_slice());
+    let mut buf = client.lend(memory).map_err(|(e, _)| e).unwrap();
+    assert_eq!(buf.kind(), Some(BufKind::Host));
+    assert_eq!(client.registered_buffers(), 1);
+    let mut side = WorldSide::new(&world.server, Op::Get);
+    assert_eq!(
+        client.get(&mut buf, 0..object.len(), &mut side).unwrap(),
+        Route::Direct
+    );
+    assert_eq!(
+        buf.as_slice().unwrap(),
+        &object[..],
+        "landed in the lent memory"
+    );
+    assert!(
+        buf.into_vec().is_err(),
+        "lent memory is never the library's to free"
+    );
+    let mut buf = client
+        .lend(Box::leak(vec![0u8; 8].into_boxed_slice()))
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let back = buf.as_mut_slice().map(|b| b.len());
+    assert_eq!(back, Some(8));
+    let back = buf.into_lent().unwrap();
+    assert_eq!(back.len(), 8);
+    assert_eq!(client.registered_buffers(), 0, "given back deregistered");
+    // The same address lent again is registered afresh.
+    let again = client.lend(back).map_err(|(e, _)| e).unwrap();
+    assert_eq!(client.registered_buffers(), 1);
+    drop(again);
+    assert_eq!(client.registered_buffers(), 0);
+}

@@ -344,6 +344,33 @@ impl Client {
         })
     }
 
+    /// Registers host memory the caller lends (a host program's buffer) for
+    /// as long as the buffer lives: [`Buffer::into_lent`] deregisters it
+    /// and gives it back; a drop deregisters it. The library never frees
+    /// it. Refused, it comes back with the error.
+    pub fn lend(
+        &self,
+        bytes: &'static mut [u8],
+    ) -> std::result::Result<Buffer, (ClientError, &'static mut [u8])> {
+        if let Err(e) = self.instance.check_process() {
+            return Err((e.into(), bytes));
+        }
+        let range = match BufferRange::new(bytes.as_ptr() as usize, bytes.len()) {
+            Ok(range) => range,
+            Err(e) => return Err((e.into(), bytes)),
+        };
+        if let Err(e) = self.instance.register(range, true) {
+            return Err((e.into(), bytes));
+        }
+        Ok(Buffer {
+            instance: Arc::clone(&self.instance),
+            base: range.addr,
+            len: range.len,
+            memory: Memory::Lent(bytes),
+            registered: true,
+        })
+    }
+
     /// `len` bytes of the served GPU's memory, allocated by its runtime and
     /// registered as `hipObjBufRegister` registers GPU memory (dma-buf, a
     /// plain registration, or staging: [`Buffer::kind`] says which).
@@ -591,6 +618,8 @@ impl S3Client for Exchange<'_> {
 /// What a [`Buffer`] holds.
 enum Memory {
     Host(Box<[u8]>),
+    /// The caller's, lent ([`Client::lend`]): never freed here.
+    Lent(&'static mut [u8]),
     Device {
         memory: Arc<dyn DeviceBuffer>,
         gpu: Arc<dyn Gpu>,
@@ -642,7 +671,7 @@ impl Buffer {
     /// The GPU whose memory it is, if any.
     pub fn device(&self) -> Option<i32> {
         match &self.memory {
-            Memory::Host(_) => None,
+            Memory::Host(_) | Memory::Lent(_) => None,
             Memory::Device { memory, .. } => Some(memory.device()),
         }
     }
@@ -651,6 +680,7 @@ impl Buffer {
     pub fn as_slice(&self) -> Option<&[u8]> {
         match &self.memory {
             Memory::Host(bytes) => Some(bytes),
+            Memory::Lent(bytes) => Some(bytes),
             Memory::Device { .. } => None,
         }
     }
@@ -659,6 +689,7 @@ impl Buffer {
     pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
         match &mut self.memory {
             Memory::Host(bytes) => Some(bytes),
+            Memory::Lent(bytes) => Some(bytes),
             Memory::Device { .. } => None,
         }
     }
@@ -671,7 +702,20 @@ impl Buffer {
         }
         match std::mem::replace(&mut self.memory, Memory::Host(Box::default())) {
             Memory::Host(bytes) => Ok(bytes.into_vec()),
-            Memory::Device { .. } => unreachable!("checked above"),
+            Memory::Lent(_) | Memory::Device { .. } => unreachable!("checked above"),
+        }
+    }
+
+    /// Deregisters memory lent with [`Client::lend`] and gives it back;
+    /// any other memory, or lent memory the library could not deregister,
+    /// stays a buffer (`Err`).
+    pub fn into_lent(mut self) -> std::result::Result<&'static mut [u8], Buffer> {
+        if !matches!(self.memory, Memory::Lent(_)) || !self.release() {
+            return Err(self);
+        }
+        match std::mem::replace(&mut self.memory, Memory::Host(Box::default())) {
+            Memory::Lent(bytes) => Ok(bytes),
+            Memory::Host(_) | Memory::Device { .. } => unreachable!("checked above"),
         }
     }
 
@@ -711,6 +755,10 @@ impl Buffer {
                 bytes[offset..offset + data.len()].copy_from_slice(data);
                 Ok(())
             }
+            Memory::Lent(bytes) => {
+                bytes[offset..offset + data.len()].copy_from_slice(data);
+                Ok(())
+            }
             Memory::Device { memory, gpu } => bounce(&**gpu, data.len(), |pinned, done, n| {
                 if !pinned.write(0, &data[done..done + n]) {
                     return Err(Error::InvalidValue("pinned buffer").into());
@@ -725,6 +773,10 @@ impl Buffer {
         self.check(&(offset..offset.saturating_add(out.len())))?;
         match &self.memory {
             Memory::Host(bytes) => {
+                out.copy_from_slice(&bytes[offset..offset + out.len()]);
+                Ok(())
+            }
+            Memory::Lent(bytes) => {
                 out.copy_from_slice(&bytes[offset..offset + out.len()]);
                 Ok(())
             }
@@ -827,6 +879,10 @@ impl Drop for Buffer {
         log!(Level::Error, "its memory is leaked");
         match std::mem::replace(&mut self.memory, Memory::Host(Box::default())) {
             Memory::Host(bytes) => std::mem::forget(bytes),
+            // The owner frees it: a registration whose release failed
+            // keeps its pages pinned, and no server can reach them (every
+            // transfer's access ends before its call returns).
+            Memory::Lent(_) => {}
             Memory::Device { memory, .. } => std::mem::forget(memory),
         }
     }

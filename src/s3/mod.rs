@@ -242,6 +242,12 @@ impl Response {
         }
     }
 
+    /// The body as a reader, for a caller that takes it in pieces of its
+    /// own (its length is the caller's to check).
+    pub fn body_reader(&mut self) -> impl Read + '_ {
+        self.inner.body_mut().as_reader()
+    }
+
     /// The body as text, at most `limit` bytes of it.
     pub fn text(&mut self, limit: u64) -> Result<String, S3Error> {
         let bytes = self
@@ -412,10 +418,38 @@ fn transport_error(endpoint: &str, e: &ureq::Error) -> (String, bool) {
     }
 }
 
+/// How an [`S3`] addresses and sends its requests, beyond its settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestOptions {
+    /// How long one request may take, connect to last byte (600 s by
+    /// default).
+    pub timeout: Duration,
+    /// Virtual-hosted-style addresses (`scheme://BUCKET.host/KEY`) instead
+    /// of path-style ones (`scheme://host/BUCKET/KEY`, the default).
+    pub virtual_hosted: bool,
+    /// Anonymous requests: none is signed (public buckets).
+    pub unsigned: bool,
+}
+
+impl Default for RequestOptions {
+    /// 600 s, path style, signed.
+    fn default() -> RequestOptions {
+        RequestOptions {
+            timeout: REQUEST_TIMEOUT,
+            virtual_hosted: false,
+            unsigned: false,
+        }
+    }
+}
+
 /// An S3 endpoint with its keys. `Sync`: one client serves many threads.
 pub struct S3 {
     agent: ureq::Agent,
     config: S3Config,
+    options: RequestOptions,
+    /// The endpoint's scheme and authority, for virtual-hosted addresses.
+    scheme: String,
+    authority: String,
 }
 
 impl std::fmt::Debug for S3 {
@@ -427,6 +461,12 @@ impl std::fmt::Debug for S3 {
 impl S3 {
     /// A client of the endpoint `config` names.
     pub fn new(config: S3Config) -> Result<S3, S3Error> {
+        S3::with_options(config, RequestOptions::default())
+    }
+
+    /// A client of the endpoint `config` names, addressing and sending its
+    /// requests as `options` say.
+    pub fn with_options(config: S3Config, options: RequestOptions) -> Result<S3, S3Error> {
         let uri: http::Uri = config.endpoint.parse().map_err(|e| {
             ConfigError(format!(
                 "the endpoint {:?} is not a URL: {e}",
@@ -440,12 +480,25 @@ impl S3 {
             ))
             .into());
         }
+        let scheme = uri.scheme_str().unwrap_or("https").to_owned();
+        let authority = uri.authority().map(ToString::to_string).unwrap_or_default();
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_global(Some(REQUEST_TIMEOUT))
+            .timeout_global(Some(options.timeout))
             .build()
             .into();
-        Ok(S3 { agent, config })
+        Ok(S3 {
+            agent,
+            config,
+            options,
+            scheme,
+            authority,
+        })
+    }
+
+    /// How requests are addressed and sent.
+    pub fn options(&self) -> &RequestOptions {
+        &self.options
     }
 
     /// The settings in use.
@@ -455,11 +508,19 @@ impl S3 {
 
     /// The URL of `request`, its path and query encoded.
     fn url(&self, request: &Request<'_>) -> String {
-        let mut url = format!(
-            "{}/{}",
-            self.config.endpoint,
-            utf8_percent_encode(request.bucket, UNRESERVED)
-        );
+        let mut url = if self.options.virtual_hosted {
+            // A bucket's name is a DNS label here: nothing to encode.
+            format!("{}://{}.{}", self.scheme, request.bucket, self.authority)
+        } else {
+            format!(
+                "{}/{}",
+                self.config.endpoint,
+                utf8_percent_encode(request.bucket, UNRESERVED)
+            )
+        };
+        if self.options.virtual_hosted && request.key.is_none() {
+            url.push('/');
+        }
         if let Some(key) = request.key {
             url.push('/');
             let segments: Vec<String> = key
@@ -495,10 +556,14 @@ impl S3 {
     ) -> Result<Response, S3Error> {
         let what = request.what();
         let url = self.url(request);
-        let signed = self.sign(request, &url).map_err(|why| S3Error::Response {
-            what: what.clone(),
-            why: format!("cannot sign: {why}"),
-        })?;
+        let signed = if self.options.unsigned {
+            Vec::new()
+        } else {
+            self.sign(request, &url).map_err(|why| S3Error::Response {
+                what: what.clone(),
+                why: format!("cannot sign: {why}"),
+            })?
+        };
         let mut builder = http::Request::builder().method(request.method).uri(&url);
         for (name, value) in request.headers.iter().map(|(k, v)| (*k, v.as_str())) {
             builder = builder.header(name, value);
@@ -640,12 +705,27 @@ impl S3 {
     /// the order S3 lists them (by key), following continuation tokens.
     /// Fails rather than returning part of a listing.
     pub fn list_objects(&self, bucket: &str, prefix: &str) -> Result<Vec<Listed>, S3Error> {
+        self.list_objects_delimited(bucket, prefix, None)
+    }
+
+    /// [`S3::list_objects`] with a `delimiter`: the objects whose key has
+    /// no delimiter after `prefix` (one level of a hierarchy); the common
+    /// prefixes are left out.
+    pub fn list_objects_delimited(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        delimiter: Option<&str>,
+    ) -> Result<Vec<Listed>, S3Error> {
         let mut objects = Vec::new();
         let mut token: Option<String> = None;
         loop {
             let mut request = Request::new("GET", bucket, None);
             request.query.push(("list-type", "2".to_owned()));
             request.query.push(("prefix", prefix.to_owned()));
+            if let Some(delimiter) = delimiter {
+                request.query.push(("delimiter", delimiter.to_owned()));
+            }
             if let Some(token) = &token {
                 request.query.push(("continuation-token", token.clone()));
             }
@@ -842,6 +922,21 @@ mod tests {
         assert!(signed
             .iter()
             .any(|(k, v)| *k == "x-amz-content-sha256" && v == "UNSIGNED-PAYLOAD"));
+    }
+
+    #[test]
+    fn virtual_hosted_addresses_put_the_bucket_in_the_host() {
+        let config = s3("http://127.0.0.1:9000").unwrap().config.clone();
+        let options = RequestOptions {
+            virtual_hosted: true,
+            ..RequestOptions::default()
+        };
+        let s3 = S3::with_options(config, options).unwrap();
+        let r = Request::new("GET", "bkt", Some("dir/a b"));
+        assert_eq!(s3.url(&r), "http://bkt.127.0.0.1:9000/dir/a%20b");
+        let mut r = Request::new("GET", "bkt", None);
+        r.query.push(("list-type", "2".to_owned()));
+        assert_eq!(s3.url(&r), "http://bkt.127.0.0.1:9000/?list-type=2");
     }
 
     #[test]
