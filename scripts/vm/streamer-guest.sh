@@ -6,8 +6,9 @@
 # scripts/vm/streamer-lane.py check (the test) or bench (the measurement
 # against the wheel's own backend through the same gateway).
 #
-#   streamer-guest.sh check|bench SERVER_BINARY SITE OURS_DIR [ARGS...]
+#   streamer-guest.sh check|bench SERVER_BINARY PYTHON SITE OURS_DIR [ARGS...]
 #
+# PYTHON: a Python with NumPy and safetensors (the Python package's venv);
 # SITE: the directory `pip install --no-deps --target` put the two 0.17.1
 # wheels in; OURS_DIR: a directory holding our libstreamers3.so (both made
 # on the host by scripts/vm/streamer-prepare.sh: the VM has no network).
@@ -16,12 +17,11 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 mode="$1"
 server_bin="$2"
-site="$3"
-ours="$4"
-shift 4
+python="$3"
+site="$4"
+ours="$5"
+shift 5
 [[ -n "${HIPOBJ_GARAGE_ENDPOINT:-}" ]] || { echo "streamer-guest: run inside scripts/vm/garage-guest.sh" >&2; exit 1; }
-target="${CARGO_TARGET_DIR:-$root/target}"
-python="${HIPOBJ_STREAMER_PYTHON:-$target/pyvenv/bin/python}"
 work=$(mktemp -d)
 gateway_pid=""
 cleanup() {

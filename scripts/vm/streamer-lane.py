@@ -76,20 +76,26 @@ class LaneError(Exception):
 
 
 def make_model(directory: Path, shards: int, shard_mib: int) -> list[Path]:
-    """Writes SHARDS safetensors files of about SHARD_MIB MiB each (float16
-    and float32 tensors of random values, a few shapes, as a model's
-    layers), named as a sharded checkpoint is."""
+    """Writes SHARDS safetensors files of about SHARD_MIB MiB each, named as
+    a sharded checkpoint is: each a model's layers, a float16 matrix of up
+    to 16 MiB and a float32 bias. Their values are random bits (any bit
+    pattern is a value to a loader; the VM's emulated CPU draws bits far
+    faster than normal deviates)."""
     rng = numpy.random.default_rng(34)
+
+    def random(dtype: type, shape: tuple[int, ...]) -> numpy.ndarray:
+        count = int(numpy.prod(shape))
+        return numpy.frombuffer(rng.bytes(count * numpy.dtype(dtype).itemsize), dtype=dtype).reshape(shape)
+
     paths = []
     for shard in range(shards):
         tensors: dict[str, numpy.ndarray] = {}
         left = shard_mib * MIB
         layer = 0
         while left > 0:
-            # A layer: one float16 matrix of up to 16 MiB and a float32 bias.
             rows = max(1, min(4096, left // (2 * 2048)))
-            weight = rng.standard_normal((rows, 2048), dtype=numpy.float32).astype(numpy.float16)
-            bias = rng.standard_normal((rows,), dtype=numpy.float32)
+            weight = random(numpy.float16, (rows, 2048))
+            bias = random(numpy.float32, (rows,))
             tensors[f"model.layers.{shard}.{layer}.weight"] = weight
             tensors[f"model.layers.{shard}.{layer}.bias"] = bias
             left -= weight.nbytes + bias.nbytes
@@ -341,6 +347,9 @@ class Run:
     sys_s: float
     machine_cpu_s: float
     gateway: GatewayCounts
+    # Our backend's own counters (its HIPOBJ_STREAMER_STATS file); None for
+    # the stock backend.
+    counters: dict[str, object] | None
 
 
 def run_stream(backend: str, uris: list[str], files: list[Path]) -> Run:
@@ -353,8 +362,12 @@ def run_stream(backend: str, uris: list[str], files: list[Path]) -> Run:
     env.pop("LD_LIBRARY_PATH", None)
     wheel_backend = os.path.realpath(f"{site}/runai_model_streamer/libstreamer/lib/libstreamers3.so")
     ours = os.path.realpath(f"{ours_dir}/libstreamers3.so")
+    stats = Path(tempfile.mkdtemp(prefix="hipobj-streamer-stats-")) / "stats.json"
     if backend == "ours":
         env["LD_LIBRARY_PATH"] = ours_dir
+        # Our backend writes its counters there when its clients are removed
+        # (at the stream's end).
+        env["HIPOBJ_STREAMER_STATS"] = str(stats)
         expected = ours
     else:
         expected = wheel_backend
@@ -370,6 +383,10 @@ def run_stream(backend: str, uris: list[str], files: list[Path]) -> Run:
     if child.returncode != 0:
         raise LaneError(f"the stream by the {backend} backend failed (status {child.returncode}):\n{child.stderr[-4000:]}")
     figures = json.loads(child.stdout.strip().splitlines()[-1])
+    counters = json.loads(stats.read_text()) if backend == "ours" and stats.is_file() else None
+    if stats.is_file():
+        stats.unlink()
+    stats.parent.rmdir()
     if figures["backends"] != [expected]:
         raise LaneError(f"the {backend} stream mapped {figures['backends']}, not {expected}")
     return Run(
@@ -381,15 +398,27 @@ def run_stream(backend: str, uris: list[str], files: list[Path]) -> Run:
         sys_s=figures["sys_s"],
         machine_cpu_s=figures["machine_cpu_s"],
         gateway=after - before,
+        counters=counters,
     )
 
 
 def check_path(run: Run) -> None:
-    """How the bytes went, by the gateway's count: ours by RDMA, every byte
-    (a read tried again may count twice), no GET answered over HTTP; the
-    stock backend by HTTP only (which it may also try again)."""
+    """How the bytes went. Ours: by RDMA, every byte, by its own counters
+    (no read over HTTP, none failed) and by the gateway's (every byte in
+    RDMA GETs, a read tried again may count twice; no GET answered over
+    HTTP). The stock backend: by HTTP only (which it may also try again)."""
     g = run.gateway
     if run.backend == "ours":
+        c = run.counters
+        if c is None:
+            raise LaneError("our backend wrote no counters (HIPOBJ_STREAMER_STATS): was it loaded?")
+        if c.get("rdma_bytes") != run.bytes or c.get("http_reads") != 0 or c.get("failed_reads") != 0:
+            raise LaneError(
+                f"ours streamed {run.bytes} bytes but counts {c.get('rdma_bytes')} bytes in "
+                f"{c.get('rdma_reads')} reads by RDMA, {c.get('http_bytes')} bytes in {c.get('http_reads')} "
+                f"reads over HTTP (why: {c.get('fallback_reasons')}), {c.get('failed_reads')} failed: "
+                "RDMA did not carry every byte"
+            )
         if g.rdma_bytes < run.bytes or g.http_requests != 0 or g.http_bytes != 0:
             raise LaneError(
                 f"ours streamed {run.bytes} bytes but the gateway counts {g.rdma_bytes:.0f} bytes in "
@@ -405,23 +434,26 @@ def check_path(run: Run) -> None:
 
 def describe(run: Run) -> str:
     g = run.gateway
+    c = run.counters
+    ours = f"; ours: {c.get('rdma_reads')} reads by RDMA, {c.get('http_reads')} over HTTP" if c else ""
     return (
         f"{run.backend:5s} {run.bytes / MIB:7.1f} MiB in {run.wall_s:6.2f} s "
         f"({run.bytes / MIB / run.wall_s:6.1f} MiB/s), CPU {run.cpu_s:6.2f} s "
         f"(user {run.user_s:.2f}, sys {run.sys_s:.2f}; {run.cpu_s / (run.bytes / GIB):6.2f} s/GiB), "
         f"machine CPU {run.machine_cpu_s:6.2f} s; gateway: {g.rdma_requests:.0f} RDMA GETs "
-        f"({g.rdma_bytes / MIB:.1f} MiB), {g.http_requests:.0f} HTTP GETs ({g.http_bytes / MIB:.1f} MiB)"
+        f"({g.rdma_bytes / MIB:.1f} MiB), {g.http_requests:.0f} HTTP GETs ({g.http_bytes / MIB:.1f} MiB){ours}"
     )
 
 
 def prepare(args: argparse.Namespace, work: Path) -> tuple[list[str], list[Path]]:
     start = time.perf_counter()
     files = make_model(work, args.shards, args.shard_mib)
+    written = time.perf_counter()
     uris = upload(files, os.environ["HIPOBJ_GARAGE_BUCKET"], "streamer-model")
     size = sum(f.stat().st_size for f in files)
     print(
-        f"streamer-lane: model of {len(files)} shards, {size / MIB:.1f} MiB, written and put into "
-        f"Garage in {time.perf_counter() - start:.1f} s",
+        f"streamer-lane: model of {len(files)} shards, {size / MIB:.1f} MiB, written in "
+        f"{written - start:.1f} s, put into Garage in {time.perf_counter() - written:.1f} s",
         flush=True,
     )
     return uris, files
