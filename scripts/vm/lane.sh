@@ -86,10 +86,11 @@ each="$tests"'; exit $status'
 garage_check="env HIPOBJ_GARAGE=$(printf %q "$garage") bash scripts/vm/garage-check.sh 16"
 # In the same cluster, after the gateway's checks: the model streamer
 # (the 0.17.1 wheel's libstreamer.so) with our libstreamers3.so, a sharded
-# safetensors model streamed by RDMA through a gateway in front of Garage,
-# byte-exact, every byte by RDMA (scripts/vm/streamer-guest.sh check).
+# safetensors model (3 shards of 32 MiB) streamed by RDMA through a gateway
+# in front of Garage, byte-exact, every byte by RDMA
+# (scripts/vm/streamer-guest.sh check).
 gateway_guest="bash scripts/vm/gateway-guest.sh $(printf %q "$target/debug/hipobj-s3-server") $(printf %q "$target/debug/hipobj") 16 16 64"
-streamer_guest="bash scripts/vm/streamer-guest.sh check $(printf %q "$target/debug/hipobj-s3-server") $(printf %q "$target/pyvenv/bin/python") $(printf %q "$streamer_site") $(printf %q "$streamer_ours")"
+streamer_guest="bash scripts/vm/streamer-guest.sh check $(printf %q "$target/debug/hipobj-s3-server") $(printf %q "$target/pyvenv/bin/python") $(printf %q "$streamer_site") $(printf %q "$streamer_ours") --shard-mib 32"
 gateway_check="env HIPOBJ_GARAGE=$(printf %q "$garage") bash scripts/vm/garage-guest.sh bash -c $(printf %q "status=0; $gateway_guest || status=1; echo '== scripts/vm/streamer-guest.sh'; $streamer_guest || status=1; exit \$status")"
 hw="bash $(printf %q "$target/hw/run.sh") --device rxe0 --ip 192.0.2.1 --out $(printf %q "$target/vm/out/hw") --steps contract,e2e,bench --bench quick"
 first='status=0; echo "== the hardware lane (scripts/hw/run.sh) on rxe0"; timeout -k 10 5400 '"$hw"' || { status=1; dmesg | grep -i rxe | tail -20; }; echo "== python/tests/test_lane.py"; timeout -k 10 900 '"$python"' || status=1; echo "== scripts/vm/garage-check.sh"; timeout -k 10 900 '"$garage_check"' || status=1; echo "== scripts/vm/gateway-guest.sh"; timeout -k 10 1500 '"$gateway_check"' || status=1; exit $status'
