@@ -418,6 +418,34 @@ fn transport_error(endpoint: &str, e: &ureq::Error) -> (String, bool) {
     }
 }
 
+/// The certificate authorities of the PEM file at `path`.
+fn ca_bundle(path: &std::path::Path) -> Result<ureq::tls::RootCerts, S3Error> {
+    let pem = std::fs::read(path)
+        .map_err(|e| ConfigError(format!("the CA bundle {}: {e}", path.display())))?;
+    let mut certs = Vec::new();
+    for item in ureq::tls::parse_pem(&pem) {
+        match item {
+            Ok(ureq::tls::PemItem::Certificate(cert)) => certs.push(cert),
+            Ok(_) => {}
+            Err(e) => {
+                return Err(ConfigError(format!(
+                    "the CA bundle {} is not PEM: {e}",
+                    path.display()
+                ))
+                .into())
+            }
+        }
+    }
+    if certs.is_empty() {
+        return Err(ConfigError(format!(
+            "the CA bundle {} holds no certificate",
+            path.display()
+        ))
+        .into());
+    }
+    Ok(ureq::tls::RootCerts::new_with_certs(&certs))
+}
+
 /// How an [`S3`] addresses and sends its requests, beyond its settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestOptions {
@@ -429,6 +457,9 @@ pub struct RequestOptions {
     pub virtual_hosted: bool,
     /// Anonymous requests: none is signed (public buckets).
     pub unsigned: bool,
+    /// A PEM file of the certificate authorities `https://` endpoints are
+    /// checked against, instead of Mozilla's roots (`AWS_CA_BUNDLE`).
+    pub ca_bundle: Option<std::path::PathBuf>,
 }
 
 impl Default for RequestOptions {
@@ -438,6 +469,7 @@ impl Default for RequestOptions {
             timeout: REQUEST_TIMEOUT,
             virtual_hosted: false,
             unsigned: false,
+            ca_bundle: None,
         }
     }
 }
@@ -482,11 +514,17 @@ impl S3 {
         }
         let scheme = uri.scheme_str().unwrap_or("https").to_owned();
         let authority = uri.authority().map(ToString::to_string).unwrap_or_default();
-        let agent = ureq::Agent::config_builder()
+        let mut agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_global(Some(options.timeout))
-            .build()
-            .into();
+            .timeout_global(Some(options.timeout));
+        if let Some(path) = &options.ca_bundle {
+            agent = agent.tls_config(
+                ureq::tls::TlsConfig::builder()
+                    .root_certs(ca_bundle(path)?)
+                    .build(),
+            );
+        }
+        let agent = agent.build().into();
         Ok(S3 {
             agent,
             config,

@@ -120,6 +120,8 @@ struct Queues {
 pub struct ClientState {
     s3: Arc<S3>,
     endpoint: String,
+    /// Reads may go by RDMA (`HIPOBJ_STREAMER_RDMA` not 0).
+    rdma: bool,
     readers_max: usize,
     retries: u32,
     timeout: Duration,
@@ -209,8 +211,18 @@ impl Backend {
     /// nothing a thread may still use.
     pub fn close(&self) {
         if self.opened.swap(false, Ordering::Relaxed) {
-            self.stats.report();
+            self.report();
         }
+    }
+
+    /// Logs and writes the counters, with the registrations the library
+    /// holds now.
+    fn report(&self) {
+        if let Some(Ok(library)) = self.library.get() {
+            self.stats
+                .registered(u64::try_from(library.registered_buffers()).unwrap_or(u64::MAX - 1));
+        }
+        self.stats.report();
     }
 
     fn retryable(&self) -> i32 {
@@ -224,30 +236,26 @@ impl Backend {
         self.window.load(Ordering::Relaxed)
     }
 
-    /// The hipobj library, initialized at the first reading client, or why
-    /// not.
-    fn library(&self, settings: &Settings) -> Option<&Client> {
-        if !settings.rdma {
-            self.stats.fell_back("HIPOBJ_STREAMER_RDMA=0");
-            return None;
-        }
-        let library = self.library.get_or_init(|| {
-            Client::builder()
-                .gpu(GpuSelect::None)
+    /// Initializes the hipobj library once (at the first client that may
+    /// read by RDMA, so that no read waits for it); why it did not is kept
+    /// and counted per read.
+    fn init_library(&self) {
+        self.library.get_or_init(|| {
+            #[allow(unused_mut, reason = "changed by test builds only")]
+            let mut builder = Client::builder().gpu(GpuSelect::None);
+            // A test build on the fake world, when HIPOBJ_TEST_WORLD=1.
+            #[cfg(feature = "fake-world")]
+            if let Some(platform) = hipobj::testing::c_world::platform_for_init() {
+                builder = builder.platform(platform);
+            }
+            builder
                 .build()
                 .map_err(|e| format!("no RDMA device (the hipobj library did not initialize: {e})"))
         });
-        match library {
-            Ok(client) => Some(client),
-            Err(why) => {
-                self.stats.fell_back(why);
-                None
-            }
-        }
     }
 
-    /// `obj_create_client`: a client of the endpoint `config` names;
-    /// `reading` when it will read (it then sets the window).
+    /// `obj_create_client`: a client of the endpoint `config` names; its
+    /// window becomes the one `max_inflight_bytes` reports.
     pub fn create_client(&self, config: &ClientConfig) -> Result<usize, Refusal> {
         let mut warnings = Vec::new();
         let settings = Settings::from_vars(&|name| std::env::var(name).ok(), &mut warnings);
@@ -273,6 +281,7 @@ impl Backend {
         let state = Arc::new(ClientState {
             endpoint: s3.config().endpoint.clone(),
             s3: Arc::new(s3),
+            rdma: settings.rdma,
             readers_max: settings.readers,
             retries: settings.retries,
             timeout: settings.timeout,
@@ -282,9 +291,9 @@ impl Backend {
             rdma_ended: Condvar::new(),
             fence: RwLock::new(false),
         });
-        // The library is set up here, not at the first read: a read must
-        // not wait for it.
-        let _ = self.library(&settings);
+        if settings.rdma {
+            self.init_library();
+        }
         self.window.store(window, Ordering::Relaxed);
         let handle = usize::try_from(self.next_handle.fetch_add(1, Ordering::Relaxed))
             .map_err(|_| (code::UNKNOWN, "out of client handles".to_owned()))?;
@@ -438,11 +447,10 @@ impl Backend {
         for client in &clients {
             client.stop();
         }
-        let fenced = clients
-            .iter()
-            .fold(true, |all, client| client.fence() && all);
-        self.stats.report();
-        fenced
+        // Every client fenced, even after one that could not be.
+        let fenced: Vec<bool> = clients.iter().map(|client| client.fence()).collect();
+        self.report();
+        fenced.into_iter().all(|fenced| fenced)
     }
 
     /// `obj_list_files`: every object under `prefix` (an `s3://` URI), or
@@ -557,13 +565,12 @@ impl ClientState {
     /// the client was removed meanwhile (no event is due then).
     fn read(&self, job: &Job) -> Option<Event> {
         let backend = backend();
-        let retryable = backend.retryable();
         let len = job.dst.len as u64;
         let mut tries = 0;
         loop {
             let outcome = match self.rdma(job) {
                 Some(outcome) => outcome,
-                None => self.http(job, retryable),
+                None => self.http(job),
             };
             let code = match outcome {
                 Outcome::Landed(how) => {
@@ -579,14 +586,22 @@ impl ClientState {
                 }
                 Outcome::Fenced => return None,
                 Outcome::Failed(code, why) => {
-                    if code == retryable && code != code::FILE_ACCESS && tries < self.retries {
+                    if code == TRANSIENT && tries < self.retries {
                         tries += 1;
                         log(
                             Level::Warning,
                             &format!("{why}: sent again ({tries} of {})", self.retries),
                         );
+                        // Backing off: 50 ms, doubled each time, at most 3.2 s.
+                        std::thread::sleep(Duration::from_millis(50 << tries.min(6)));
                         continue;
                     }
+                    // 19 only for an outer that knows it.
+                    let code = if code == TRANSIENT {
+                        backend.retryable()
+                    } else {
+                        code
+                    };
                     log(Level::Error, &format!("{why} (code {code})"));
                     code
                 }
@@ -604,18 +619,18 @@ impl ClientState {
     /// counted).
     fn rdma(&self, job: &Job) -> Option<Outcome> {
         let backend = backend();
-        // The library, if it initialized (the reason it did not is counted
-        // by `library`).
+        // The library, if it initialized (made by `create_client`).
+        if !self.rdma {
+            backend.stats.fell_back("HIPOBJ_STREAMER_RDMA=0");
+            return None;
+        }
         let library = match backend.library.get() {
             Some(Ok(library)) => library,
             Some(Err(why)) => {
                 backend.stats.fell_back(why);
                 return None;
             }
-            None => {
-                backend.stats.fell_back("HIPOBJ_STREAMER_RDMA=0");
-                return None;
-            }
+            None => return None,
         };
         if let Some(why) = lock(&backend.declined).get(&self.endpoint) {
             backend.stats.fell_back(why);
@@ -682,6 +697,19 @@ impl ClientState {
                 backend.stats.fell_back(&why);
                 None
             }
+            // The library failed (a connection to the gateway's RDMA side,
+            // say): the server's access ended when the call returned and
+            // the memory is given back, so the read goes over HTTP.
+            Err(TransferError::Client(e)) => {
+                log(
+                    Level::Debug,
+                    &format!("{what}: {e}: over plain HTTP instead"),
+                );
+                backend
+                    .stats
+                    .fell_back("an RDMA transfer failed (its read went over plain HTTP)");
+                None
+            }
             // The server's answer does not match the range: its byte count
             // differs from the range's length.
             Err(TransferError::S3(S3Error::Response { why, .. })) => Some(Outcome::Failed(
@@ -689,7 +717,7 @@ impl ClientState {
                 format!("{what}: {why}"),
             )),
             Err(e) => Some(Outcome::Failed(
-                settings::failure_code(&e, backend.retryable()),
+                settings::failure_code(&e, TRANSIENT),
                 format!("{what}: {e}"),
             )),
         }
@@ -697,7 +725,7 @@ impl ClientState {
 
     /// The read as a plain ranged GET, its body copied into the
     /// destination in pieces under the fence.
-    fn http(&self, job: &Job, retryable: i32) -> Outcome {
+    fn http(&self, job: &Job) -> Outcome {
         let len = job.dst.len;
         let last = job.offset + len as u64 - 1;
         let what = format!(
@@ -715,7 +743,7 @@ impl ClientState {
         let mut response = match response {
             Ok(response) => response,
             Err(e) => {
-                return Outcome::Failed(settings::s3_code(&e, retryable), format!("{what}: {e}"))
+                return Outcome::Failed(settings::s3_code(&e, TRANSIENT), format!("{what}: {e}"))
             }
         };
         if response.status() != 206 && job.offset != 0 {
@@ -738,7 +766,7 @@ impl ClientState {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     return Outcome::Failed(
-                        retryable,
+                        TRANSIENT,
                         format!("{what}: the body broke off after {filled} of {len} bytes: {e}"),
                     )
                 }
@@ -782,13 +810,18 @@ impl ClientState {
     }
 }
 
+/// A transient failure's code while a read runs: what the streamer sees
+/// of it depends on its version ([`Backend::retryable`]).
+const TRANSIENT: i32 = code::RETRYABLE_FILE_ACCESS;
+
 /// How a read ended.
 enum Outcome {
     /// Its bytes are in the destination.
     Landed(How),
     /// Its client was removed: no event.
     Fenced,
-    /// Failed: the code and the message.
+    /// Failed: the code (a transient failure as [`TRANSIENT`]) and the
+    /// message.
     Failed(i32, String),
 }
 
@@ -847,6 +880,140 @@ fn s3_client(config: &ClientConfig, settings: &Settings) -> Result<S3, String> {
         timeout: settings.timeout,
         virtual_hosted: settings.virtual_hosted,
         unsigned: settings.unsigned,
+        ca_bundle: settings.ca_bundle.as_ref().map(std::path::PathBuf::from),
     };
+    if settings.virtual_hosted && literal_host(&config.endpoint) {
+        log(
+            Level::Warning,
+            &format!(
+                "virtual-hosted addressing (the default) puts the bucket in the host name, which {} cannot take: set RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING=0",
+                config.endpoint
+            ),
+        );
+    }
     S3::with_options(config, options).map_err(|e| format!("{e}"))
+}
+
+/// Whether `endpoint`'s host is an IP address or `localhost`: no bucket
+/// can be a label of it.
+fn literal_host(endpoint: &str) -> bool {
+    let rest = endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(endpoint: &str) -> ClientConfig {
+        ClientConfig {
+            endpoint: Some(endpoint.to_owned()),
+            chunk: 0,
+            params: vec![
+                ("access_key_id".to_owned(), Some("ak".to_owned())),
+                ("secret_access_key".to_owned(), Some("sk".to_owned())),
+            ],
+        }
+    }
+
+    #[test]
+    fn ip_and_localhost_endpoints_are_literal_hosts() {
+        assert!(literal_host("http://127.0.0.1:9000"));
+        assert!(literal_host("http://[::1]:9000"));
+        assert!(literal_host("https://localhost"));
+        assert!(!literal_host("https://s3.us-east-1.amazonaws.com"));
+        assert!(!literal_host("http://gateway.local:9000"));
+    }
+
+    const NO_EVENT: Event = Event {
+        id: 0,
+        code: -1,
+        bytes: 0,
+    };
+
+    /// One test: `obj_cancel_all_reads` stops every client of the process,
+    /// so the steps that depend on it run in order.
+    #[test]
+    fn waits_never_report_success_without_events_and_cancel_stops_them() {
+        let backend = backend();
+        backend.open();
+        // Nothing listens on port 1: the read fails as a transport error.
+        let client = backend
+            .create_client(&config("http://127.0.0.1:1"))
+            .unwrap();
+        assert_eq!(backend.window(), 187_500_000);
+        let mut out = [NO_EVENT; 4];
+        // Idle: FinishedError at once, in every mode.
+        for mode in [WaitMode::Block, WaitMode::NonBlocking, WaitMode::Timed] {
+            assert_eq!(backend.wait(client, &mut out, mode), (code::FINISHED, 0));
+        }
+        let mut memory = vec![0x5au8; 64];
+        // SAFETY: `memory` outlives the client, removed below.
+        let dst = unsafe { Dst::new(memory.as_mut_ptr(), memory.len()) };
+        assert_eq!(
+            backend.request_read(client, "s3://bkt/key", 0, dst, 7),
+            code::SUCCESS
+        );
+        // BLOCK waits for the event: never Success with none.
+        let (rc, n) = backend.wait(client, &mut out, WaitMode::Block);
+        assert_eq!((rc, n), (code::SUCCESS, 1));
+        assert_eq!(out[0].id, 7);
+        assert_eq!(
+            out[0].code,
+            backend.retryable(),
+            "a refused connection is transient"
+        );
+        assert_eq!(memory, vec![0x5au8; 64], "a failed read writes nothing");
+        // A bad URI is refused at submission, with no event to follow.
+        assert_eq!(
+            backend.request_read(client, "gs://bkt/key", 0, dst, 8),
+            code::INVALID_PARAMETER
+        );
+        assert_eq!(
+            backend.wait(client, &mut out, WaitMode::Block),
+            (code::FINISHED, 0)
+        );
+        // A cancel wakes a blocked wait, which then ends with FinishedError.
+        let waiter = backend
+            .create_client(&config("http://127.0.0.1:1"))
+            .unwrap();
+        // A read the waiter believes outstanding (never sent).
+        lock(&backend.client(waiter).unwrap().queues).outstanding = 1;
+        let blocked = std::thread::spawn(move || {
+            let mut out = [NO_EVENT; 1];
+            backend.wait(waiter, &mut out, WaitMode::Block)
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !blocked.is_finished(),
+            "BLOCK waits while a read is outstanding"
+        );
+        backend.cancel_all();
+        assert_eq!(blocked.join().unwrap(), (code::FINISHED, 0));
+        // A client made after the cancel is not stopped.
+        let later = backend
+            .create_client(&config("http://127.0.0.1:1"))
+            .unwrap();
+        assert_eq!(
+            backend.request_read(later, "s3://bkt/key", 0, dst, 1),
+            code::SUCCESS
+        );
+        assert_eq!(backend.wait(later, &mut out, WaitMode::Block).1, 1);
+        assert!(backend.remove_client(client));
+        assert!(!backend.remove_client(client), "a handle is removed once");
+        assert!(backend.remove_all());
+        assert_eq!(
+            backend.request_read(later, "s3://bkt/key", 0, dst, 2),
+            code::UNKNOWN,
+            "a removed client takes no read"
+        );
+        drop(memory);
+    }
 }

@@ -399,7 +399,7 @@ pub unsafe extern "C" fn obj_list_files(
         for (path, size) in listed {
             let Ok(path) = CString::new(path) else {
                 // A key with a NUL cannot be handed over: free what was made.
-                free_entries(entries.into_boxed_slice());
+                free_entries(&entries);
                 return code::UNKNOWN;
             };
             entries.push(ObjectFileEntry {
@@ -441,14 +441,14 @@ pub unsafe extern "C" fn obj_free_file_list(entries: *mut ObjectFileEntry, num: 
         // SAFETY: the contract: a boxed slice of `num` entries made by
         // `obj_list_files`, handed back once.
         let entries = unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(entries, num)) };
-        free_entries(entries);
+        free_entries(&entries);
         code::SUCCESS
     });
 }
 
-/// Frees the path strings of `entries` (made by `CString::into_raw`) and
-/// the entries.
-fn free_entries(entries: Box<[ObjectFileEntry]>) {
+/// Frees the path strings of `entries` (made by `CString::into_raw`); the
+/// caller drops the entries.
+fn free_entries(entries: &[ObjectFileEntry]) {
     for entry in entries.iter() {
         if !entry.path.is_null() {
             // SAFETY: every non-NULL path of an entry was made by

@@ -105,18 +105,40 @@ pub fn log(level: Level, message: &str) {
 }
 
 /// The counters of the process's reads.
-#[derive(Default)]
 pub struct Stats {
     rdma_reads: AtomicU64,
     rdma_bytes: AtomicU64,
     http_reads: AtomicU64,
     http_bytes: AtomicU64,
     failed_reads: AtomicU64,
+    /// Memory registered with the hipobj library when last reported (no
+    /// read runs then, so anything but 0 is a registration left behind);
+    /// `u64::MAX` while the library is not in use.
+    registered: AtomicU64,
     /// Why reads went over HTTP: each reason and its count.
     reasons: Mutex<BTreeMap<String, u64>>,
 }
 
+impl Default for Stats {
+    fn default() -> Stats {
+        Stats {
+            rdma_reads: AtomicU64::new(0),
+            rdma_bytes: AtomicU64::new(0),
+            http_reads: AtomicU64::new(0),
+            http_bytes: AtomicU64::new(0),
+            failed_reads: AtomicU64::new(0),
+            registered: AtomicU64::new(u64::MAX),
+            reasons: Mutex::new(BTreeMap::new()),
+        }
+    }
+}
+
 impl Stats {
+    /// The library has `n` buffers registered (at a report).
+    pub fn registered(&self, n: u64) {
+        self.registered.store(n, Ordering::Relaxed);
+    }
+
     /// A read of `bytes` landed by RDMA.
     pub fn rdma(&self, bytes: u64) {
         self.rdma_reads.fetch_add(1, Ordering::Relaxed);
@@ -151,6 +173,10 @@ impl Stats {
     /// The counters as JSON.
     pub fn json(&self) -> serde_json::Value {
         let reasons = self.reasons.lock().map(|r| r.clone()).unwrap_or_default();
+        let registered = match self.registered.load(Ordering::Relaxed) {
+            u64::MAX => serde_json::Value::Null,
+            n => n.into(),
+        };
         serde_json::json!({
             "rdma_reads": self.rdma_reads.load(Ordering::Relaxed),
             "rdma_bytes": self.rdma_bytes.load(Ordering::Relaxed),
@@ -158,6 +184,7 @@ impl Stats {
             "http_bytes": self.http_bytes.load(Ordering::Relaxed),
             "failed_reads": self.failed_reads.load(Ordering::Relaxed),
             "fallback_reasons": reasons,
+            "registered_buffers": registered,
         })
     }
 

@@ -55,14 +55,18 @@ pub fn window(chunk: u64, max_inflight_mib: Option<u64>, target_gbps: f64, margi
     if let Some(mib) = max_inflight_mib {
         return mib.saturating_mul(1 << 20).max(1);
     }
-    let bytes = target_gbps * 1e9 * 0.1 * margin / 8.0;
-    // A float to bytes: rounded to the nearest, clamped into u64.
-    let bytes = if bytes.is_finite() && bytes > 0.0 {
-        bytes.round().min(u64::MAX as f64) as u64
-    } else {
-        0
-    };
+    let bytes = whole((target_gbps * 1e9 * 0.1 * margin / 8.0).round());
     bytes.max(chunk.max(MIN_CHUNK).saturating_mul(2))
+}
+
+/// The whole part of `n`, 0 for a negative or NaN `n`, `u64::MAX` past it.
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "the cast saturates: Rust's float-to-integer `as` clamps into the target's range and maps NaN to 0, which is the meaning wanted"
+)]
+fn whole(n: f64) -> u64 {
+    n.floor() as u64
 }
 
 /// How one read's failure reaches the streamer: the code of its event.
@@ -161,8 +165,6 @@ impl Settings {
             None | Some("") => default,
             Some(v) => !matches!(v, "0" | "false" | "False" | "FALSE" | "no" | "off"),
         };
-        // Whole numbers from parsed, finite, non-negative floats.
-        let whole = |n: f64| n.floor().min(u64::MAX as f64) as u64;
         Settings {
             virtual_hosted: flag("RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING", true),
             unsigned: flag("RUNAI_STREAMER_S3_UNSIGNED", false),
