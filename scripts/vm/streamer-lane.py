@@ -404,7 +404,8 @@ def run_stream(backend: str, uris: list[str], files: list[Path]) -> Run:
 
 def check_path(run: Run) -> None:
     """How the bytes went. Ours: by RDMA, every byte, by its own counters
-    (no read over HTTP, none failed) and by the gateway's (every byte in
+    (no read over HTTP, none failed, no registration left after the
+    stream's end) and by the gateway's (every byte in
     RDMA GETs, a read tried again may count twice; no GET answered over
     HTTP). The stock backend: by HTTP only (which it may also try again)."""
     g = run.gateway
@@ -419,6 +420,8 @@ def check_path(run: Run) -> None:
                 f"reads over HTTP (why: {c.get('fallback_reasons')}), {c.get('failed_reads')} failed: "
                 "RDMA did not carry every byte"
             )
+        if c.get("registered_buffers") != 0:
+            raise LaneError(f"ours still holds {c.get('registered_buffers')} registrations after the stream's end")
         if g.rdma_bytes < run.bytes or g.http_requests != 0 or g.http_bytes != 0:
             raise LaneError(
                 f"ours streamed {run.bytes} bytes but the gateway counts {g.rdma_bytes:.0f} bytes in "
