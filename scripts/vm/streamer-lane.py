@@ -226,6 +226,14 @@ class Streamer:
         self._lib.runai_file_streamer_end(self._handle)
 
 
+def cpu_jiffies() -> int:
+    """The whole machine's busy CPU time so far, in clock ticks (/proc/stat:
+    every process, the kernel's own work such as rxe's included)."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    return sum(fields) - fields[3] - fields[4]
+
+
 def mapped_backends() -> list[str]:
     """The files named libstreamers3.so mapped into this process."""
     found = set()
@@ -325,14 +333,6 @@ class GatewayCounts:
             self.http_requests - other.http_requests,
             self.http_bytes - other.http_bytes,
         )
-
-
-def cpu_jiffies() -> int:
-    """The whole machine's busy CPU time so far, in clock ticks (/proc/stat:
-    every process, the kernel's own work such as rxe's included)."""
-    with open("/proc/stat") as stat:
-        fields = [int(v) for v in stat.readline().split()[1:]]
-    return sum(fields) - fields[3] - fields[4]
 
 
 @dataclass
