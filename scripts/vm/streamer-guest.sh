@@ -64,4 +64,5 @@ if ((status != 0)); then
     echo "== the gateway's log, the last 20 lines" >&2
     tail -n 20 "$work/gateway.log" >&2
 fi
+echo "streamer-guest: $mode took $((SECONDS - start)) s (status $status)"
 exit "$status"
