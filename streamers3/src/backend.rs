@@ -548,8 +548,26 @@ impl ClientState {
                     queues.idle -= 1;
                 }
             };
-            let Some(event) = self.read(&job) else {
-                continue;
+            // A panic in a read is its event's code 11, never a read that
+            // does not answer (its worker would wait for it forever).
+            let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.read(&job)));
+            let event = match read {
+                Ok(Some(event)) => event,
+                Ok(None) => continue,
+                Err(_) => {
+                    log(
+                        Level::Error,
+                        &format!(
+                            "reading s3://{}/{}: internal error (a panic), code 11",
+                            job.bucket, job.key
+                        ),
+                    );
+                    Event {
+                        id: job.id,
+                        code: code::UNKNOWN,
+                        bytes: 0,
+                    }
+                }
             };
             let mut queues = lock(&self.queues);
             if queues.removed {
@@ -643,10 +661,13 @@ impl ClientState {
             }
             queues.rdma_running += 1;
         }
-        let outcome = self.rdma_lent(library, job);
+        // Counted down even if the read panics (the panic goes on after).
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.rdma_lent(library, job)
+        }));
         lock(&self.queues).rdma_running -= 1;
         self.rdma_ended.notify_all();
-        outcome
+        outcome.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 
     fn rdma_lent(&self, library: &Client, job: &Job) -> Option<Outcome> {

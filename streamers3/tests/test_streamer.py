@@ -371,8 +371,8 @@ def test_two_streamers_in_one_process(server: Server, model: Model) -> None:
 
 
 class LookAlike(http.server.ThreadingHTTPServer):
-    """A tiny S3 look-alike serving one body for any key, misbehaving as
-    `behaviour` says: "stall" sends half of each ranged body, then waits
+    """A tiny S3 look-alike serving one body for any key, as S3 does
+    ("plain"), or misbehaving as `behaviour` says: "stall" sends half of each ranged body, then waits
     for `release` before the rest; "long" sends 10 bytes more than the range
     (its Content-Length says so); "busy" answers 503 SlowDown."""
 
@@ -384,6 +384,7 @@ class LookAlike(http.server.ThreadingHTTPServer):
         self.release = threading.Event()
         self.stalled = threading.Semaphore(0)
         self.gets = 0
+        self.authorizations: list[str | None] = []
         super().__init__(("127.0.0.1", 0), LookAlikeHandler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
@@ -401,6 +402,7 @@ class LookAlikeHandler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 (the http.server's name)
         self.server.gets += 1
+        self.server.authorizations.append(self.headers.get("authorization"))
         if self.server.behaviour == "busy":
             error = b"<Error><Code>SlowDown</Code><Message>busy</Message></Error>"
             self.send_response(503)
@@ -459,6 +461,29 @@ def test_a_busy_server_is_retryable_which_the_outer_gives_as_2() -> None:
         busy.shutdown()
     assert codes == [FILE_ACCESS]
     assert busy.gets == 1, "no retries by default"
+
+
+def test_unsigned_requests_carry_no_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    body = bytes(range(200))
+    plain = LookAlike(body, "plain")
+    streamer = start(plain.endpoint)
+    try:
+        signed = buffer(50)
+        assert stream(streamer, [Range(uri("any/object"), 10, 50, ctypes.addressof(signed))]) == [SUCCESS]
+    finally:
+        ls.runai_end(streamer)
+    monkeypatch.setenv("RUNAI_STREAMER_S3_UNSIGNED", "1")
+    streamer = start(plain.endpoint)
+    try:
+        unsigned = buffer(50)
+        assert stream(streamer, [Range(uri("any/object"), 10, 50, ctypes.addressof(unsigned))]) == [SUCCESS]
+    finally:
+        ls.runai_end(streamer)
+        plain.shutdown()
+    assert signed.raw == unsigned.raw == body[10:60]
+    first, second = plain.authorizations
+    assert first is not None and first.startswith("AWS4-HMAC-SHA256 Credential=" + ACCESS), first
+    assert second is None, second
 
 
 def test_max_retries_sends_a_transient_failure_again(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -608,3 +633,27 @@ def test_a_listing_longer_than_one_page(server: Server, model: Model) -> None:
         ls.runai_end(streamer)
     assert sorted(found[True]) == sorted([(uri(k), 0) for k in keys] + [(uri("many/deeper/last"), 1)])
     assert sorted(found[False]) == sorted([(uri(k), 0) for k in keys])
+
+
+def test_keys_and_endpoint_from_the_environment(
+    server: Server, model: Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM sets no credentials: the endpoint comes from AWS_ENDPOINT_URL
+    (through the outer), the keys from the backend's own environment."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    streamer = ls.runai_start()
+    try:
+        dst = buffer(27)
+        assert stream(streamer, [Range(uri("model/config.json"), 0, 27, ctypes.addressof(dst))]) == [SUCCESS]
+        assert dst.raw == b'{"architectures": ["Test"]}'
+    finally:
+        ls.runai_end(streamer)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    streamer = ls.runai_start()
+    try:
+        dst = buffer(27)
+        assert stream(streamer, [Range(uri("model/config.json"), 0, 27, ctypes.addressof(dst))]) == [FILE_ACCESS]
+    finally:
+        ls.runai_end(streamer)

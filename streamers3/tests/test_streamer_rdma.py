@@ -24,6 +24,7 @@ import http.server
 import os
 import re
 import threading
+import time
 
 import pytest
 from awscrt import checksums
@@ -44,6 +45,7 @@ from test_streamer import (
     start,
     stats,
     stream,
+    submit,
     uri,
 )
 
@@ -68,6 +70,11 @@ class RdmaLookAlike(http.server.ThreadingHTTPServer):
         self.objects = objects
         self.lock = threading.Lock()  # the world's store holds one object
         self.by_rdma = 0
+        #: Set: GETs wait for `release` before serving their token.
+        self.stall = threading.Event()
+        self.release = threading.Event()
+        self.stalled = threading.Semaphore(0)
+        self.late_replies: list[int] = []
         super().__init__(("127.0.0.1", 0), RdmaHandler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
@@ -103,10 +110,16 @@ class RdmaHandler(http.server.BaseHTTPRequestHandler):
         piece = data[first : last + 1]
         token = self.headers.get("x-amz-rdma-token")
         assert token, "every read tries RDMA"
+        late = self.server.stall.is_set()
+        if late:
+            self.server.stalled.release()
+            self.server.release.wait(60)
         with self.server.lock:
             assert WORLD.hipobjFakeSetObject(piece, len(piece)) == 0
             reply = WORLD.hipobjFakeServe(token.encode(), GET)
             self.server.by_rdma += 1
+        if late:
+            self.server.late_replies.append(reply)
         crc = base64.b64encode(checksums.crc64nvme(piece).to_bytes(8, "big")).decode()
         self.answer(206, {
             "x-amz-rdma-reply": str(206 if reply in (200, 206) else reply),
@@ -184,3 +197,31 @@ def test_a_short_object_by_rdma_is_code_15(look_alike: RdmaLookAlike) -> None:
     finally:
         ls.runai_end(streamer)
     assert codes == [FILE_TRUNCATED, FILE_TRUNCATED]
+
+
+def test_end_during_stalled_rdma_reads_returns_within_the_request_timeout(
+    look_alike: RdmaLookAlike, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An RDMA read's memory is registered until its request ends: the
+    removal waits for that, at most the request time-out, and a token the
+    server serves after it writes nothing."""
+    monkeypatch.setenv("RUNAI_STREAMER_S3_REQUEST_TIMEOUT_MS", "1500")
+    look_alike.stall.set()
+    canary = 0x4B
+    dst = buffer(4096, canary)
+    streamer = start(look_alike.endpoint)
+    try:
+        submit(streamer, [Range(uri("model/a.bin"), 0, 4096, ctypes.addressof(dst))])
+        assert look_alike.stalled.acquire(timeout=30), "the GET reached the server"
+    finally:
+        began = time.monotonic()
+        ls.runai_end(streamer)
+        took = time.monotonic() - began
+    look_alike.release.set()  # the server serves the token now
+    deadline = time.monotonic() + 10
+    while not look_alike.late_replies and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert took < 5, f"runai_end took {took:.1f} s"
+    assert look_alike.late_replies and look_alike.late_replies[0] not in (200, 206), look_alike.late_replies
+    assert dst.raw == bytes([canary]) * 4096, "nothing landed after runai_end"
+    assert stats()["registered_buffers"] == 0
