@@ -14,7 +14,9 @@
 # three-node Garage cluster (scripts/garage.sh builds Garage once per
 # machine, into a cache outside the tree), checks it over S3
 # (scripts/vm/garage-check.sh, short form) and puts two gateways in front
-# of it (scripts/vm/gateway-guest.sh), with the gateway's benchmark.
+# of it (scripts/vm/gateway-guest.sh), with the gateway's benchmark, then
+# streams a model through one with the Run:ai model streamer and our
+# libstreamers3.so, by RDMA (scripts/vm/streamer-guest.sh check).
 # Fails if any test fails or the VM cannot start.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -31,6 +33,10 @@ took "the kernel and the guest image"
 garage=$(bash scripts/garage.sh)
 bash scripts/hw/lane.sh build --dev-bench
 took "the hardware lane's bundle"
+# The model streamer's wheels and our libstreamers3.so, fetched and built
+# here: the VM has no network (scripts/vm/streamer-prepare.sh).
+read -r streamer_site streamer_ours < <(bash scripts/vm/streamer-prepare.sh | tail -n 1)
+took "the model streamer's wheels and libstreamers3.so"
 mapfile -t binaries < <(
     cargo test --locked --features "$test_features" --test rxe --test e2e --no-run \
         --message-format=json |
@@ -78,7 +84,14 @@ each="$tests"'; exit $status'
 # GETs, 16 and 64 MiB (scripts/vm/gateway-guest.sh; docs/performance.md
 # has the 256 MiB row of a longer run).
 garage_check="env HIPOBJ_GARAGE=$(printf %q "$garage") bash scripts/vm/garage-check.sh 16"
-gateway_check="env HIPOBJ_GARAGE=$(printf %q "$garage") bash scripts/vm/garage-guest.sh bash scripts/vm/gateway-guest.sh $(printf %q "$target/debug/hipobj-s3-server") $(printf %q "$target/debug/hipobj") 16 16 64"
+# In the same cluster, after the gateway's checks: the model streamer
+# (the 0.17.1 wheel's libstreamer.so) with our libstreamers3.so, a sharded
+# safetensors model (3 shards of 32 MiB) streamed by RDMA through a gateway
+# in front of Garage, byte-exact, every byte by RDMA
+# (scripts/vm/streamer-guest.sh check).
+gateway_guest="bash scripts/vm/gateway-guest.sh $(printf %q "$target/debug/hipobj-s3-server") $(printf %q "$target/debug/hipobj") 16 16 64"
+streamer_guest="bash scripts/vm/streamer-guest.sh check $(printf %q "$target/debug/hipobj-s3-server") $(printf %q "$target/pyvenv/bin/python") $(printf %q "$streamer_site") $(printf %q "$streamer_ours") --shard-mib 32"
+gateway_check="env HIPOBJ_GARAGE=$(printf %q "$garage") bash scripts/vm/garage-guest.sh bash -c $(printf %q "status=0; $gateway_guest || status=1; echo '== scripts/vm/streamer-guest.sh'; $streamer_guest || status=1; exit \$status")"
 hw="bash $(printf %q "$target/hw/run.sh") --device rxe0 --ip 192.0.2.1 --out $(printf %q "$target/vm/out/hw") --steps contract,e2e,bench --bench quick"
 first='status=0; echo "== the hardware lane (scripts/hw/run.sh) on rxe0"; timeout -k 10 5400 '"$hw"' || { status=1; dmesg | grep -i rxe | tail -20; }; echo "== python/tests/test_lane.py"; timeout -k 10 900 '"$python"' || status=1; echo "== scripts/vm/garage-check.sh"; timeout -k 10 900 '"$garage_check"' || status=1; echo "== scripts/vm/gateway-guest.sh"; timeout -k 10 1500 '"$gateway_check"' || status=1; exit $status'
 # One boot at a RoCE fabric's path MTU (4096, a 9000-byte netdev) runs them
