@@ -83,13 +83,18 @@ background vm-setup bash scripts/vm/setup.sh
 source scripts/features.sh
 
 section "format, lints, docs"
-cargo fmt --check
+cargo fmt --all --check
 cargo fmt --check --manifest-path fuzz/Cargo.toml
 cargo clippy --locked --all-targets --features "$test_features" -- -D warnings
+# The model streamer's backend (streamers3/, a member of the workspace), as
+# it ships and as its RDMA test builds it.
+cargo clippy --locked -p hipobj-streamers3 --all-targets -- -D warnings
+cargo clippy --locked -p hipobj-streamers3 --all-targets --features fake-world -- -D warnings
 # The fuzz workspace in the same target directory: the dependencies it
 # shares with the library (same versions, same features) are checked once.
 CARGO_TARGET_DIR="$target" cargo clippy --locked --all-targets --manifest-path fuzz/Cargo.toml -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --features cli,fake-platform,s3-server
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps -p hipobj-streamers3
 
 section "release library"
 cargo build --locked --release
@@ -97,6 +102,7 @@ cargo build --locked --release
 section "tests (the host's: the library, the command, the S3 server, the examples' HTTP paths)"
 mapfile -t host_tests < <(host_test_args)
 cargo test --locked --features "$test_features" --lib --bins "${host_tests[@]}"
+cargo test --locked -p hipobj-streamers3
 
 section "the release library's SONAME and exports; C programs under AddressSanitizer and UndefinedBehaviorSanitizer"
 # The suite's test binaries, run again with what they check changed by
@@ -107,6 +113,15 @@ HIPOBJ_TEST_SANITIZE=address,undefined cargo test --locked --features "$test_fea
 
 section "the Python package: installed with pip into target/pyvenv, its unit tests on the fake library"
 bash scripts/python-test.sh
+
+section "hipobj:// through fsspec, pandas and pyarrow (from PyPI), against the S3 server and on the fake library"
+bash scripts/fsspec-test.sh
+
+section "the model streamer's own 0.17.1 outer library (from PyPI) on our libstreamers3.so: through the S3 server, and by RDMA on the fake library"
+bash scripts/streamer-test.sh
+
+section "NIXL's OBJ backend (nixl-cu12 1.5.1 from PyPI) against the gateway: local, and in front of a store"
+bash scripts/nixl-test.sh
 
 section "the fake library for applications' tests: installed, and examples/ctest-fake's ctest against it"
 bash scripts/fake-example.sh

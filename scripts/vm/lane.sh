@@ -7,8 +7,10 @@
 # clearly on this host when it has no RDMA device, boots the VM and runs
 # the bundle's run.sh there against the kernel's rdma_rxe at path MTU 4096
 # (report, tests/rxe.rs, tests/e2e.rs and the quick bench: the hardware
-# lane's steps, so CI keeps them working), and the Python package's lane
-# tests, then tests/rxe.rs again at 1024, then, on two devices, the
+# lane's steps, so CI keeps them working), the Python package's lane
+# tests and hipobj:// through fsspec, pandas and pyarrow
+# (scripts/vm/fsspec-guest.sh, with the venv scripts/fsspec-test.sh made),
+# then tests/rxe.rs again at 1024, then, on two devices, the
 # hardware lane's step across and the fault soak's short form
 # (scripts/vm/soak.sh). The first boot also starts the
 # three-node Garage cluster (scripts/garage.sh builds Garage once per
@@ -37,6 +39,12 @@ took "the hardware lane's bundle"
 # here: the VM has no network (scripts/vm/streamer-prepare.sh).
 read -r streamer_site streamer_ours < <(bash scripts/vm/streamer-prepare.sh | tail -n 1)
 took "the model streamer's wheels and libstreamers3.so"
+# The venv with fsspec, pandas and pyarrow that the guest's hipobj:// tests
+# use: scripts/fsspec-test.sh makes it (the suite runs it before the lane).
+if [[ ! -x "${CARGO_TARGET_DIR:-target}/fsspec-venv/bin/python" ]]; then
+    bash scripts/fsspec-test.sh
+    took "scripts/fsspec-test.sh (its venv, for the guest)"
+fi
 mapfile -t binaries < <(
     cargo test --locked --features "$test_features" --test rxe --test e2e --no-run \
         --message-format=json |
@@ -74,6 +82,9 @@ else
     exit 1
 fi
 python="bash scripts/vm/python-guest.sh $(printf %q "$target/demo-prefix/lib/libhipobj.so.0") $(printf %q "$target/debug/hipobj-s3-server")"
+# hipobj:// through fsspec, pandas and pyarrow by RDMA, with the venv
+# scripts/fsspec-test.sh left (scripts/vm/fsspec-guest.sh).
+fsspec="bash scripts/vm/fsspec-guest.sh $(printf %q "$target/fsspec-venv") $(printf %q "$target/release/libhipobj.so") $(printf %q "$target/debug/hipobj-s3-server")"
 tests='status=0; for test in "$@"; do echo "== $test"; timeout -k 10 1800 "$test" --test-threads=1 || { status=1; dmesg | grep -i rxe | tail -20; }; done'
 each="$tests"'; exit $status'
 # The first boot then checks the Garage cluster (docs/reliability.md, "The
@@ -93,7 +104,7 @@ gateway_guest="bash scripts/vm/gateway-guest.sh $(printf %q "$target/debug/hipob
 streamer_guest="bash scripts/vm/streamer-guest.sh check $(printf %q "$target/debug/hipobj-s3-server") $(printf %q "$target/pyvenv/bin/python") $(printf %q "$streamer_site") $(printf %q "$streamer_ours") --shard-mib 32"
 gateway_check="env HIPOBJ_GARAGE=$(printf %q "$garage") bash scripts/vm/garage-guest.sh bash -c $(printf %q "status=0; $gateway_guest || status=1; echo '== scripts/vm/streamer-guest.sh'; $streamer_guest || status=1; exit \$status")"
 hw="bash $(printf %q "$target/hw/run.sh") --device rxe0 --ip 192.0.2.1 --out $(printf %q "$target/vm/out/hw") --steps contract,e2e,bench --bench quick"
-first='status=0; echo "== the hardware lane (scripts/hw/run.sh) on rxe0"; timeout -k 10 5400 '"$hw"' || { status=1; dmesg | grep -i rxe | tail -20; }; echo "== python/tests/test_lane.py"; timeout -k 10 900 '"$python"' || status=1; echo "== scripts/vm/garage-check.sh"; timeout -k 10 900 '"$garage_check"' || status=1; echo "== scripts/vm/gateway-guest.sh"; timeout -k 10 1500 '"$gateway_check"' || status=1; exit $status'
+first='status=0; echo "== the hardware lane (scripts/hw/run.sh) on rxe0"; timeout -k 10 5400 '"$hw"' || { status=1; dmesg | grep -i rxe | tail -20; }; echo "== python/tests/test_lane.py"; timeout -k 10 900 '"$python"' || status=1; echo "== python/tests/test_fsspec_lane.py"; timeout -k 10 600 '"$fsspec"' || status=1; echo "== scripts/vm/garage-check.sh"; timeout -k 10 900 '"$garage_check"' || status=1; echo "== scripts/vm/gateway-guest.sh"; timeout -k 10 1500 '"$gateway_check"' || status=1; exit $status'
 # One boot at a RoCE fabric's path MTU (4096, a 9000-byte netdev) runs them
 # all; a second at 1024 (a 1500-byte netdev) runs tests/rxe.rs again, so
 # that both paths stay tested (the Python package's lane tests, which the
