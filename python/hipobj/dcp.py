@@ -138,6 +138,7 @@ class HipObjStorageWriter(StorageWriter):
             self.uri = str(path)
         self.save_id = uuid.uuid4().hex
         self.is_coordinator = False
+        self.rank = 0
 
     # ---------------------------------------------------------------- DCP
 
@@ -156,6 +157,12 @@ class HipObjStorageWriter(StorageWriter):
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
+        self.rank = int(kwargs.get("rank") or 0)
+        if kwargs.get("use_collectives", True) is False:
+            raise ValueError(
+                "HipObjStorageWriter writes one .metadata for all ranks, from the global plan: "
+                "save with collectives (use_collectives=True)"
+            )
 
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=self.uri, save_id=self.save_id)
@@ -170,7 +177,9 @@ class HipObjStorageWriter(StorageWriter):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
         if self.uri is None:
             raise ValueError("no checkpoint path: pass path= (s3://BUCKET/PREFIX) or checkpoint_id")
-        name = data_object_name(plan.storage_data if isinstance(plan.storage_data, str) else rank_prefix(0))
+        # The global plan names each rank's object; a plan without it (a
+        # single process) is this rank's.
+        name = data_object_name(plan.storage_data if isinstance(plan.storage_data, str) else rank_prefix(self.rank))
         results = self._write(name, plan.items, planner)
         future: Future = Future()
         future.set_result(results)
