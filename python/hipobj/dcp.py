@@ -243,8 +243,10 @@ class HipObjStorageWriter(StorageWriter):
 
     def _upload(self, key: str, layout: Any, datas: List[Any]) -> None:
         session = self._session()
-        if len(layout.parts) <= 1:
-            source = self._source(layout.parts[0], datas) if layout.parts else bytearray()
+        if not layout.parts:
+            return  # nothing but empty tensors, or no items: no object to read
+        if len(layout.parts) == 1:
+            source = self._source(layout.parts[0], datas)
             session.put_object(self.client, Bucket=self.bucket, Key=key, source=source, strict=self.strict)
             return
         # The whole object's CRC-64/NVME is declared only where every part

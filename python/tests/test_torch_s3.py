@@ -320,6 +320,14 @@ def test_a_checkpoint_written_in_pieces_is_the_object_and_reads_back_with_seeks(
     assert r.transfer.path == "fallback" and r.transfer.bytes == len(blob)
 
 
+def test_a_checkpoint_closed_unwritten_is_an_empty_object(server, client, session):
+    checkpoint = s3tc.S3Checkpoint(client=client, session=session)
+    with checkpoint.writer("s3://bucket/ckpt/empty.pt"):
+        pass
+    assert server.stored("ckpt/empty.pt") == b""
+    assert checkpoint.reader("s3://bucket/ckpt/empty.pt").read() == b""
+
+
 def test_a_checkpoint_block_that_fails_stores_nothing(server, client, session):
     checkpoint = s3tc.S3Checkpoint(client=client, session=session)
     with pytest.raises(RuntimeError, match="boom"):

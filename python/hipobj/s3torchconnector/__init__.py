@@ -234,6 +234,12 @@ class S3Writer(io.BufferedIOBase):
             return
         try:
             session = self._session if self._session is not None else _session.active()
+            if not self._buffer:
+                # Nothing to move: an empty object, by a plain PUT.
+                where = _session._where(f"PUT {self.bucket}/{self.key}", self._client)
+                session._s3(where, lambda: self._client.put_object(Bucket=self.bucket, Key=self.key, Body=b""))
+                self.transfer = _session.Transfer("fallback", 0, "an empty object")
+                return
             self.transfer = session.upload(
                 self._client, Bucket=self.bucket, Key=self.key, source=self._buffer, part_size=self._part_size
             )
