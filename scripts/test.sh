@@ -114,6 +114,9 @@ HIPOBJ_TEST_SANITIZE=address,undefined cargo test --locked --features "$test_fea
 section "the Python package: installed with pip into target/pyvenv, its unit tests on the fake library"
 bash scripts/python-test.sh
 
+section "PyTorch: the DCP writer and reader and the S3 connector's names, what needs no PyTorch (the rest: scripts/gpu/torch.sh)"
+bash scripts/torch-test.sh
+
 section "hipobj:// through fsspec, pandas and pyarrow (from PyPI), against the S3 server and on the fake library"
 bash scripts/fsspec-test.sh
 

@@ -6,14 +6,16 @@
 # dataset listing and checkpoint streams, through the real libhipobj
 # (which finds no RDMA device here, so every transfer is the plain-HTTP
 # fallback). The package goes, as the README says, into a venv under the
-# target directory (target/torchvenv) with its test extra from PyPI. The
+# target directory (target/pyvenv, scripts/python-test.sh's) with its test
+# extra from PyPI. The
 # DCP writer and reader run on a GPU machine: scripts/gpu/torch.sh.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 target="${CARGO_TARGET_DIR:-target}"
 case "$target" in /*) ;; *) target="$root/$target" ;; esac
-venv="$target/torchvenv"
+# The Python package's venv (scripts/python-test.sh makes the same one).
+venv="$target/pyvenv"
 python=${PYTHON:-python3}
 # shellcheck source=scripts/features.sh
 source scripts/features.sh
