@@ -7,7 +7,7 @@
 //! RDMA, and as plain ranged GETs otherwise.
 //!
 //! Layout: this file holds every exported function (the only
-//! `#[no_mangle]` code, each one call to [`enter`], which catches panics),
+//! `#[no_mangle]` code, each one call to `enter`, which catches panics),
 //! and the pointer handling; `backend` the clients, reads and listings;
 //! `settings` the pure parts (URIs, the window, codes, the environment);
 //! `report` the log and the counters; `outer` the streamer's version.
