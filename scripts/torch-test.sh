@@ -20,7 +20,10 @@ python=${PYTHON:-python3}
 # shellcheck source=scripts/features.sh
 source scripts/features.sh
 # The suite's own feature set: CI's debug build is reused, not redone.
-cargo build --locked --features "$test_features" --lib --bin hipobj-s3-server
+cargo build --locked --features "$test_features" --bin hipobj-s3-server
+# The release library (the suite's release section built it): no debug
+# cdylib of the suite's features to link here.
+cargo build --locked --release --lib
 if [[ ! -x "$venv/bin/python" ]]; then
     "$python" -m venv "$venv"
 fi
@@ -29,5 +32,5 @@ fi
 "$venv/bin/python" -m pip install --quiet "./python[test]"
 # Run from outside the source tree: the installed package is the one tested.
 cd "$root/python/tests"
-HIPOBJ_LIBRARY="$target/debug/libhipobj.so" HIPOBJ_S3_SERVER="$target/debug/hipobj-s3-server" \
+HIPOBJ_LIBRARY="$target/release/libhipobj.so" HIPOBJ_S3_SERVER="$target/debug/hipobj-s3-server" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider test_torch_s3.py
