@@ -5,6 +5,12 @@
 # (vm-lane, garage-lane, seaweedfs-lane and cuda-device only add test
 # targets: they change nothing the library ships.)
 test_features=s3-server,cli,vm-lane,garage-lane,seaweedfs-lane,cuda-device
+# The same, for a command that selects the workspace's other member too
+# (the model streamer's backend, streamers3/, with its fake-world feature,
+# which adds the library's fake-platform and capi: what the library's test
+# targets have already): PACKAGE/FEATURE names, so that the library is
+# built once with one feature set for both.
+workspace_features="hipobj-streamers3/fake-world,hipobj/default,hipobj/${test_features//,/,hipobj/}"
 
 # The test targets that need what this host may not have (the Soft-RoCE
 # VM, a store's cluster, a GPU): built with the others, run in their own

@@ -85,11 +85,10 @@ source scripts/features.sh
 section "format, lints, docs"
 cargo fmt --all --check
 cargo fmt --check --manifest-path fuzz/Cargo.toml
-cargo clippy --locked --all-targets --features "$test_features" -- -D warnings
-# The model streamer's backend (streamers3/, a member of the workspace), as
-# it ships and as its RDMA test builds it.
-cargo clippy --locked -p hipobj-streamers3 --all-targets -- -D warnings
-cargo clippy --locked -p hipobj-streamers3 --all-targets --features fake-world -- -D warnings
+# The workspace in one pass: the library with the suite's features and the
+# model streamer's backend (streamers3/) as its RDMA test builds it
+# (fake-world only adds code), so that the library is checked once.
+cargo clippy --locked --workspace --all-targets --features "$workspace_features" -- -D warnings
 # The fuzz workspace in the same target directory: the dependencies it
 # shares with the library (same versions, same features) are checked once.
 CARGO_TARGET_DIR="$target" cargo clippy --locked --all-targets --manifest-path fuzz/Cargo.toml -- -D warnings
@@ -102,8 +101,9 @@ cargo build --locked --release
 
 section "tests (the host's: the library, the command, the S3 server, the examples' HTTP paths)"
 mapfile -t host_tests < <(host_test_args)
-cargo test --locked --features "$test_features" --lib --bins "${host_tests[@]}"
-cargo test --locked -p hipobj-streamers3
+# With the model streamer's backend's unit tests (streamers3/): one
+# command for the workspace builds the library once for both.
+cargo test --locked --workspace --features "$workspace_features" --lib --bins "${host_tests[@]}"
 
 section "the release library's SONAME and exports; C programs under AddressSanitizer and UndefinedBehaviorSanitizer"
 # The suite's test binaries, run again with what they check changed by

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import boto3
+import botocore.session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -159,6 +160,29 @@ class FileSystemStats:
             return {k: v for k, v in vars(self).items() if not k.startswith("_")}
 
 
+#: botocore's data loader, one per process (``_boto_session``).
+_loader: Any = None
+_loader_lock = threading.Lock()
+
+
+def _boto_session(**credentials: Any) -> boto3.session.Session:
+    """A boto3 session of its own (its credentials, region and profile are
+    this filesystem's) that shares the process's botocore data loader. A
+    loader finds the service models by listing its data directories, some
+    thousand ``stat`` calls made once per loader: a few tens of
+    milliseconds on a local disk, tens of seconds on a slow file system
+    (a network mount, a VM's shared root); one loader for every filesystem
+    of the process pays that once."""
+    core = botocore.session.get_session()
+    global _loader
+    with _loader_lock:
+        if _loader is None:
+            _loader = core.get_component("data_loader")
+        else:
+            core.register_component("data_loader", _loader)
+    return boto3.session.Session(botocore_session=core, **credentials)
+
+
 def _shared_session(nic: Optional[str], options: Dict[str, Any]) -> Session:
     """The process's open ``hipobj.Session`` (the C library has one
     instance per process: a session the application opened is used as it
@@ -259,7 +283,7 @@ class HipObjFileSystem(AbstractFileSystem):
         config = dict(config_kwargs or {})
         # Enough pooled connections for the requests kept in flight.
         config.setdefault("max_pool_connections", max(10, max_concurrency))
-        boto = boto3.session.Session(
+        boto = _boto_session(
             aws_access_key_id=key,
             aws_secret_access_key=secret,
             aws_session_token=token,

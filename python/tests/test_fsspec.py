@@ -11,15 +11,11 @@ does not initialize without a GPU or an RDMA device."""
 import importlib.metadata
 import io
 import logging
-import os
 import pathlib
 import random
-import re
-import subprocess
-import tempfile
 import time
-import urllib.request
 
+import botocore.loaders
 import fsspec
 import numpy
 import pandas
@@ -31,59 +27,16 @@ from pyarrow.fs import FSSpecHandler, PyFileSystem
 import hipobj
 from hipobj import filesystem
 from hipobj.filesystem import HipObjFileSystem
+from s3_server import S3Server
 
 MIB = 1 << 20
 ACCESS, SECRET = "fsspec-test", "fsspec-test-secret"
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-class Server:
-    """hipobj-s3-server on 127.0.0.1 with bucket ``bkt`` in a fresh root,
-    and its Prometheus metrics."""
-
-    def __init__(self) -> None:
-        binary = os.environ.get("HIPOBJ_S3_SERVER")
-        if not binary or not os.access(binary, os.X_OK):
-            pytest.fail(
-                "HIPOBJ_S3_SERVER names no hipobj-s3-server binary (scripts/fsspec-test.sh builds it: "
-                "cargo build --features s3-server --bin hipobj-s3-server)"
-            )
-        self.dir = tempfile.mkdtemp(prefix="hipobj-fsspec-")
-        secret = pathlib.Path(self.dir, "secret")
-        secret.write_text(SECRET + "\n")
-        secret.chmod(0o600)
-        self.log = open(pathlib.Path(self.dir, "server.log"), "w+")
-        self.proc = subprocess.Popen(
-            [binary, "--root", f"{self.dir}/root", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-             "--access-key", ACCESS, "--secret-key-file", str(secret), "--bucket", "bkt"],
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-        )
-        first, second = self.proc.stdout.readline(), self.proc.stdout.readline()
-        m = re.search(r"listening on (http://\S+)", first)
-        metrics = re.search(r"metrics on (http://\S+)", second)
-        assert m and metrics, f"the server's first lines: {first!r} {second!r}"
-        self.endpoint, self.metrics_url = m.group(1), metrics.group(1)
-
-    def sent_bytes(self, op: str = "GetObject") -> float:
-        """``hipobj_s3_bytes_total`` of `op` over HTTP: the payload bytes
-        the server sent (a GET's) or took (a PUT's)."""
-        text = urllib.request.urlopen(self.metrics_url, timeout=10).read().decode()
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith("hipobj_s3_bytes_total{") and f'op="{op}"' in line and 'path="http"' in line:
-                total += float(line.rsplit(" ", 1)[1])
-        return total
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def server():
-    s = Server()
+    s = S3Server(ACCESS, SECRET, bucket="bkt", metrics=True, log=True)
     yield s
     s.stop()
 
@@ -184,7 +137,7 @@ def test_cat_ranges_byte_exact_several_in_flight(fs):
 def test_a_large_file_written_in_parts_reads_back_byte_exact(fs, server):
     data = randbytes(13 * MIB + 4321, 6)
     before = fs.stats.as_dict()
-    put_before = server.sent_bytes("UploadPart")
+    put_before = server.moved("http", "UploadPart")
     with fs.open("bkt/large/one.bin", "wb", block_size=5 * MIB) as f:
         for i in range(0, len(data), 777777):
             f.write(data[i : i + 777777])
@@ -192,7 +145,7 @@ def test_a_large_file_written_in_parts_reads_back_byte_exact(fs, server):
     # Two full parts as they filled, the rest at close: three UploadParts.
     assert after["writes"] - before["writes"] == 3
     assert after["write_bytes"] - before["write_bytes"] == len(data)
-    assert server.sent_bytes("UploadPart") - put_before == len(data)
+    assert server.moved("http", "UploadPart") - put_before == len(data)
     assert fs.info("bkt/large/one.bin")["size"] == len(data)
     rng = random.Random(7)
     with fs.open("bkt/large/one.bin", "rb", block_size=MIB) as f:
@@ -249,6 +202,28 @@ def test_wrong_credentials_are_permission_error(options, server):
     assert server.endpoint in str(denied.value)
     with pytest.raises(PermissionError):
         fs.info("bkt/small.bin")
+
+
+def test_filesystems_share_botocore_s_loader_and_keep_their_own_credentials(options, monkeypatch):
+    # A loader lists botocore's data directories (tens of seconds on the VM
+    # lane's shared root file system): one per process, not per filesystem.
+    loaders = set()
+    listed = botocore.loaders.Loader.list_available_services
+
+    def recording(self, *args, **kwargs):
+        loaders.add(id(self))
+        return listed(self, *args, **kwargs)
+
+    monkeypatch.setattr(botocore.loaders.Loader, "list_available_services", recording)
+    wrong = HipObjFileSystem(**dict(options, secret="not-the-secret"), skip_instance_cache=True,
+                             config_kwargs={"retries": {"max_attempts": 1}})
+    right = HipObjFileSystem(**options, skip_instance_cache=True)
+    again = HipObjFileSystem(**options, skip_instance_cache=True)
+    assert len(loaders) <= 1, f"{len(loaders)} botocore loaders for three filesystems"
+    right.pipe_file("bkt/loader.bin", b"shared loader")
+    assert again.cat_file("bkt/loader.bin") == b"shared loader"
+    with pytest.raises(PermissionError):
+        wrong.info("bkt/loader.bin")
 
 
 def test_credentials_and_endpoint_from_the_environment(server, monkeypatch):
@@ -332,7 +307,7 @@ def wide(options):
 def test_pyarrow_reads_one_column_by_ranges_through_fsspec(options, server, wide):
     table, size = wide
     fs = HipObjFileSystem(**options, skip_instance_cache=True, block_size=MIB)
-    sent = server.sent_bytes()
+    sent = server.moved("http")
     got = pq.read_table("bkt/wide.parquet", filesystem=fs, columns=["b"])
     assert got.column("b").equals(table.column("b"))
     read = fs.stats.read_bytes
@@ -340,18 +315,18 @@ def test_pyarrow_reads_one_column_by_ranges_through_fsspec(options, server, wide
     # not the whole object: the server sent that much too.
     assert size // 3 < read < size // 2, (read, size)
     assert fs.stats.reads >= 2
-    assert server.sent_bytes() - sent == read
+    assert server.moved("http") - sent == read
 
 
 def test_pyarrow_reads_one_column_by_ranges_through_pyfilesystem(options, server, wide):
     table, size = wide
     fs = HipObjFileSystem(**options, skip_instance_cache=True, block_size=MIB)
     arrow_fs = PyFileSystem(FSSpecHandler(fs))
-    sent = server.sent_bytes()
+    sent = server.moved("http")
     got = pq.read_table("bkt/wide.parquet", filesystem=arrow_fs, columns=["c"])
     assert got.column("c").equals(table.column("c"))
     assert size // 3 < fs.stats.read_bytes < size // 2, (fs.stats.read_bytes, size)
-    assert server.sent_bytes() - sent == fs.stats.read_bytes
+    assert server.moved("http") - sent == fs.stats.read_bytes
     info = arrow_fs.get_file_info("bkt/wide.parquet")
     assert info.size == size
     # And the whole table, written and read back through pyarrow's own

@@ -12,11 +12,7 @@ copies; each test says so from ``Session.stats``."""
 
 import io
 import os
-import pathlib
-import re
 import socket
-import subprocess
-import tempfile
 
 import boto3
 import pytest
@@ -28,6 +24,7 @@ from botocore.config import Config
 import hipobj
 from hipobj.dcp import HipObjStorageReader, HipObjStorageWriter
 from hipobj import s3torchconnector as s3tc
+from s3_server import S3Server
 from hipobj.s3torchconnector.dcp import S3StorageReader, S3StorageWriter
 
 MIB = 1 << 20
@@ -37,31 +34,9 @@ if not torch.cuda.is_available() or not os.environ.get("HIPOBJ_S3_SERVER"):
     raise RuntimeError("test_gpu_torch.py runs on a GPU machine through scripts/gpu/torch.sh")
 
 
-class Server:
-    def __init__(self, root):
-        self.root = root
-        secret = pathlib.Path(tempfile.mkdtemp(), "secret")
-        secret.write_text(SECRET + "\n")
-        secret.chmod(0o600)
-        self.proc = subprocess.Popen(
-            [os.environ["HIPOBJ_S3_SERVER"], "--root", root, "--listen", "127.0.0.1:0", "--access-key", ACCESS,
-             "--secret-key-file", str(secret), "--bucket", "bucket", "--no-rdma"],
-            stdout=subprocess.PIPE, text=True,
-        )
-        line = self.proc.stdout.readline()
-        m = re.search(r"listening on (http://\S+)", line)
-        assert m, line
-        self.endpoint = m.group(1)
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def server():
-    root = tempfile.mkdtemp(prefix="hipobj-torch-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    s = Server(root)
+    s = S3Server(ACCESS, SECRET, "--no-rdma", parent="/dev/shm" if os.path.isdir("/dev/shm") else None)
     os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = ACCESS, SECRET
     yield s
     s.stop()

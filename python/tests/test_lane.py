@@ -7,10 +7,6 @@ without a GPU; and the fallback against a server started with
 ``--no-rdma``. Anywhere else every test fails."""
 
 import os
-import pathlib
-import re
-import subprocess
-import tempfile
 
 import boto3
 import numpy
@@ -18,6 +14,7 @@ import pytest
 from botocore.config import Config
 
 import hipobj
+from s3_server import S3Server
 
 MIB = 1 << 20
 IP = "192.0.2.1"
@@ -28,36 +25,15 @@ def pattern(n, seed):
     return (numpy.arange(n, dtype=numpy.uint64) * 2654435761 + seed).astype(numpy.uint8)
 
 
-class Server:
-    """hipobj-s3-server on rxe0, with bucket `bucket` in a fresh root."""
-
-    def __init__(self, *extra):
-        binary = os.environ.get("HIPOBJ_S3_SERVER")
-        if os.environ.get("HIPOBJ_PYTHON_LANE") != "1" or not binary:
-            pytest.fail("the lane's Python tests run in the VM lane (scripts/vm/python-guest.sh)")
-        self.root = tempfile.mkdtemp(prefix="hipobj-python-")
-        self.proc = subprocess.Popen(
-            [binary, "--root", self.root, "--listen", f"{IP}:0", "--access-key", ACCESS,
-             "--secret-key", SECRET, "--bucket", "bucket", *extra],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        line = self.proc.stdout.readline()
-        m = re.search(r"listening on (http://\S+) \(rdma: ([^)]*)\)", line)
-        assert m, f"the server's first line: {line!r}"
-        self.endpoint, self.rdma = m.group(1), not m.group(2).startswith("off")
-
-    def stored(self, key):
-        return pathlib.Path(self.root, "bucket", key).read_bytes()
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+def lane_server(*extra):
+    if os.environ.get("HIPOBJ_PYTHON_LANE") != "1":
+        pytest.fail("the lane's Python tests run in the VM lane (scripts/vm/python-guest.sh)")
+    return S3Server(ACCESS, SECRET, *extra, host=IP)
 
 
 @pytest.fixture
 def rdma_server():
-    server = Server("--device", "rxe0")
+    server = lane_server("--device", "rxe0")
     assert server.rdma, "the server has RDMA on rxe0"
     yield server
     server.stop()
@@ -65,7 +41,7 @@ def rdma_server():
 
 @pytest.fixture
 def plain_server():
-    server = Server("--no-rdma")
+    server = lane_server("--no-rdma")
     yield server
     server.stop()
 
@@ -138,7 +114,7 @@ def test_a_server_without_rdma_is_a_visible_fallback_and_strict_refuses_it(plain
     assert t.path == "fallback" and numpy.array_equal(into, data)
     with pytest.raises(hipobj.TransferError, match="strict"):
         session.put_object(s3, Bucket="bucket", Key="strict", source=data, strict=True)
-    assert not pathlib.Path(plain_server.root, "bucket", "strict").exists()
+    assert not plain_server.path("strict").exists()
 
 
 def test_many_in_flight_and_a_sharded_model_by_rdma(rdma_server):

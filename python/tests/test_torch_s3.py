@@ -7,12 +7,7 @@ device), the connector-named datasets' listing and the checkpoint
 writer's and reader's byte streams. The DCP writer and reader themselves
 need PyTorch: ``scripts/gpu/torch.sh`` runs them on the GPU machine."""
 
-import os
-import pathlib
 import random
-import re
-import subprocess
-import tempfile
 
 import boto3
 import numpy
@@ -22,6 +17,7 @@ from botocore.config import Config
 import hipobj
 from hipobj import _checkpoint_layout as layout
 from hipobj import s3torchconnector as s3tc
+from s3_server import S3Server
 
 MIB = 1 << 20
 ACCESS, SECRET = "torch-test", "torch-test-secret"
@@ -195,39 +191,9 @@ def test_small_reads_of_one_object_are_coalesced_within_the_gap_and_the_size():
 # ---------------------------------------------------------------- against the server
 
 
-class Server:
-    """``hipobj-s3-server`` (local backend, no RDMA) with bucket `bucket`."""
-
-    def __init__(self):
-        binary = os.environ.get("HIPOBJ_S3_SERVER")
-        if not binary:
-            pytest.fail("HIPOBJ_S3_SERVER names the server binary (scripts/torch-test.sh sets it)")
-        self.root = tempfile.mkdtemp(prefix="hipobj-torch-")
-        secret = pathlib.Path(self.root, "secret")
-        secret.write_text(SECRET + "\n")
-        secret.chmod(0o600)
-        self.proc = subprocess.Popen(
-            [binary, "--root", os.path.join(self.root, "store"), "--listen", "127.0.0.1:0", "--access-key", ACCESS,
-             "--secret-key-file", str(secret), "--bucket", "bucket", "--no-rdma"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        line = self.proc.stdout.readline()
-        m = re.search(r"listening on (http://\S+)", line)
-        assert m, f"the server's first line: {line!r}"
-        self.endpoint = m.group(1)
-
-    def stored(self, key):
-        return pathlib.Path(self.root, "store", "bucket", key).read_bytes()
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def server():
-    s = Server()
+    s = S3Server(ACCESS, SECRET, "--no-rdma")
     yield s
     s.stop()
 
