@@ -8,8 +8,8 @@
 # streamers3/tests/test_streamer.py with LD_LIBRARY_PATH naming our
 # library's directory, as a user installs it: plain HTTP, there being no
 # RDMA device here. Then the RDMA path on hipobj's fake RDMA world: a test
-# build of the library (--profile fake --features fake-world, into
-# target/fake/) under the same outer, its S3 side an in-process look-alike
+# build of the library (feature fake-world, the suite's debug build of the
+# workspace: target/debug/) under the same outer, its S3 side an in-process look-alike
 # (streamers3/tests/test_streamer_rdma.py, with awscrt for the CRC64/NVME
 # the gateway sends). Real RDMA runs in the VM lane.
 set -euo pipefail
@@ -36,7 +36,9 @@ if [[ ! -f "$site/runai_model_streamer/libstreamer/lib/libstreamers3.so" ]]; the
 fi
 cargo build --locked --release -p hipobj-streamers3
 cargo build --locked --features "$test_features" --bin hipobj-s3-server
-cargo build --locked --profile fake -p hipobj-streamers3 --features fake-world
+# The test build with the suite's features, for the whole workspace: the
+# library as the suite's other debug builds have it, nothing compiled again.
+cargo build --locked --workspace --features "$workspace_features"
 library="$target/release/libstreamers3.so"
 # The file exports the twelve functions and nothing else, under its SONAME.
 exports=$(nm -D --defined-only "$library" | awk '{print $3}' | sort | tr '\n' ' ')
@@ -58,7 +60,7 @@ cp "$library" "$lib_dir/libstreamers3.so"
 fake_dir="$work/fake-lib"
 rm -rf "$fake_dir"
 mkdir -p "$fake_dir"
-cp "$target/fake/libstreamers3.so" "$fake_dir/libstreamers3.so"
+cp "$target/debug/libstreamers3.so" "$fake_dir/libstreamers3.so"
 cd "$work"
 rm -f stats.json stats-fake.json
 env LD_LIBRARY_PATH="$lib_dir" \
