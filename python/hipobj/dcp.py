@@ -102,7 +102,44 @@ def _valid(checkpoint_id: Any) -> bool:
     return True
 
 
-class HipObjStorageWriter(StorageWriter):
+class _Checkpoint:
+    """What the writer and the reader share: where the checkpoint lies (an
+    S3 prefix: `bucket`, `prefix`, its `uri`), the client, the session and
+    `strict`."""
+
+    def _open(self, path: Union[str, None], client: Any, session: Optional[_session.Session],
+              endpoint: Optional[str], region: Optional[str], strict: bool) -> None:
+        self.client = _client(client, endpoint, region)
+        self.session = session
+        self.strict = strict
+        self.bucket = self.prefix = ""
+        self.uri: Optional[str] = None
+        if path is not None:
+            self._place(path)
+
+    def _place(self, checkpoint_id: Union[str, Any]) -> None:
+        self.bucket, self.prefix = _where(checkpoint_id)
+        self.uri = str(checkpoint_id)
+
+    def _reset_place(self, checkpoint_id: Union[str, Any, None]) -> None:
+        """``reset``'s common head: a new checkpoint id moves it there; one
+        there must be."""
+        if checkpoint_id is not None:
+            self._place(checkpoint_id)
+        if self.uri is None:
+            raise ValueError("no checkpoint path: pass path= (s3://BUCKET/PREFIX) or checkpoint_id")
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Union[str, Any]) -> bool:
+        """Whether `checkpoint_id` is an ``s3://`` URI this writer or reader
+        takes."""
+        return _valid(checkpoint_id)
+
+    def _session(self) -> _session.Session:
+        return self.session if self.session is not None else _session.active()
+
+
+class HipObjStorageWriter(_Checkpoint, StorageWriter):
     """DCP's ``StorageWriter`` into the S3 prefix `path` (``s3://B/P``).
 
     `client`: a boto3 S3 client (else one made with `endpoint` and
@@ -126,33 +163,17 @@ class HipObjStorageWriter(StorageWriter):
         super().__init__()
         if thread_count < 1:
             raise ValueError("thread_count is 1 or more")
-        self.client = _client(client, endpoint, region)
-        self.session = session
+        self._open(path, client, session, endpoint, region, strict)
         self.thread_count = thread_count
         self.buffer_part = buffer_part
-        self.strict = strict
-        self.bucket = self.prefix = ""
-        self.uri: Optional[str] = None
-        if path is not None:
-            self.bucket, self.prefix = _where(path)
-            self.uri = str(path)
         self.save_id = uuid.uuid4().hex
         self.is_coordinator = False
         self.rank = 0
 
     # ---------------------------------------------------------------- DCP
 
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: Union[str, Any]) -> bool:
-        """Whether `checkpoint_id` is an ``s3://`` URI this writer takes."""
-        return _valid(checkpoint_id)
-
     def reset(self, checkpoint_id: Union[str, Any, None] = None) -> None:
-        if checkpoint_id is not None:
-            self.bucket, self.prefix = _where(checkpoint_id)
-            self.uri = str(checkpoint_id)
-        if self.uri is None:
-            raise ValueError("no checkpoint path: pass path= (s3://BUCKET/PREFIX) or checkpoint_id")
+        self._reset_place(checkpoint_id)
         self.save_id = uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -199,9 +220,6 @@ class HipObjStorageWriter(StorageWriter):
         )
 
     # ---------------------------------------------------------------- the data object
-
-    def _session(self) -> _session.Session:
-        return self.session if self.session is not None else _session.active()
 
     def _write(self, name: str, items: Sequence[WriteItem], planner: SavePlanner) -> List[WriteResult]:
         datas: List[Any] = []
@@ -293,7 +311,7 @@ class HipObjStorageWriter(StorageWriter):
             raise
 
 
-class HipObjStorageReader(StorageReader):
+class HipObjStorageReader(_Checkpoint, StorageReader):
     """DCP's ``StorageReader`` of a checkpoint that ``HipObjStorageWriter``
     wrote under the S3 prefix `path`. Each tensor's bytes land in the
     tensor the load planner gives (GPU or host memory) by ranged GETs,
@@ -313,29 +331,13 @@ class HipObjStorageReader(StorageReader):
         strict: bool = False,
     ) -> None:
         super().__init__()
-        self.client = _client(client, endpoint, region)
-        self.session = session
-        self.strict = strict
-        self.bucket = self.prefix = ""
-        self.uri: Optional[str] = None
-        if path is not None:
-            self.bucket, self.prefix = _where(path)
-            self.uri = str(path)
+        self._open(path, client, session, endpoint, region, strict)
         self.load_id = uuid.uuid4().hex
         self.storage_data: Dict[MetadataIndex, StoredItem] = {}
         self.metadata: Optional[Metadata] = None
 
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: Union[str, Any]) -> bool:
-        """Whether `checkpoint_id` is an ``s3://`` URI this reader takes."""
-        return _valid(checkpoint_id)
-
     def reset(self, checkpoint_id: Union[str, Any, None] = None) -> None:
-        if checkpoint_id is not None:
-            self.bucket, self.prefix = _where(checkpoint_id)
-            self.uri = str(checkpoint_id)
-        if self.uri is None:
-            raise ValueError("no checkpoint path: pass path= (s3://BUCKET/PREFIX) or checkpoint_id")
+        self._reset_place(checkpoint_id)
         self.load_id = uuid.uuid4().hex
         self.storage_data = {}
 
@@ -366,9 +368,6 @@ class HipObjStorageReader(StorageReader):
 
     def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
         return plans
-
-    def _session(self) -> _session.Session:
-        return self.session if self.session is not None else _session.active()
 
     def _stored(self, item: ReadItem) -> StoredItem:
         try:

@@ -25,6 +25,7 @@ class S3Server:
             raise RuntimeError(
                 "HIPOBJ_S3_SERVER names no hipobj-s3-server binary (the suite's script builds it: "
                 "cargo build --features s3-server --bin hipobj-s3-server)")
+        self.access, self.secret = access, secret
         self.dir = tempfile.mkdtemp(prefix="hipobj-server-", dir=parent)
         self.bucket = bucket
         self.root = os.path.join(self.dir, "store")
@@ -51,6 +52,16 @@ class S3Server:
                 self.stop()
                 raise RuntimeError(f"hipobj-s3-server's second line: {second!r}")
             self.metrics_url = found.group(1)
+
+    def client(self, **config: object) -> object:
+        """A boto3 S3 client of this server with its credentials, one
+        attempt a request; `config`: more of botocore's ``Config``."""
+        import boto3  # noqa: PLC0415 - not every suite has it
+        from botocore.config import Config  # noqa: PLC0415
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id=self.access, aws_secret_access_key=self.secret,
+                            config=Config(retries={"max_attempts": 1}, **config))
 
     def path(self, key: str) -> pathlib.Path:
         """Where the local backend keeps `key` of the bucket."""

@@ -8,7 +8,9 @@ and ``S3StorageReader``). Against ``hipobj-s3-server`` (``HIPOBJ_S3_SERVER``,
 local backend) with the release libhipobj (``HIPOBJ_LIBRARY``): the machine
 has no RDMA device, so the library does not initialize and every transfer
 is the plain-HTTP fallback, landed in GPU memory by the CUDA driver's
-copies; each test says so from ``Session.stats``."""
+copies; each test says so from ``Session.stats``. With
+``HIPOBJ_TORCH_DEVICE=cpu`` the same tests run on a host's CPU (host
+tensors instead of CUDA ones), wherever PyTorch is installed."""
 
 import io
 import os
@@ -19,7 +21,6 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
-from botocore.config import Config
 
 import hipobj
 from hipobj.dcp import HipObjStorageReader, HipObjStorageWriter
@@ -30,8 +31,13 @@ from hipobj.s3torchconnector.dcp import S3StorageReader, S3StorageWriter
 MIB = 1 << 20
 ACCESS, SECRET = "torch-gpu", "torch-gpu-secret"
 
-if not torch.cuda.is_available() or not os.environ.get("HIPOBJ_S3_SERVER"):
-    raise RuntimeError("test_gpu_torch.py runs on a GPU machine through scripts/gpu/torch.sh")
+#: Where the tensors live: "cuda" (the GPU machine), or "cpu".
+DEVICE = os.environ.get("HIPOBJ_TORCH_DEVICE", "cuda")
+if DEVICE not in ("cuda", "cpu") or (DEVICE == "cuda" and not torch.cuda.is_available()):
+    raise RuntimeError(f"test_gpu_torch.py: no {DEVICE!r} device (scripts/gpu/torch.sh on a GPU machine, "
+                       "or HIPOBJ_TORCH_DEVICE=cpu)")
+if not os.environ.get("HIPOBJ_S3_SERVER"):
+    raise RuntimeError("test_gpu_torch.py: HIPOBJ_S3_SERVER names no server (scripts/gpu/torch.sh sets it)")
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +49,7 @@ def server():
 
 
 def make_client(server):
-    return boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1", aws_access_key_id=ACCESS,
-                        aws_secret_access_key=SECRET,
-                        config=Config(retries={"max_attempts": 1}, max_pool_connections=64))
+    return server.client(max_pool_connections=64)
 
 
 @pytest.fixture
@@ -70,7 +74,7 @@ def same(a, b):
     return a == b
 
 
-def model_state(seed, device="cuda"):
+def model_state(seed, device=DEVICE):
     g = torch.Generator().manual_seed(seed)
     state = {
         "embed.weight": torch.randn(4096, 1024, generator=g),                     # 16 MiB: sent straight
@@ -94,7 +98,7 @@ def blank_like(state):
     return {k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else type(v)()) for k, v in state.items()}
 
 
-def test_a_state_dict_saves_and_loads_into_cuda_tensors_as_dcps_filesystem_and_torch_save_do(server, client, session, tmp_path):
+def test_a_state_dict_saves_and_loads_into_device_tensors_as_dcps_filesystem_and_torch_save_do(server, client, session, tmp_path):
     original = model_state(1)
     writer = HipObjStorageWriter("s3://bucket/ckpt/one", client=client, session=session)
     dcp.save(original, storage_writer=writer)
@@ -109,10 +113,10 @@ def test_a_state_dict_saves_and_loads_into_cuda_tensors_as_dcps_filesystem_and_t
     buffer = io.BytesIO()
     torch.save(original, buffer)
     buffer.seek(0)
-    saved = torch.load(buffer, map_location="cuda", weights_only=False)
+    saved = torch.load(buffer, map_location=DEVICE, weights_only=False)
     for name, value in original.items():
         if isinstance(value, torch.Tensor):
-            assert ours[name].is_cuda, name
+            assert ours[name].device.type == DEVICE, name
         assert same(ours[name], value), name
         assert same(ours[name], theirs[name]), name
         assert same(ours[name], saved[name]), name
@@ -120,15 +124,17 @@ def test_a_state_dict_saves_and_loads_into_cuda_tensors_as_dcps_filesystem_and_t
 
 
 def _rank(rank, world, port, endpoint, outdir):
-    """One rank of two, both on GPU 0 (gloo carries DCP's plans)."""
+    """One rank of two, both on GPU 0 or the CPU (gloo carries DCP's
+    plans)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.cuda.set_device(0)
-    mesh = init_device_mesh("cuda", (world,))
+    if DEVICE == "cuda":
+        torch.cuda.set_device(0)
+    mesh = init_device_mesh(DEVICE, (world,))
     full = sharded_full()
     saved_dims = {k: (1 if k == "cols" else 0) for k in full}
 
@@ -156,8 +162,8 @@ def _rank(rank, world, port, endpoint, outdir):
 
 def sharded_full():
     full = {k: v for k, v in model_state(2).items() if isinstance(v, torch.Tensor) and v.dim() == 2}
-    full["cols"] = torch.arange(300 * 96, dtype=torch.float32, device="cuda").reshape(300, 96)
-    full["small2d"] = torch.arange(40 * 64, dtype=torch.int32, device="cuda").reshape(40, 64)
+    full["cols"] = torch.arange(300 * 96, dtype=torch.float32, device=DEVICE).reshape(300, 96)
+    full["small2d"] = torch.arange(40 * 64, dtype=torch.int32, device=DEVICE).reshape(40, 64)
     return full
 
 
@@ -179,7 +185,7 @@ def test_a_checkpoint_sharded_over_two_ranks_loads_back_sharded_and_whole(server
     for k, v in full.items():
         assert same(ours[k], v) and same(theirs[k], v), k
     # A sub-box: a column-sharded tensor read into a non-contiguous view.
-    part = {"cols": torch.zeros(96, 300, device="cuda").t()}
+    part = {"cols": torch.zeros(96, 300, device=DEVICE).t()}
     dcp.load(part, storage_reader=HipObjStorageReader("s3://bucket/ckpt/sharded", client=client, session=session))
     assert same(part["cols"].contiguous(), full["cols"])
 
@@ -210,7 +216,7 @@ def test_s3checkpoint_round_trips_torch_save(server, client, session):
     with checkpoint.writer("s3://bucket/model.pt") as f:
         torch.save(original, f)
     with checkpoint.reader("s3://bucket/model.pt") as f:
-        back = torch.load(f, map_location="cuda", weights_only=False)
+        back = torch.load(f, map_location=DEVICE, weights_only=False)
     for k, v in original.items():
         assert same(back[k], v), k
     assert f.transfer.path == "fallback"
@@ -232,8 +238,8 @@ def test_datasets_feed_a_dataloader_with_workers(server, client, session):
                                            transform=decode)
     assert len(mapped) == 48
     loader = torch.utils.data.DataLoader(mapped, batch_size=8, num_workers=2)
-    seen = torch.cat([batch.cuda() for batch in loader])
-    assert same(seen, torch.stack([images[i] for i in range(48)]).cuda())
+    seen = torch.cat([batch.to(DEVICE) for batch in loader])
+    assert same(seen, torch.stack([images[i] for i in range(48)]).to(DEVICE))
     iterable = s3tc.S3IterableDataset.from_prefix("s3://bucket/images/", region="us-east-1", endpoint=server.endpoint,
                                                   transform=decode, enable_sharding=True)
     loader = torch.utils.data.DataLoader(iterable, batch_size=None, num_workers=3)

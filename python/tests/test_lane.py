@@ -8,10 +8,8 @@ without a GPU; and the fallback against a server started with
 
 import os
 
-import boto3
 import numpy
 import pytest
-from botocore.config import Config
 
 import hipobj
 from s3_server import S3Server
@@ -46,17 +44,6 @@ def plain_server():
     server.stop()
 
 
-def client(server):
-    return boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=ACCESS,
-        aws_secret_access_key=SECRET,
-        config=Config(retries={"max_attempts": 1}),
-    )
-
-
 @pytest.fixture
 def session():
     with hipobj.Session(nic="rxe0", require=True) as s:
@@ -64,7 +51,7 @@ def session():
 
 
 def test_numpy_arrays_move_by_rdma_whole_ranged_and_multipart(rdma_server, session):
-    s3 = client(rdma_server)
+    s3 = rdma_server.client()
     data = pattern(12 * MIB + 7, 1)
     t = session.put_object(s3, Bucket="bucket", Key="whole", source=data)
     assert t.path == "rdma", t
@@ -92,7 +79,7 @@ def test_numpy_arrays_move_by_rdma_whole_ranged_and_multipart(rdma_server, sessi
 def test_a_session_without_arguments_uses_rdma_on_a_host_without_a_gpu(rdma_server):
     # The VM has rxe0 and no GPU: hipObjInit without a NIC fails there,
     # and the session names the NICs with an active port itself.
-    s3 = client(rdma_server)
+    s3 = rdma_server.client()
     with hipobj.Session(require=True) as session:
         assert "rxe0" in session.nic.split(","), session.nic
         data = pattern(MIB, 3)
@@ -104,7 +91,7 @@ def test_a_session_without_arguments_uses_rdma_on_a_host_without_a_gpu(rdma_serv
 
 
 def test_a_server_without_rdma_is_a_visible_fallback_and_strict_refuses_it(plain_server, session):
-    s3 = client(plain_server)
+    s3 = plain_server.client()
     data = pattern(3 * MIB, 2)
     t = session.put_object(s3, Bucket="bucket", Key="plain", source=data)
     assert t.path == "fallback" and "501" in t.reason
@@ -124,7 +111,7 @@ def test_many_in_flight_and_a_sharded_model_by_rdma(rdma_server):
 
     from hipobj import safetensors as st
 
-    s3 = client(rdma_server)
+    s3 = rdma_server.client()
     with hipobj.Session(nic="rxe0", require=True, max_in_flight=16) as session:
         datas = [pattern(MIB + i, 50 + i) for i in range(16)]
         puts = session.put_objects(s3, [dict(Bucket="bucket", Key=f"many/{i}", source=d) for i, d in enumerate(datas)])

@@ -9,10 +9,8 @@ need PyTorch: ``scripts/gpu/torch.sh`` runs them on the GPU machine."""
 
 import random
 
-import boto3
 import numpy
 import pytest
-from botocore.config import Config
 
 import hipobj
 from hipobj import _checkpoint_layout as layout
@@ -200,14 +198,7 @@ def server():
 
 @pytest.fixture
 def client(server):
-    return boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=ACCESS,
-        aws_secret_access_key=SECRET,
-        config=Config(retries={"max_attempts": 1}),
-    )
+    return server.client()
 
 
 @pytest.fixture

@@ -370,13 +370,26 @@ def test_two_streamers_in_one_process(server: Server, model: Model) -> None:
         ls.runai_end(third)
 
 
-class LookAlike(http.server.ThreadingHTTPServer):
+class Served(http.server.ThreadingHTTPServer):
+    """An HTTP server on 127.0.0.1 serving with `handler` on threads of its
+    own from the moment it is made; the look-alikes' common part."""
+
+    daemon_threads = True
+
+    def __init__(self, handler: type[http.server.BaseHTTPRequestHandler]) -> None:
+        super().__init__(("127.0.0.1", 0), handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class LookAlike(Served):
     """A tiny S3 look-alike serving one body for any key, as S3 does
     ("plain"), or misbehaving as `behaviour` says: "stall" sends half of each ranged body, then waits
     for `release` before the rest; "long" sends 10 bytes more than the range
     (its Content-Length says so); "busy" answers 503 SlowDown."""
-
-    daemon_threads = True
 
     def __init__(self, body: bytes, behaviour: str) -> None:
         self.body = body
@@ -385,12 +398,7 @@ class LookAlike(http.server.ThreadingHTTPServer):
         self.stalled = threading.Semaphore(0)
         self.gets = 0
         self.authorizations: list[str | None] = []
-        super().__init__(("127.0.0.1", 0), LookAlikeHandler)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        super().__init__(LookAlikeHandler)
 
 
 class LookAlikeHandler(http.server.BaseHTTPRequestHandler):
@@ -448,9 +456,15 @@ def test_a_body_longer_than_the_range_is_code_15() -> None:
     assert codes == [FILE_TRUNCATED]
 
 
-def test_a_busy_server_is_retryable_which_the_outer_gives_as_2() -> None:
+@pytest.mark.parametrize("retries, gets", [(None, 1), ("2", 3)], ids=["by-default", "max-retries-2"])
+def test_a_busy_server_is_retryable_which_the_outer_gives_as_2(
+        monkeypatch: pytest.MonkeyPatch, retries: str | None, gets: int) -> None:
     """503 is code 19 from the backend (a 0.17 outer); with
-    RUNAI_STREAMER_S3_TIMEOUT unset the outer does not retry and delivers 2."""
+    RUNAI_STREAMER_S3_TIMEOUT unset the outer does not retry and delivers 2.
+    RUNAI_STREAMER_S3_MAX_RETRIES makes the backend send a transient failure
+    again, that many more times: no retries by default."""
+    if retries is not None:
+        monkeypatch.setenv("RUNAI_STREAMER_S3_MAX_RETRIES", retries)
     busy = LookAlike(b"", "busy")
     streamer = start(busy.endpoint)
     try:
@@ -460,7 +474,7 @@ def test_a_busy_server_is_retryable_which_the_outer_gives_as_2() -> None:
         ls.runai_end(streamer)
         busy.shutdown()
     assert codes == [FILE_ACCESS]
-    assert busy.gets == 1, "no retries by default"
+    assert busy.gets == gets
 
 
 def test_unsigned_requests_carry_no_signature(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -484,20 +498,6 @@ def test_unsigned_requests_carry_no_signature(monkeypatch: pytest.MonkeyPatch) -
     first, second = plain.authorizations
     assert first is not None and first.startswith("AWS4-HMAC-SHA256 Credential=" + ACCESS), first
     assert second is None, second
-
-
-def test_max_retries_sends_a_transient_failure_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RUNAI_STREAMER_S3_MAX_RETRIES", "2")
-    busy = LookAlike(b"", "busy")
-    streamer = start(busy.endpoint)
-    try:
-        dst = buffer(16)
-        codes = stream(streamer, [Range(uri("any/object"), 0, 16, ctypes.addressof(dst))])
-    finally:
-        ls.runai_end(streamer)
-        busy.shutdown()
-    assert codes == [FILE_ACCESS]
-    assert busy.gets == 3, "the first GET and two more"
 
 
 def test_end_during_stalled_reads_returns_promptly_and_nothing_lands_after(tmp_path: pathlib.Path) -> None:

@@ -39,6 +39,7 @@ from test_streamer import (
     PROT_RW,
     SUCCESS,
     Range,
+    Served,
     buffer,
     ls,
     mapped,
@@ -58,13 +59,11 @@ WORLD.hipobjFakeServe.argtypes = [ctypes.c_char_p, ctypes.c_int]
 GET = 1  # HIPOBJ_RDMA_OP_GET
 
 
-class RdmaLookAlike(http.server.ThreadingHTTPServer):
+class RdmaLookAlike(Served):
     """Serves `objects` (key -> bytes): a GET with a token is handed to the
     fake world's server, which writes the range by RDMA; the answer carries
     the reply, the byte count and the CRC64/NVME of the bytes written, as
     hipobj-s3-server's do."""
-
-    daemon_threads = True
 
     def __init__(self, objects: dict[str, bytes]) -> None:
         self.objects = objects
@@ -75,12 +74,7 @@ class RdmaLookAlike(http.server.ThreadingHTTPServer):
         self.release = threading.Event()
         self.stalled = threading.Semaphore(0)
         self.late_replies: list[int] = []
-        super().__init__(("127.0.0.1", 0), RdmaHandler)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        super().__init__(RdmaHandler)
 
 
 class RdmaHandler(http.server.BaseHTTPRequestHandler):

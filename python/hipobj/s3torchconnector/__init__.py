@@ -333,18 +333,6 @@ class _Dataset:
         self._session = session
         self.region, self.endpoint = region, endpoint
 
-    def _reader(self, bucket: str, key: str) -> S3Reader:
-        return S3Reader(bucket, key, self._client.get(), self._session)
-
-
-class S3MapDataset(_Dataset, _MapBase):  # type: ignore[misc,valid-type]
-    """A map-style dataset of S3 objects: ``dataset[i]`` is
-    ``transform(S3Reader of the i-th object)``, in key order."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._objects: Optional[List[Tuple[str, str]]] = None
-
     @classmethod
     def from_prefix(
         cls,
@@ -356,10 +344,14 @@ class S3MapDataset(_Dataset, _MapBase):  # type: ignore[misc,valid-type]
         s3client_config: Optional[S3ClientConfig] = None,
         client: Any = None,
         session: Optional[_session.Session] = None,
-    ) -> "S3MapDataset":
-        """The objects under the prefix of `s3_uri` (listed at first use)."""
+        **options: Any,
+    ) -> Any:
+        """The objects under the prefix of `s3_uri` (listed at first use),
+        in key order; `options` are the dataset's own (``enable_sharding``
+        of ``S3IterableDataset``)."""
         parse_s3_uri(s3_uri)
-        return cls(lambda c: list_prefix(c, s3_uri), region, endpoint, transform, s3client_config, client, session)
+        return cls(lambda c: list_prefix(c, s3_uri), region, endpoint, transform, s3client_config, client, session,
+                   **options)
 
     @classmethod
     def from_objects(
@@ -372,10 +364,24 @@ class S3MapDataset(_Dataset, _MapBase):  # type: ignore[misc,valid-type]
         s3client_config: Optional[S3ClientConfig] = None,
         client: Any = None,
         session: Optional[_session.Session] = None,
-    ) -> "S3MapDataset":
-        """The objects `object_uris` names, in that order."""
+        **options: Any,
+    ) -> Any:
+        """The objects `object_uris` names, in that order; `options` as for
+        ``from_prefix``."""
         objects = _objects(object_uris)
-        return cls(lambda c: objects, region, endpoint, transform, s3client_config, client, session)
+        return cls(lambda c: objects, region, endpoint, transform, s3client_config, client, session, **options)
+
+    def _reader(self, bucket: str, key: str) -> S3Reader:
+        return S3Reader(bucket, key, self._client.get(), self._session)
+
+
+class S3MapDataset(_Dataset, _MapBase):  # type: ignore[misc,valid-type]
+    """A map-style dataset of S3 objects: ``dataset[i]`` is
+    ``transform(S3Reader of the i-th object)``, in key order."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._objects: Optional[List[Tuple[str, str]]] = None
 
     @property
     def objects(self) -> List[Tuple[str, str]]:
@@ -400,44 +406,6 @@ class S3IterableDataset(_Dataset, _IterableBase):  # type: ignore[misc,valid-typ
     def __init__(self, *args: Any, enable_sharding: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.enable_sharding = enable_sharding
-
-    @classmethod
-    def from_prefix(
-        cls,
-        s3_uri: str,
-        *,
-        region: Optional[str] = None,
-        endpoint: Optional[str] = None,
-        transform: Callable[[S3Reader], Any] = identity,
-        s3client_config: Optional[S3ClientConfig] = None,
-        enable_sharding: bool = False,
-        client: Any = None,
-        session: Optional[_session.Session] = None,
-    ) -> "S3IterableDataset":
-        parse_s3_uri(s3_uri)
-        return cls(
-            lambda c: list_prefix(c, s3_uri), region, endpoint, transform, s3client_config, client, session,
-            enable_sharding=enable_sharding,
-        )
-
-    @classmethod
-    def from_objects(
-        cls,
-        object_uris: Union[str, Iterable[str]],
-        *,
-        region: Optional[str] = None,
-        endpoint: Optional[str] = None,
-        transform: Callable[[S3Reader], Any] = identity,
-        s3client_config: Optional[S3ClientConfig] = None,
-        enable_sharding: bool = False,
-        client: Any = None,
-        session: Optional[_session.Session] = None,
-    ) -> "S3IterableDataset":
-        objects = _objects(object_uris)
-        return cls(
-            lambda c: objects, region, endpoint, transform, s3client_config, client, session,
-            enable_sharding=enable_sharding,
-        )
 
     def _share(self) -> Tuple[int, int]:
         """(this reader's index, how many share the objects)."""
