@@ -1699,6 +1699,7 @@ async fn backend_waiting(up: &S3Server, timeout: Duration) -> Upstream {
         timeout,
         multipart_bytes: 6 << 20,
         part_bytes: 5 << 20,
+        cache: None,
     };
     let credentials = Credentials::new(UPSTREAM_KEY, UPSTREAM_SECRET, None, None, "test");
     Upstream::connect_with(&settings, credentials)
@@ -1906,4 +1907,580 @@ fn a_slow_body_source_is_not_taken_for_a_stalled_upstream() {
             assert!(std::fs::read(object_file(&up, key)).unwrap() == data[..len]);
         }
     });
+}
+
+// ---------------------------------------------------------------- the cache
+
+/// Panics unless `got` is `want`, saying how they differ (not printing
+/// them: objects are large).
+fn same_bytes(got: &[u8], want: &[u8], what: &str) {
+    if got != want {
+        let at = got.iter().zip(want).position(|(a, b)| a != b);
+        panic!(
+            "{what}: {} bytes, not the {} expected (first difference at {at:?})",
+            got.len(),
+            want.len()
+        );
+    }
+}
+
+/// The upstream with its metrics on: (the server, its metrics URL).
+fn counted_upstream() -> (S3Server, String) {
+    let up = S3Server::start(
+        binary(),
+        "127.0.0.1",
+        &[
+            "--no-rdma",
+            "--access-key",
+            UPSTREAM_KEY,
+            "--secret-key",
+            UPSTREAM_SECRET,
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let line = up.next_line();
+    let url = line
+        .strip_prefix("hipobj-s3-server metrics on ")
+        .unwrap_or_else(|| panic!("the upstream's metrics line: {line:?}"))
+        .to_owned();
+    (up, url)
+}
+
+/// The sum of the metric `name`'s series whose labels contain `labels`
+/// (each `key="value"`), in the text at `url`.
+fn metric_at(url: &str, name: &str, labels: &[&str]) -> u64 {
+    let out = Command::new("curl")
+        .args(["-sS", "--fail", url])
+        .output()
+        .expect("curl is needed for this test");
+    assert!(out.status.success(), "GET {url}: {out:?}");
+    metric_in(&String::from_utf8_lossy(&out.stdout), name, labels)
+}
+
+fn metric_in(text: &str, name: &str, labels: &[&str]) -> u64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+                && labels.iter().all(|label| l.contains(label))
+        })
+        // Counters and gauges of whole numbers ("5", or "5.0").
+        .filter_map(|l| l.rsplit(' ').next()?.split('.').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// GetObject requests the upstream answered.
+fn upstream_gets(url: &str) -> u64 {
+    metric_at(url, "hipobj_s3_requests_total", &["op=\"GetObject\""])
+}
+
+/// A client of the upstream itself, with its own keys: a change made
+/// behind the gateway.
+fn behind(up: &S3Server) -> aws_sdk_s3::Client {
+    let config = aws_sdk_s3::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .endpoint_url(&up.endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(
+            UPSTREAM_KEY,
+            UPSTREAM_SECRET,
+            None,
+            None,
+            "test",
+        ))
+        .force_path_style(true)
+        .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+        .build();
+    aws_sdk_s3::Client::from_conf(config)
+}
+
+async fn get_range(client: &aws_sdk_s3::Client, key: &str, range: &str) -> Vec<u8> {
+    let out = client
+        .get_object()
+        .bucket(BUCKET)
+        .key(key)
+        .range(range)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {key} {range}: {e:?}"));
+    out.body.collect().await.expect("the body").to_vec()
+}
+
+#[test]
+fn cached_objects_are_served_from_memory_the_store_asked_once() {
+    let (up, up_metrics) = counted_upstream();
+    let gw = Gateway::start(
+        &up.endpoint,
+        UPSTREAM_SECRET,
+        &[
+            "--cache-bytes",
+            "67108864",
+            "--cache-validate",
+            "ttl=3600",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    runtime().block_on(async {
+        let c = client(&gw.endpoint);
+        let data = pattern(3 << 20, 7);
+        put(&c, "hot.bin", &data).await;
+        let before = upstream_gets(&up_metrics);
+        same_bytes(&get(&c, "hot.bin").await, &data, "the miss");
+        same_bytes(&get(&c, "hot.bin").await, &data, "a hit");
+        same_bytes(
+            &get_range(&c, "hot.bin", "bytes=1000-2999999").await,
+            &data[1000..3_000_000],
+            "a range",
+        );
+        same_bytes(
+            &get_range(&c, "hot.bin", "bytes=-17").await,
+            &data[data.len() - 17..],
+            "a suffix",
+        );
+        let head = c
+            .head_object()
+            .bucket(BUCKET)
+            .key("hot.bin")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            head.content_length,
+            Some(i64::try_from(data.len()).unwrap())
+        );
+        let checked = c
+            .get_object()
+            .bucket(BUCKET)
+            .key("hot.bin")
+            .checksum_mode(ChecksumMode::Enabled)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            checked.checksum_crc64_nvme.as_deref(),
+            Some(crc64nvme(&data).as_str())
+        );
+        assert_eq!(
+            upstream_gets(&up_metrics) - before,
+            1,
+            "one GET reached the store"
+        );
+    });
+    let text = gw.metrics();
+    assert_eq!(
+        metric_in(
+            &text,
+            "hipobj_s3_cache_requests_total",
+            &["outcome=\"miss\""]
+        ),
+        1
+    );
+    assert!(
+        metric_in(
+            &text,
+            "hipobj_s3_cache_requests_total",
+            &["outcome=\"hit\""]
+        ) >= 4,
+        "{text}"
+    );
+    assert_eq!(
+        metric_in(
+            &text,
+            "hipobj_s3_cache_bytes_total",
+            &["source=\"upstream\""]
+        ),
+        3 << 20
+    );
+    assert!(metric_in(&text, "hipobj_s3_cache_in_use_bytes", &[]) >= 3 << 20);
+}
+
+#[test]
+fn concurrent_readers_of_a_cold_object_cost_the_store_one_get() {
+    let (up, up_metrics) = counted_upstream();
+    let gw = Gateway::start(
+        &up.endpoint,
+        UPSTREAM_SECRET,
+        &[
+            "--cache-bytes",
+            "134217728",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let data = pattern(24 << 20, 3);
+    runtime().block_on(async {
+        let c = client(&gw.endpoint);
+        put(&c, "cold.bin", &data).await;
+        let before = upstream_gets(&up_metrics);
+        let readers = (0..8).map(|i| {
+            let c = c.clone();
+            async move {
+                if i % 2 == 0 {
+                    get(&c, "cold.bin").await
+                } else {
+                    get_range(&c, "cold.bin", &format!("bytes={}-", i << 20)).await
+                }
+            }
+        });
+        let got = futures::future::join_all(readers).await;
+        for (i, bytes) in got.iter().enumerate() {
+            let want = if i % 2 == 0 {
+                &data[..]
+            } else {
+                &data[i << 20..]
+            };
+            assert!(
+                bytes == want,
+                "reader {i}: {} bytes, not the object's",
+                bytes.len()
+            );
+        }
+        // Validation (always) asks HEADs of the store, never GETs.
+        assert_eq!(
+            upstream_gets(&up_metrics) - before,
+            1,
+            "one GET reached the store"
+        );
+    });
+    let text = gw.metrics();
+    let coalesced = metric_in(&text, "hipobj_s3_cache_coalesced_readers_total", &[]);
+    let hits = metric_in(
+        &text,
+        "hipobj_s3_cache_requests_total",
+        &["outcome=\"hit\""],
+    );
+    assert_eq!(coalesced + hits, 7, "{text}");
+}
+
+#[test]
+fn a_write_through_the_gateway_is_never_served_stale() {
+    let (up, _) = counted_upstream();
+    // Trusted for an hour: only the gateway's own invalidation can keep
+    // a reader from the old bytes.
+    let gw = Gateway::start(
+        &up.endpoint,
+        UPSTREAM_SECRET,
+        &["--cache-bytes", "67108864", "--cache-validate", "ttl=3600"],
+    );
+    runtime().block_on(async {
+        let c = client(&gw.endpoint);
+        let (one, two, three) = (pattern(100_000, 1), pattern(90_000, 2), pattern(80_000, 3));
+        put(&c, "k", &one).await;
+        same_bytes(&get(&c, "k").await, &one, "GET");
+        put(&c, "k", &two).await;
+        same_bytes(&get(&c, "k").await, &two, "PutObject through the gateway");
+        put(&c, "source", &three).await;
+        c.copy_object()
+            .bucket(BUCKET)
+            .key("k")
+            .copy_source(format!("{BUCKET}/source"))
+            .send()
+            .await
+            .unwrap();
+        same_bytes(&get(&c, "k").await, &three, "CopyObject onto it");
+        let upload = c
+            .create_multipart_upload()
+            .bucket(BUCKET)
+            .key("k")
+            .send()
+            .await
+            .unwrap();
+        let id = upload.upload_id.unwrap();
+        let part = c
+            .upload_part()
+            .bucket(BUCKET)
+            .key("k")
+            .upload_id(&id)
+            .part_number(1)
+            .body(ByteStream::from(one.clone()))
+            .send()
+            .await
+            .unwrap();
+        c.complete_multipart_upload()
+            .bucket(BUCKET)
+            .key("k")
+            .upload_id(&id)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .parts(
+                        CompletedPart::builder()
+                            .part_number(1)
+                            .e_tag(part.e_tag.unwrap())
+                            .build(),
+                    )
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap();
+        same_bytes(&get(&c, "k").await, &one, "CompleteMultipartUpload");
+        c.delete_object()
+            .bucket(BUCKET)
+            .key("k")
+            .send()
+            .await
+            .unwrap();
+        let gone = c
+            .get_object()
+            .bucket(BUCKET)
+            .key("k")
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(failure(gone).0, 404, "DeleteObject");
+        put(&c, "k", &two).await;
+        same_bytes(&get(&c, "k").await, &two, "GET");
+        c.delete_objects()
+            .bucket(BUCKET)
+            .delete(
+                aws_sdk_s3::types::Delete::builder()
+                    .objects(
+                        aws_sdk_s3::types::ObjectIdentifier::builder()
+                            .key("k")
+                            .build()
+                            .unwrap(),
+                    )
+                    .build()
+                    .unwrap(),
+            )
+            .send()
+            .await
+            .unwrap();
+        let gone = c
+            .get_object()
+            .bucket(BUCKET)
+            .key("k")
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(failure(gone).0, 404, "DeleteObjects");
+    });
+}
+
+#[test]
+fn a_change_behind_the_gateway_is_seen_under_always_and_after_the_ttl() {
+    let (up, _) = counted_upstream();
+    let always = Gateway::start(
+        &up.endpoint,
+        UPSTREAM_SECRET,
+        &["--cache-bytes", "67108864"],
+    );
+    let trusting = Gateway::start(
+        &up.endpoint,
+        UPSTREAM_SECRET,
+        &["--cache-bytes", "67108864", "--cache-validate", "ttl=2"],
+    );
+    runtime().block_on(async {
+        let (a, t) = (client(&always.endpoint), client(&trusting.endpoint));
+        let (one, two) = (pattern(50_000, 4), pattern(60_000, 5));
+        put(&a, "moved", &one).await;
+        same_bytes(&get(&a, "moved").await, &one, "GET");
+        same_bytes(&get(&t, "moved").await, &one, "GET");
+        behind(&up)
+            .put_object()
+            .bucket(BUCKET)
+            .key("moved")
+            .body(ByteStream::from(two.clone()))
+            .send()
+            .await
+            .unwrap();
+        same_bytes(
+            &get(&a, "moved").await,
+            &two,
+            "always: the store's ETag asked first",
+        );
+        same_bytes(
+            &get(&t, "moved").await,
+            &one,
+            "ttl: trusted until it expires",
+        );
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        same_bytes(
+            &get(&t, "moved").await,
+            &two,
+            "ttl: asked again once expired",
+        );
+    });
+}
+
+#[test]
+fn with_the_store_down_ttl_serves_what_it_holds_and_always_answers_503() {
+    let (mut up, _) = counted_upstream();
+    let always = Gateway::start(
+        &up.endpoint,
+        UPSTREAM_SECRET,
+        &["--cache-bytes", "67108864"],
+    );
+    let trusting = Gateway::start(
+        &up.endpoint,
+        UPSTREAM_SECRET,
+        &["--cache-bytes", "67108864", "--cache-validate", "ttl=3600"],
+    );
+    let data = pattern(200_000, 9);
+    runtime().block_on(async {
+        let (a, t) = (client(&always.endpoint), client(&trusting.endpoint));
+        put(&a, "kept", &data).await;
+        same_bytes(&get(&a, "kept").await, &data, "GET");
+        same_bytes(&get(&t, "kept").await, &data, "GET");
+    });
+    up.kill();
+    runtime().block_on(async {
+        let (a, t) = (client(&always.endpoint), client(&trusting.endpoint));
+        same_bytes(&get(&t, "kept").await, &data, "ttl: served from memory");
+        let started = Instant::now();
+        let down = a
+            .get_object()
+            .bucket(BUCKET)
+            .key("kept")
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(
+            failure(down).0,
+            503,
+            "always: the store cannot say the entry holds"
+        );
+        assert!(started.elapsed() < Duration::from_secs(30));
+    });
+}
+
+#[test]
+fn a_scan_of_objects_read_once_leaves_a_hot_object_cached() {
+    let (up, up_metrics) = counted_upstream();
+    // 8 MiB, objects up to 1 MiB: the scan below is four times that.
+    let gw = Gateway::start(
+        &up.endpoint,
+        UPSTREAM_SECRET,
+        &[
+            "--cache-bytes",
+            "8388608",
+            "--cache-max-object-bytes",
+            "1048576",
+            "--cache-validate",
+            "ttl=3600",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    runtime().block_on(async {
+        let c = client(&gw.endpoint);
+        let hot = pattern(1 << 20, 11);
+        put(&c, "model", &hot).await;
+        for _ in 0..3 {
+            same_bytes(&get(&c, "model").await, &hot, "GET");
+        }
+        let scan = pattern(1 << 20, 12);
+        for i in 0..32 {
+            put(&c, &format!("scan/{i}"), &scan).await;
+            same_bytes(&get(&c, &format!("scan/{i}")).await, &scan, "GET");
+        }
+        let before = upstream_gets(&up_metrics);
+        same_bytes(&get(&c, "model").await, &hot, "GET");
+        assert_eq!(
+            upstream_gets(&up_metrics),
+            before,
+            "the hot object still served from memory"
+        );
+    });
+    let text = gw.metrics();
+    assert!(
+        metric_in(&text, "hipobj_s3_cache_evictions_total", &[]) >= 20,
+        "{text}"
+    );
+}
+
+#[test]
+fn a_fill_whose_bytes_fail_the_store_s_checksum_is_not_kept() {
+    // A store whose bytes rotted: its answer's CRC64/NVME is that of other
+    // bytes of the same length.
+    let good = "abcdefgh".repeat(40_000);
+    let mut rotten = good.clone().into_bytes();
+    rotten[200_000] = b'z';
+    let rotten = String::from_utf8(rotten).unwrap();
+    let fake = Fake::answering(&format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nETag: \"0123456789abcdef\"\r\n\
+         Last-Modified: Thu, 01 Jan 2026 00:00:00 GMT\r\nx-amz-checksum-crc64nvme: {}\r\n\
+         x-amz-checksum-type: FULL_OBJECT\r\nConnection: close\r\n\r\n{rotten}",
+        rotten.len(),
+        crc64nvme(good.as_bytes())
+    ));
+    let gw = Gateway::start(
+        &fake.endpoint,
+        UPSTREAM_SECRET,
+        &["--cache-bytes", "67108864", "--cache-validate", "ttl=3600"],
+    );
+    runtime().block_on(async {
+        let c = client(&gw.endpoint);
+        for attempt in 0..2 {
+            let read = c.get_object().bucket(BUCKET).key("rot").send().await;
+            let got = match read {
+                Ok(out) => out.body.collect().await.map(|b| b.to_vec()),
+                Err(e) => panic!("GET rot: {e:?}"),
+            };
+            assert!(
+                got.is_err(),
+                "GET {attempt}: the rotten bytes were delivered whole: {:?}",
+                got.map(|b| b.len())
+            );
+        }
+    });
+    let gets = fake
+        .heads()
+        .iter()
+        .filter(|h| h.starts_with("GET "))
+        .count();
+    assert_eq!(gets, 2, "each GET asked the store: nothing was kept");
+}
+
+#[test]
+fn rdma_gets_through_the_cache_land_byte_exact_the_store_asked_once() {
+    use hipobj::s3::objects::{self, Object, Policy};
+    let (up, up_metrics) = counted_upstream();
+    let world = hipobj::testing::world::World::new();
+    let credentials = Credentials::new(UPSTREAM_KEY, UPSTREAM_SECRET, None, None, "test");
+    let gw = gateway::Gateway::upstream_signed(
+        &world,
+        &up.endpoint,
+        &["--cache-bytes", "67108864", "--cache-validate", "ttl=3600"],
+        credentials,
+    );
+    let data = pattern(5 << 20, 21);
+    runtime().block_on(async { put(&client(&gw.endpoint), "weights", &data).await });
+    let before = upstream_gets(&up_metrics);
+    let client = rdma_client(&world);
+    let s3 = gateway_s3(&gw);
+    let policy = Policy {
+        fallback: false,
+        verify: true,
+    };
+    for (round, range) in [(0, 0..data.len()), (1, 0..data.len()), (2, 4096..(3 << 20))] {
+        let len = range.end - range.start;
+        let mut buf = client.host_buffer(len).unwrap();
+        let got = objects::get(
+            &client,
+            Object::new(&s3, BUCKET, "weights"),
+            range.start as u64..range.end as u64,
+            &mut buf,
+            0,
+            policy,
+        )
+        .unwrap_or_else(|e| panic!("RDMA GET {round}: {e}"));
+        assert!(
+            matches!(got.path, objects::Path::Rdma(_)),
+            "GET {round} by RDMA: {:?}",
+            got.path
+        );
+        same_bytes(
+            &buf.as_slice().unwrap()[..len],
+            &data[range],
+            "an RDMA GET through the cache",
+        );
+    }
+    assert_eq!(
+        upstream_gets(&up_metrics) - before,
+        1,
+        "one GET reached the store"
+    );
 }

@@ -41,7 +41,8 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE]
                         [--upstream-region REGION] [--upstream-profile NAME]
                         [--upstream-path-style | --upstream-virtual-hosted-style]
                         [--upstream-timeout-ms N] [--upstream-multipart-bytes N]
-                        [--upstream-part-bytes N]
+                        [--upstream-part-bytes N] [--cache-bytes N]
+                        [--cache-max-object-bytes N] [--cache-validate always|ttl=SECONDS]
        hipobj-s3-server --help | --version
 
   --root DIR            where buckets and objects are stored (created if missing)
@@ -143,6 +144,17 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE]
   --upstream-part-bytes N
                         the part size of those uploads (default 16777216, 5242880 to
                         5368709120); larger where the object needs more than 10000 parts
+  --cache-bytes N       keep whole objects read through the gateway in N bytes of memory
+                        and serve them from there (default 0: no cache); concurrent reads of
+                        one object cost the store one GET; a write through the gateway drops
+                        the object at once
+  --cache-max-object-bytes N
+                        the largest object kept (default: a quarter of --cache-bytes)
+  --cache-validate always|ttl=SECONDS
+                        always (the default): ask the store for the object's ETag before
+                        each hit; ttl=N: trust an entry N seconds after it was filled or
+                        checked, HEADs answered from it too (a change made behind the
+                        gateway may be served stale that long; none made through it is)
 ";
 
 /// What a bad command line prints after its error, instead of [`USAGE`].
@@ -225,6 +237,9 @@ const OPTIONS: &[(&str, Kind)] = &[
     ("--upstream-timeout-ms", Kind::Value),
     ("--upstream-multipart-bytes", Kind::Value),
     ("--upstream-part-bytes", Kind::Value),
+    ("--cache-bytes", Kind::Value),
+    ("--cache-max-object-bytes", Kind::Value),
+    ("--cache-validate", Kind::Value),
 ];
 
 /// An access key requests may be signed with, and its secret key.
@@ -605,6 +620,13 @@ fn apply(g: &mut Given, args: &[String]) -> Result<Flow, String> {
                 g.upstream.multipart_bytes = Some(count(name, &value()?)?)
             }
             "--upstream-part-bytes" => g.upstream.part_bytes = Some(count(name, &value()?)?),
+            "--cache-bytes" => g.upstream.cache_bytes = Some(count(name, &value()?)?),
+            "--cache-max-object-bytes" => {
+                g.upstream.cache_max_object_bytes = Some(count(name, &value()?)?)
+            }
+            "--cache-validate" => {
+                g.upstream.cache_validate = Some(crate::gateway::cache::Validate::parse(&value()?)?)
+            }
             _ => return Err(format!("unknown argument {arg}")),
         }
     }
@@ -969,6 +991,9 @@ struct UpstreamArgs {
     timeout: Option<Duration>,
     multipart_bytes: Option<u64>,
     part_bytes: Option<u64>,
+    cache_bytes: Option<u64>,
+    cache_max_object_bytes: Option<u64>,
+    cache_validate: Option<crate::gateway::cache::Validate>,
 }
 
 impl UpstreamArgs {
@@ -999,6 +1024,12 @@ impl UpstreamArgs {
                 ("--upstream-timeout-ms", self.timeout.is_some()),
                 ("--upstream-multipart-bytes", self.multipart_bytes.is_some()),
                 ("--upstream-part-bytes", self.part_bytes.is_some()),
+                ("--cache-bytes", self.cache_bytes.is_some()),
+                (
+                    "--cache-max-object-bytes",
+                    self.cache_max_object_bytes.is_some(),
+                ),
+                ("--cache-validate", self.cache_validate.is_some()),
             ];
             return match given.iter().find(|(_, given)| *given) {
                 Some((name, _)) => Err(format!("{name} applies to --upstream only")),
@@ -1019,6 +1050,36 @@ impl UpstreamArgs {
                  {MAX_PART_BYTES} bytes"
             ));
         }
+        let cache = match self.cache_bytes.unwrap_or(0) {
+            0 => {
+                let given = [
+                    (
+                        "--cache-max-object-bytes",
+                        self.cache_max_object_bytes.is_some(),
+                    ),
+                    ("--cache-validate", self.cache_validate.is_some()),
+                ];
+                if let Some((name, _)) = given.iter().find(|(_, given)| *given) {
+                    return Err(format!("{name} applies to a cache: give --cache-bytes too"));
+                }
+                None
+            }
+            bytes => {
+                let max_object_bytes = self.cache_max_object_bytes.unwrap_or((bytes / 4).max(1));
+                if max_object_bytes == 0 || max_object_bytes > bytes {
+                    return Err(format!(
+                        "--cache-max-object-bytes {max_object_bytes}: 1 to --cache-bytes ({bytes})"
+                    ));
+                }
+                Some(crate::gateway::cache::Settings {
+                    bytes,
+                    max_object_bytes,
+                    validate: self
+                        .cache_validate
+                        .unwrap_or(crate::gateway::cache::Validate::Always),
+                })
+            }
+        };
         Ok(Some(Settings {
             endpoint,
             region: self.region.unwrap_or_else(|| region.to_owned()),
@@ -1027,6 +1088,7 @@ impl UpstreamArgs {
             timeout: self.timeout.unwrap_or(DEFAULT_TIMEOUT),
             multipart_bytes,
             part_bytes,
+            cache,
         }))
     }
 }

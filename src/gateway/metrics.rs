@@ -21,6 +21,13 @@
 //! | `hipobj_s3_rdma_budget_waiting`, `hipobj_s3_rdma_budget_waits_total` | | RDMA transfers waiting their turn for room in the memory budget now, and those that have waited ([`Rdma::budget_waits`]) |
 //! | `hipobj_s3_rdma_memory_limit_bytes`, `hipobj_s3_rdma_requests_limit` | | `--rdma-memory-bytes` and `--rdma-max-requests` (0 with RDMA off) |
 //! | `hipobj_s3_upstream_request_duration_seconds` | `op`, `outcome` | requests to the store behind the server ([`upstream_observed`]) |
+//! | `hipobj_s3_cache_requests_total` | `outcome` | GETs and HEADs the cache saw (`--cache-bytes`): `hit`, `miss`, `head_hit` (a HEAD answered from a fresh entry under `ttl`), `bypass` (a GET it does not answer: a version, a part, conditions, overridden headers), `too_large` (an object not kept), `corrupt` (a fill whose bytes failed the store's checksum) |
+//! | `hipobj_s3_cache_bytes_total` | `source` | object bytes sent to clients from the cache's memory (`cache`: hits, and readers of a fill), and read from the store into it (`upstream`) |
+//! | `hipobj_s3_cache_coalesced_readers_total` | | GETs that joined a fill in progress instead of asking the store |
+//! | `hipobj_s3_cache_fills_in_progress` | | whole-object GETs to the store whose bytes are being kept |
+//! | `hipobj_s3_cache_evictions_total`, `hipobj_s3_cache_invalidations_total` | | entries evicted for room; dropped by a write through the gateway |
+//! | `hipobj_s3_cache_validations_total` | `outcome` | entries asked the store about: `same`, `changed`, `gone`, `failed` |
+//! | `hipobj_s3_cache_in_use_bytes`, `hipobj_s3_cache_limit_bytes` | | the bytes of the entries and fills in progress; `--cache-bytes` |
 //! | `hipobj_s3_build_info` | `version` | 1 |
 //!
 //! `path` is `rdma` (the payload went by RDMA: `x-amz-rdma-reply` 200 or
@@ -83,6 +90,68 @@ pub fn upstream_observed(op: &str, seconds: f64, outcome: &str) {
 /// the client before the last are fetched).
 pub fn rdma_first_byte(seconds: f64) {
     METRICS.rdma_first_byte.observe(seconds);
+}
+
+/// A GET or HEAD the cache saw, by outcome (`hit`, `miss`, `head_hit`,
+/// `bypass`, `too_large`, `corrupt`).
+pub fn cache_request(outcome: &'static str) {
+    METRICS
+        .cache_requests
+        .get_or_create(&OutcomeLabels { outcome })
+        .inc();
+}
+
+/// An entry asked the store about, by outcome (`same`, `changed`, `gone`,
+/// `failed`).
+pub fn cache_validated(outcome: &'static str) {
+    METRICS
+        .cache_validations
+        .get_or_create(&OutcomeLabels { outcome })
+        .inc();
+}
+
+/// A GET joined a fill in progress.
+pub fn cache_coalesced() {
+    METRICS.cache_coalesced.inc();
+}
+
+/// An entry was evicted for room.
+pub fn cache_evicted() {
+    METRICS.cache_evictions.inc();
+}
+
+/// An entry was dropped by a write through the gateway.
+pub fn cache_invalidated() {
+    METRICS.cache_invalidations.inc();
+}
+
+/// A fill began (`1`) or ended (`-1`).
+pub fn cache_fills(delta: i64) {
+    METRICS.cache_fills.inc_by(delta);
+}
+
+/// `bytes` read from the store into a fill.
+pub fn cache_filled(bytes: u64) {
+    cache_bytes("upstream", bytes);
+}
+
+/// `bytes` sent to a client from the cache's memory.
+pub fn cache_served(bytes: u64) {
+    cache_bytes("cache", bytes);
+}
+
+fn cache_bytes(source: &'static str, bytes: u64) {
+    METRICS
+        .cache_bytes
+        .get_or_create(&SourceLabels { source })
+        .inc_by(bytes);
+}
+
+/// The bytes the cache holds now, and its limit (`--cache-bytes`).
+pub fn cache_in_use(bytes: u64, limit: u64) {
+    let m = &*METRICS;
+    m.cache_in_use.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    m.cache_limit.set(i64::try_from(limit).unwrap_or(i64::MAX));
 }
 
 /// The RDMA limits the gauges in use are measured against
@@ -476,6 +545,16 @@ struct RefusalLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabels {
+    source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct UpstreamLabels {
     op: String,
     outcome: String,
@@ -505,6 +584,15 @@ struct Metrics {
     rdma_budget_waits: Counter,
     /// The budget's count of waits when last rendered.
     rdma_budget_waits_seen: std::sync::atomic::AtomicU64,
+    cache_requests: Family<OutcomeLabels, Counter>,
+    cache_validations: Family<OutcomeLabels, Counter>,
+    cache_bytes: Family<SourceLabels, Counter>,
+    cache_coalesced: Counter,
+    cache_evictions: Counter,
+    cache_invalidations: Counter,
+    cache_fills: Gauge,
+    cache_in_use: Gauge,
+    cache_limit: Gauge,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -528,6 +616,15 @@ impl Metrics {
             rdma_budget_waiting: Gauge::default(),
             rdma_budget_waits: Counter::default(),
             rdma_budget_waits_seen: std::sync::atomic::AtomicU64::new(0),
+            cache_requests: Family::default(),
+            cache_validations: Family::default(),
+            cache_bytes: Family::default(),
+            cache_coalesced: Counter::default(),
+            cache_evictions: Counter::default(),
+            cache_invalidations: Counter::default(),
+            cache_fills: Gauge::default(),
+            cache_in_use: Gauge::default(),
+            cache_limit: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -605,6 +702,53 @@ impl Metrics {
             "rdma_budget_waits",
             "RDMA transfers that had to wait for room in the memory budget",
             m.rdma_budget_waits.clone(),
+        );
+        registry.register(
+            "cache_requests",
+            "GETs and HEADs the cache saw, by outcome (hit, miss, head_hit, bypass, too_large, corrupt)",
+            m.cache_requests.clone(),
+        );
+        registry.register(
+            "cache_validations",
+            "Cache entries asked the store about, by outcome (same, changed, gone, failed)",
+            m.cache_validations.clone(),
+        );
+        registry.register(
+            "cache_bytes",
+            "Object bytes sent from the cache's memory (cache) and read from the store into it (upstream)",
+            m.cache_bytes.clone(),
+        );
+        registry.register(
+            "cache_coalesced_readers",
+            "GETs that joined a fill in progress instead of asking the store",
+            m.cache_coalesced.clone(),
+        );
+        registry.register(
+            "cache_evictions",
+            "Cache entries evicted for room",
+            m.cache_evictions.clone(),
+        );
+        registry.register(
+            "cache_invalidations",
+            "Cache entries dropped by a write through the gateway",
+            m.cache_invalidations.clone(),
+        );
+        registry.register(
+            "cache_fills_in_progress",
+            "Whole-object GETs to the store whose bytes are being kept",
+            m.cache_fills.clone(),
+        );
+        registry.register_with_unit(
+            "cache_in_use",
+            "The bytes of the cache's entries and of its fills in progress",
+            prometheus_client::registry::Unit::Bytes,
+            m.cache_in_use.clone(),
+        );
+        registry.register_with_unit(
+            "cache_limit",
+            "The bytes the cache may hold (--cache-bytes)",
+            prometheus_client::registry::Unit::Bytes,
+            m.cache_limit.clone(),
         );
         registry.register(
             "build",

@@ -43,6 +43,7 @@
 //! every request, plain S3 included.
 
 pub mod backend;
+pub mod cache;
 pub mod cli;
 pub mod local;
 pub mod metrics;
@@ -460,7 +461,10 @@ async fn serve(
     status: String,
 ) -> Result<(), String> {
     let backend: Arc<dyn backend::Backend> = match (&options.upstream, &options.root) {
-        (Some(settings), _) => Arc::new(upstream::Upstream::connect(settings).await?),
+        (Some(settings), _) => cache::Cached::over(
+            Arc::new(upstream::Upstream::connect(settings).await?),
+            settings.cache.as_ref(),
+        ),
         (None, Some(root)) => Arc::new(local::Local::open(root)?),
         (None, None) => return Err("--root or --upstream is required".into()),
     };

@@ -120,6 +120,9 @@ pub struct Settings {
     pub multipart_bytes: u64,
     /// `--upstream-part-bytes`.
     pub part_bytes: u64,
+    /// `--cache-bytes` and its options: the read-through cache in front
+    /// of the store ([`super::cache`]), if on.
+    pub cache: Option<super::cache::Settings>,
 }
 
 /// Buckets and objects of another S3 store.

@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_s3::config::Credentials;
 use hipobj::gateway::backend::Backend;
+use hipobj::gateway::cache::Cached;
 use hipobj::gateway::local::Local;
 use hipobj::gateway::rdma::Rdma;
 use hipobj::gateway::s3::RdmaS3;
@@ -135,17 +136,20 @@ impl Gateway {
             .unwrap();
         let backend: Arc<dyn Backend> = match (backing, &options.upstream, &root) {
             (Backing::Given(given), _, _) => given,
-            (Backing::Options(credentials), Some(settings), _) => Arc::new(
-                runtime
-                    .block_on(async {
-                        match credentials {
-                            Some(credentials) => {
-                                Upstream::connect_with(settings, credentials).await
+            (Backing::Options(credentials), Some(settings), _) => Cached::over(
+                Arc::new(
+                    runtime
+                        .block_on(async {
+                            match credentials {
+                                Some(credentials) => {
+                                    Upstream::connect_with(settings, credentials).await
+                                }
+                                None => Upstream::connect(settings).await,
                             }
-                            None => Upstream::connect(settings).await,
-                        }
-                    })
-                    .expect("the upstream's client"),
+                        })
+                        .expect("the upstream's client"),
+                ),
+                settings.cache.as_ref(),
             ),
             (Backing::Options(_), None, Some(root)) => Arc::new(Local::open(root).unwrap()),
             (Backing::Options(_), None, None) => unreachable!("a root or an upstream"),
