@@ -145,7 +145,7 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE]
                         the part size of those uploads (default 16777216, 5242880 to
                         5368709120); larger where the object needs more than 10000 parts
   --cache-bytes N       keep whole objects read through the gateway in N bytes of memory
-                        and serve them from there (default 0: no cache); concurrent reads of
+                        and serve them from there (default: no cache); concurrent reads of
                         one object cost the store one GET; a write through the gateway drops
                         the object at once
   --cache-max-object-bytes N
@@ -1461,6 +1461,62 @@ pub(crate) mod tests {
         list.splice(0..2, ["--upstream", "https://s3.example.com:8443/"]);
         let o = parse(&args(&list)).unwrap().unwrap();
         assert_eq!(o.upstream.unwrap().endpoint, "https://s3.example.com:8443");
+    }
+
+    #[test]
+    fn cache_options_are_read_checked_and_need_an_upstream() {
+        use crate::gateway::cache::Validate;
+        let u = with_upstream(&[]).unwrap().upstream.unwrap();
+        assert_eq!(u.cache, None, "no cache by default");
+        let u = with_upstream(&["--cache-bytes", "1000"])
+            .unwrap()
+            .upstream
+            .unwrap();
+        let cache = u.cache.expect("a cache");
+        assert_eq!((cache.bytes, cache.max_object_bytes), (1000, 250));
+        assert_eq!(cache.validate, Validate::Always);
+        let u = with_upstream(&[
+            "--cache-bytes=1000",
+            "--cache-max-object-bytes",
+            "1000",
+            "--cache-validate",
+            "ttl=90",
+        ])
+        .unwrap()
+        .upstream
+        .unwrap();
+        let cache = u.cache.unwrap();
+        assert_eq!(cache.max_object_bytes, 1000);
+        assert_eq!(cache.validate, Validate::Ttl(Duration::from_secs(90)));
+        for (bad, says) in [
+            (
+                &["--cache-validate", "sometimes"][..],
+                "expected always or ttl=SECONDS",
+            ),
+            (
+                &["--cache-validate", "ttl=-1"][..],
+                "expected always or ttl=SECONDS",
+            ),
+            (
+                &["--cache-max-object-bytes", "10"][..],
+                "give --cache-bytes too",
+            ),
+            (&["--cache-bytes", "0"][..], "at least 1"),
+            (
+                &["--cache-bytes", "10", "--cache-max-object-bytes", "11"][..],
+                "1 to --cache-bytes (10)",
+            ),
+        ] {
+            let e = with_upstream(bad).unwrap_err();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+        let mut stray = required();
+        stray.extend(["--cache-bytes", "1000"]);
+        let e = parse(&args(&stray)).unwrap_err();
+        assert!(
+            e.contains("--cache-bytes applies to --upstream only"),
+            "{e}"
+        );
     }
 
     #[test]
