@@ -149,7 +149,7 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE]
                         one object cost the store one GET; a write through the gateway drops
                         the object at once
   --cache-max-object-bytes N
-                        the largest object kept (default: a quarter of --cache-bytes)
+                        the largest object kept (default: a quarter of the cache)
   --cache-validate always|ttl=SECONDS
                         always (the default): ask the store for the object's ETag before
                         each hit; ttl=N: trust an entry N seconds after it was filled or
