@@ -18,6 +18,12 @@
 //! byte plus the time the upstream takes to send one chunk (the bound: the
 //! first byte at most one upstream chunk later).
 //!
+//! The same objects by RDMA GETs through a second gateway with the cache
+//! on (`--cache-bytes`, `ttl`: each GET after the first served from its
+//! memory), and through a third over a local directory holding a copy
+//! (`--root`): what a hit costs against the local backend's RDMA GET, and
+//! against the store's own HTTP.
+//!
 //! Output: one `name value unit` line per figure on stdout.
 
 #[path = "../tests/common/gateway.rs"]
@@ -123,6 +129,35 @@ fn main() {
         s3server::ACCESS_KEY,
         s3server::SECRET_KEY,
     );
+    // The cache: room for the 256 MiB object, trusted (each GET after the
+    // first a hit that asks the store nothing).
+    let cached = gateway::Gateway::upstream(
+        &world,
+        &endpoint,
+        &[
+            "--upstream-region",
+            &region,
+            "--cache-bytes",
+            "1073741824",
+            "--cache-max-object-bytes",
+            "536870912",
+            "--cache-validate",
+            "ttl=3600",
+        ],
+    );
+    let via_cache = s3(
+        &cached.endpoint,
+        "us-east-1",
+        s3server::ACCESS_KEY,
+        s3server::SECRET_KEY,
+    );
+    let local = gateway::Gateway::start(&world);
+    let via_local = s3(
+        &local.endpoint,
+        "us-east-1",
+        s3server::ACCESS_KEY,
+        s3server::SECRET_KEY,
+    );
     let client = Client::builder()
         .platform(world.platform())
         .gpu(GpuSelect::None)
@@ -139,6 +174,12 @@ fn main() {
         let data: Vec<u8> = (0..len).map(|i| (i % 251).to_le_bytes()[0]).collect();
         objects::put_http(Object::new(&store, &bucket, &key), &data, false)
             .expect("PUT to the store");
+        objects::put_http(
+            Object::new(&via_local, s3server::BUCKET, &key),
+            &data,
+            false,
+        )
+        .expect("PUT to the local gateway");
         let mut buf = client.register_host(vec![0u8; len]).unwrap();
         let mut plain = vec![0u8; len];
         // One of each first, untimed: connections made, caches warm.
@@ -149,6 +190,33 @@ fn main() {
             .expect("GET through the gateway");
         assert!(matches!(moved.path, Via::Rdma(_)), "{moved:?}");
         assert!(buf.as_slice().unwrap() == data, "the gateway's bytes");
+        // The cache's miss, and the local gateway's first GET, untimed.
+        let rdma_get = |s3: &S3, bucket: &str, buf: &mut hipobj::client::Buffer| {
+            let start = Instant::now();
+            let moved = objects::get(
+                &client,
+                Object::new(s3, bucket, &key),
+                0..len as u64,
+                buf,
+                0,
+                RDMA_ONLY,
+            )
+            .expect("an RDMA GET");
+            assert!(matches!(moved.path, Via::Rdma(_)), "{moved:?}");
+            start.elapsed().as_secs_f64()
+        };
+        for (s3, bucket) in [
+            (&via_cache, bucket.as_str()),
+            (&via_local, s3server::BUCKET),
+        ] {
+            buf.as_mut_slice().unwrap().fill(0);
+            rdma_get(s3, bucket, &mut buf);
+            assert!(
+                buf.as_slice().unwrap() == data,
+                "the cache's and the local gateway's bytes"
+            );
+        }
+        let (mut hits, mut locals) = (Vec::new(), Vec::new());
 
         let (mut up_first, mut up_total, mut gw_first, mut gw_total) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -171,7 +239,10 @@ fn main() {
                 assert_eq!(after.1, before.1 + 1, "one first byte recorded");
                 gw_first.push(after.0 - before.0);
             }
+            hits.push(rdma_get(&via_cache, &bucket, &mut buf));
+            locals.push(rdma_get(&via_local, s3server::BUCKET, &mut buf));
         }
+        assert!(buf.as_slice().unwrap() == data, "the last GET's bytes");
         let (uf, ut, gf, gt) = (
             median(up_first),
             median(up_total),
@@ -195,6 +266,20 @@ fn main() {
         println!(
             "gateway_get_{mib}MiB_first_byte_bound {:.2} ms",
             (uf + chunk_s) * 1e3
+        );
+        let (hit, local_get) = (median(hits), median(locals));
+        println!("gateway_get_{mib}MiB_rdma_cached {:.1} MiB/s", rate(hit));
+        println!(
+            "gateway_get_{mib}MiB_rdma_local {:.1} MiB/s",
+            rate(local_get)
+        );
+        println!(
+            "gateway_get_{mib}MiB_cached_vs_local {:.3} x",
+            local_get / hit
+        );
+        println!(
+            "gateway_get_{mib}MiB_cached_vs_upstream_http {:.3} x",
+            ut / hit
         );
         let _ = store.send(&Request::new("DELETE", &bucket, Some(&key)));
     }
