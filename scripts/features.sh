@@ -33,3 +33,13 @@ for package in meta["packages"]:
         if "test" in target["kind"] and target["name"] not in lanes:
             print("--test=" + target["name"])' "${lane_tests[@]}"
 }
+
+# The S3 server and the command (target/debug/hipobj-s3-server,
+# target/debug/hipobj) as the suite's test build makes them: through a test
+# target, whose build includes the dev-dependencies' features. A `cargo
+# build` of the binary alone unifies the features without them, and
+# compiled the AWS SDK's crates and everything above them again (about 4
+# minutes of a fresh run).
+build_test_server() {
+    cargo test --locked --features "$test_features" --test s3_server --no-run
+}

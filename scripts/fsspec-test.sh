@@ -23,7 +23,7 @@ rm -rf "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet "./python[fsspec]" pandas pyarrow pytest
 source scripts/features.sh
-cargo build --locked --features "$test_features" --bin hipobj-s3-server
+build_test_server
 cargo build --locked --release --lib
 cargo build --locked --profile fake --features fake-library --lib
 cd "$root/python/tests"

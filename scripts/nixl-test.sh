@@ -18,7 +18,7 @@ target="${CARGO_TARGET_DIR:-target}"
 case "$target" in /*) ;; *) target="$root/$target" ;; esac
 
 source scripts/features.sh
-cargo build --locked --features "$test_features" --bin hipobj-s3-server
+build_test_server
 
 venv="$target/nixl-venv"
 python=${PYTHON:-python3}

@@ -35,10 +35,11 @@ if [[ ! -f "$site/runai_model_streamer/libstreamer/lib/libstreamers3.so" ]]; the
         runai-model-streamer==0.17.1 runai-model-streamer-s3==0.17.1
 fi
 cargo build --locked --release -p hipobj-streamers3
-cargo build --locked --features "$test_features" --bin hipobj-s3-server
-# The test build with the suite's features, for the whole workspace: the
-# library as the suite's other debug builds have it, nothing compiled again.
-cargo build --locked --workspace --features "$workspace_features"
+build_test_server
+# The test build with the suite's features, for the whole workspace, with
+# its test targets (so that the dependencies' features are the suite's:
+# nothing compiled again).
+cargo build --locked --workspace --features "$workspace_features" --lib --tests
 library="$target/release/libstreamers3.so"
 # The file exports the twelve functions and nothing else, under its SONAME.
 exports=$(nm -D --defined-only "$library" | awk '{print $3}' | sort | tr '\n' ' ')

@@ -20,7 +20,7 @@ python=${PYTHON:-python3}
 # shellcheck source=scripts/features.sh
 source scripts/features.sh
 # The suite's own feature set: CI's debug build is reused, not redone.
-cargo build --locked --features "$test_features" --bin hipobj-s3-server
+build_test_server
 # The release library (the suite's release section built it): no debug
 # cdylib of the suite's features to link here.
 cargo build --locked --release --lib
