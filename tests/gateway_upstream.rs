@@ -1924,6 +1924,18 @@ fn same_bytes(got: &[u8], want: &[u8], what: &str) {
     }
 }
 
+/// Panics unless a GET of `key` answers 404.
+async fn assert_gone(client: &aws_sdk_s3::Client, key: &str, what: &str) {
+    let gone = client
+        .get_object()
+        .bucket(BUCKET)
+        .key(key)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(failure(gone).0, 404, "{what}");
+}
+
 /// The upstream with its metrics on: (the server, its metrics URL).
 fn counted_upstream() -> (S3Server, String) {
     let up = S3Server::start(
@@ -2222,14 +2234,7 @@ fn a_write_through_the_gateway_is_never_served_stale() {
             .send()
             .await
             .unwrap();
-        let gone = c
-            .get_object()
-            .bucket(BUCKET)
-            .key("k")
-            .send()
-            .await
-            .unwrap_err();
-        assert_eq!(failure(gone).0, 404, "DeleteObject");
+        assert_gone(&c, "k", "DeleteObject").await;
         put(&c, "k", &two).await;
         same_bytes(&get(&c, "k").await, &two, "GET");
         c.delete_objects()
@@ -2248,14 +2253,7 @@ fn a_write_through_the_gateway_is_never_served_stale() {
             .send()
             .await
             .unwrap();
-        let gone = c
-            .get_object()
-            .bucket(BUCKET)
-            .key("k")
-            .send()
-            .await
-            .unwrap_err();
-        assert_eq!(failure(gone).0, 404, "DeleteObjects");
+        assert_gone(&c, "k", "DeleteObjects").await;
     });
 }
 

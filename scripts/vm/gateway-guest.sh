@@ -8,18 +8,23 @@
 #      a multipart PUT, all with --no-fallback (RDMA or an error), checked
 #      byte for byte, and the objects read back from Garage itself over
 #      HTTP (what the gateways stored is in the cluster).
-#   2. haproxy in front of both; GETs and PUTs of a larger object go on
-#      through it while one gateway is killed (SIGKILL): every command ends
-#      within its bound (none hangs) and either succeeds byte for byte or
-#      fails with an error; what Garage holds under a PUT's key is never a
-#      part: the whole object or nothing. Then GETs through haproxy go on
-#      on the gateway that is left.
+#   2. haproxy in front of both (HTTP, `balance uri`, `hash-type
+#      consistent`: each object has one gateway), both with the cache on
+#      (--cache-bytes): GETs of one object through haproxy are served by
+#      one gateway, which read it from Garage once. GETs and PUTs of a
+#      larger object go on through it while one gateway is killed
+#      (SIGKILL): every command ends within its bound (none hangs) and
+#      either succeeds byte for byte or fails with an error; what Garage
+#      holds under a PUT's key is never a part: the whole object or
+#      nothing. Then GETs through haproxy go on on the gateway that is
+#      left, its keys moved to it.
 #
 #   3. With BENCH_MIB (a list of sizes), the benchmark: RDMA GETs through
-#      gateway 1 against plain HTTP GETs (curl) straight from the Garage
-#      node behind it, the same object for both, taken in turn; throughput
-#      and time to first byte (docs/performance.md, "The gateway in front
-#      of Garage").
+#      gateway 2 (no cache) and hits of gateway 3 (the cache on, trusted)
+#      against plain HTTP GETs (curl) straight from the Garage node behind
+#      them, the same object for all, taken in turn; throughput and time
+#      to first byte (docs/performance.md, "The gateway in front of
+#      Garage").
 #
 #   gateway-guest.sh SERVER_BINARY HIPOBJ_BINARY [MIB [BENCH_MIB...]]
 #
@@ -52,13 +57,14 @@ garage_secret="$AWS_SECRET_ACCESS_KEY"
 bucket="$HIPOBJ_GARAGE_BUCKET"
 read -r -a garage_endpoints <<<"$HIPOBJ_GARAGE_ENDPOINTS"
 
-# Starts a gateway on rxe0 in front of Garage's endpoint $1, on port $2.
+# Starts a gateway on rxe0 in front of Garage's endpoint $1, on port $2
+# (its metrics on port $2 + 100), with more options after.
 start_gateway() {
     local n=${#pids[@]}
     "$server_bin" --upstream "$1" --upstream-region "$HIPOBJ_GARAGE_REGION" \
         --listen "192.0.2.1:$2" --device rxe0 \
         --access-key "$client_key" --secret-key "$client_secret" \
-        --upstream-timeout-ms 60000 --metrics-listen "192.0.2.1:$(($2 + 100))" \
+        --upstream-timeout-ms 60000 --metrics-listen "192.0.2.1:$(($2 + 100))" "${@:3}" \
         >"$work/gateway$n.out" 2>"$work/gateway$n.log" &
     pids+=($!)
     local deadline=$((SECONDS + 60))
@@ -89,8 +95,15 @@ direct() {
 
 a=http://192.0.2.1:9101
 b=http://192.0.2.1:9102
-start_gateway "${garage_endpoints[0]}" 9101
-start_gateway "${garage_endpoints[1]}" 9102
+# A metric's sum over its series (their labels containing $3) at the
+# gateway whose metrics are on port $1.
+metric() {
+    curl -sS "http://192.0.2.1:$1/metrics" | awk -v name="$2" -v labels="${3:-}" '
+        index($1, name) == 1 && (substr($1, length(name) + 1, 1) == "{" || length($1) == length(name)) && index($0, labels) { s += $NF }
+        END { printf "%d\n", s }'
+}
+start_gateway "${garage_endpoints[0]}" 9101 --cache-bytes 268435456
+start_gateway "${garage_endpoints[1]}" 9102 --cache-bytes 268435456
 
 echo "== 1. by RDMA through the gateways, into Garage and back"
 head -c $((mib << 20)) /dev/urandom >"$work/data"
@@ -113,10 +126,10 @@ direct get "s3://$bucket/gw/data" "$work/stored"
 cmp "$work/data" "$work/stored" || fail "the object in Garage differs"
 echo "   Garage holds both, byte-exact"
 
-echo "== 2. haproxy in front of both gateways; gateway 0 killed mid-run"
+echo "== 2. haproxy in front of both gateways (each object has one: balance uri, hash-type consistent); gateway 0 killed mid-run"
 cat >"$work/haproxy.cfg" <<EOF
 defaults
-    mode tcp
+    mode http
     timeout connect 5s
     timeout client 300s
     timeout server 300s
@@ -124,7 +137,8 @@ frontend s3
     bind 192.0.2.1:9100
     default_backend gateways
 backend gateways
-    balance roundrobin
+    balance uri
+    hash-type consistent
     server g0 192.0.2.1:9101 check inter 500ms fall 1 rise 2
     server g1 192.0.2.1:9102 check inter 500ms fall 1 rise 2
 EOF
@@ -134,6 +148,18 @@ sleep 1
 lb=http://192.0.2.1:9100
 head -c $((mib << 20)) /dev/urandom >"$work/big"
 via "$lb" put "$work/big" "s3://$bucket/gw/big" --no-fallback
+# One object, four GETs through haproxy: one gateway serves them all, and
+# reads the object from Garage once.
+before=$(($(metric 9201 hipobj_s3_cache_bytes_total 'source="upstream"') + $(metric 9202 hipobj_s3_cache_bytes_total 'source="upstream"')))
+for i in 1 2 3 4; do
+    via "$lb" get "s3://$bucket/gw/big" "$work/hot$i" --no-fallback >/dev/null
+    cmp "$work/big" "$work/hot$i" || fail "GET $i of the hot object: bytes differ"
+done
+after=$(($(metric 9201 hipobj_s3_cache_bytes_total 'source="upstream"') + $(metric 9202 hipobj_s3_cache_bytes_total 'source="upstream"')))
+hits=$(($(metric 9201 hipobj_s3_cache_requests_total 'outcome="hit"') + $(metric 9202 hipobj_s3_cache_requests_total 'outcome="hit"')))
+((after - before == mib << 20)) || fail "four GETs of one object read $((after - before)) bytes from Garage, not its $((mib << 20)) once"
+((hits >= 3)) || fail "four GETs of one object: $hits cache hits"
+echo "   four GETs of one object through haproxy: Garage read it once ($((after - before)) bytes), $hits hits"
 # Three GETs and three PUTs at once, each bounded; gateway 0 dies under
 # them.
 jobs=3
@@ -195,7 +221,11 @@ echo "   GETs through haproxy go on on gateway 1"
 echo "== gateway checks passed"
 ((${#bench[@]})) || exit 0
 
-echo "== 3. the benchmark: RDMA GETs through gateway 1 against Garage's own HTTP GETs from node 1"
+echo "== 3. the benchmark: RDMA GETs through gateway 2 (no cache) and hits of gateway 3 (cached) against Garage's own HTTP GETs from node 1"
+start_gateway "${garage_endpoints[1]}" 9103
+start_gateway "${garage_endpoints[1]}" 9104 --cache-bytes 1073741824 --cache-max-object-bytes 536870912 --cache-validate ttl=3600
+c=http://192.0.2.1:9103
+cached=http://192.0.2.1:9104
 # The gateway's time to first byte is its own histogram's
 # (hipobj_s3_rdma_get_first_byte_seconds: from the request's arrival to its
 # first RDMA WRITE), read before and after each GET; Garage's is curl's
@@ -206,25 +236,37 @@ echo "== 3. the benchmark: RDMA GETs through gateway 1 against Garage's own HTTP
 # checksum anyway). The median of each.
 node1="${garage_endpoints[1]}"
 first_byte() {
-    curl -sS "http://192.0.2.1:9202/metrics" | awk '
+    curl -sS "http://192.0.2.1:9203/metrics" | awk '
         $1 == "hipobj_s3_rdma_get_first_byte_seconds_sum" { s = $2 }
         $1 == "hipobj_s3_rdma_get_first_byte_seconds_count" { c = $2 }
         END { print s + 0, c + 0 }'
 }
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# One RDMA GET of $2 through the gateway at $1 by the command, its rate
+# (MiB/s) on stdout.
+rdma_rate() {
+    local out
+    out=$(via "$1" get "s3://$bucket/$2" "$work/bench.rdma" --no-fallback --no-verify \
+        --chunk "${size}MiB" --streams 1 --json) || fail "RDMA GET of $2 through $1: $out"
+    cmp -s "$work/bench" "$work/bench.rdma" || fail "RDMA GET of $2 through $1: bytes differ"
+    python3 -c 'import json, sys; s = json.load(sys.stdin); print(s["mib_per_s"])' <<<"$out"
+}
 for size in "${bench[@]}"; do
     key="gw/bench-$size"
     head -c $((size << 20)) /dev/urandom >"$work/bench"
-    via "$b" put "$work/bench" "s3://$bucket/$key" --no-fallback --no-verify >/dev/null
+    via "$c" put "$work/bench" "s3://$bucket/$key" --no-fallback --no-verify >/dev/null
+    # The cache's miss, untimed: every GET after it is a hit.
+    rdma_rate "$cached" "$key" >/dev/null
     rounds=$((64 / size))
     ((rounds >= 1)) || rounds=1
-    up_rate=() up_first=() gw_rate=() gw_first=()
+    up_rate=() up_first=() gw_rate=() gw_first=() hit_rate=()
     # The first size's round 0 warms both up (connections, caches) and is
     # not counted.
     [[ "$size" == "${bench[0]}" ]] && first_round=0 || first_round=1
     for ((round = first_round; round <= rounds; round++)); do
-        for turn in 0 1; do
-            if (((round + turn) % 2 == 0)); then
+        for turn in 0 1 2; do
+            case $(((round + turn) % 3)) in
+            0)
                 out=$(curl -sS --fail-with-body --aws-sigv4 "aws:amz:$HIPOBJ_GARAGE_REGION:s3" \
                     --user "$garage_key:$garage_secret" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" \
                     -o "$work/bench.http" -w '%{time_starttransfer} %{time_total}' "$node1/$bucket/$key") ||
@@ -234,23 +276,28 @@ for size in "${bench[@]}"; do
                 read -r first total <<<"$out"
                 up_first+=("$first")
                 up_rate+=("$(awk -v m="$size" -v t="$total" 'BEGIN { print m / t }')")
-            else
+                ;;
+            1)
                 read -r sum0 count0 < <(first_byte)
-                out=$(via "$b" get "s3://$bucket/$key" "$work/bench.rdma" --no-fallback --no-verify \
-                    --chunk "${size}MiB" --streams 1 --json) || fail "RDMA GET of $key through gateway 1: $out"
+                rate=$(rdma_rate "$c" "$key")
                 read -r sum1 count1 < <(first_byte)
-                cmp -s "$work/bench" "$work/bench.rdma" || fail "RDMA GET of $key: bytes differ"
-                ((count1 == count0 + 1)) || fail "gateway 1 recorded $((count1 - count0)) first bytes for one GET"
+                ((count1 == count0 + 1)) || fail "gateway 2 recorded $((count1 - count0)) first bytes for one GET"
                 ((round == 0)) && continue
                 gw_first+=("$(awk -v a="$sum0" -v b="$sum1" 'BEGIN { print b - a }')")
-                gw_rate+=("$(python3 -c 'import json, sys; s = json.load(sys.stdin); print(s["mib_per_s"])' <<<"$out")")
-            fi
+                gw_rate+=("$rate")
+                ;;
+            2)
+                rate=$(rdma_rate "$cached" "$key")
+                ((round == 0)) && continue
+                hit_rate+=("$rate")
+                ;;
+            esac
         done
     done
-    up=$(median "${up_rate[@]}") gw=$(median "${gw_rate[@]}")
+    up=$(median "${up_rate[@]}") gw=$(median "${gw_rate[@]}") hit=$(median "${hit_rate[@]}")
     uf=$(median "${up_first[@]}") gf=$(median "${gw_first[@]}")
-    awk -v size="$size" -v n="$rounds" -v up="$up" -v gw="$gw" -v uf="$uf" -v gf="$gf" -v chunk=8 'BEGIN {
-        printf "   %d MiB x%d: Garage %.1f MiB/s, gateway by RDMA %.1f MiB/s, ratio %.3f\n", size, n, up, gw, gw / up
+    awk -v size="$size" -v n="$rounds" -v up="$up" -v gw="$gw" -v hit="$hit" -v uf="$uf" -v gf="$gf" -v chunk=8 'BEGIN {
+        printf "   %d MiB x%d: Garage %.1f MiB/s, gateway by RDMA %.1f MiB/s, ratio %.3f; cached hits by RDMA %.1f MiB/s, %.2f x Garage\n", size, n, up, gw, gw / up, hit, hit / up
         c = chunk < size ? chunk : size
         printf "   first byte: Garage %.1f ms, gateway %.1f ms (bound: Garage'"'"'s plus one %d MiB chunk at its rate, %.1f ms)\n", uf * 1e3, gf * 1e3, c, (uf + c / up) * 1e3
     }'

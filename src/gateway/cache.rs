@@ -597,50 +597,59 @@ impl Cached {
         }
         answer
     }
+}
 
-    async fn put(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
-        let key = (req.input.bucket.clone(), req.input.key.clone());
-        self.writing(vec![key], self.inner.put_object(req)).await
-    }
+/// The keys of the objects a write through the gateway replaces or removes.
+trait Writes {
+    fn keys(&self) -> Vec<Key>;
+}
 
-    async fn complete(
-        &self,
-        req: S3Request<CompleteMultipartUploadInput>,
-    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
-        let key = (req.input.bucket.clone(), req.input.key.clone());
-        self.writing(vec![key], self.inner.complete_multipart_upload(req))
-            .await
-    }
+macro_rules! writes_one_key {
+    ($($input:ident),*) => {$(
+        impl Writes for $input {
+            fn keys(&self) -> Vec<Key> {
+                vec![(self.bucket.clone(), self.key.clone())]
+            }
+        }
+    )*};
+}
+writes_one_key!(
+    PutObjectInput,
+    CompleteMultipartUploadInput,
+    CopyObjectInput,
+    DeleteObjectInput
+);
 
-    async fn copy(
-        &self,
-        req: S3Request<CopyObjectInput>,
-    ) -> S3Result<S3Response<CopyObjectOutput>> {
-        let key = (req.input.bucket.clone(), req.input.key.clone());
-        self.writing(vec![key], self.inner.copy_object(req)).await
-    }
-
-    async fn delete(
-        &self,
-        req: S3Request<DeleteObjectInput>,
-    ) -> S3Result<S3Response<DeleteObjectOutput>> {
-        let key = (req.input.bucket.clone(), req.input.key.clone());
-        self.writing(vec![key], self.inner.delete_object(req)).await
-    }
-
-    async fn delete_many(
-        &self,
-        req: S3Request<DeleteObjectsInput>,
-    ) -> S3Result<S3Response<DeleteObjectsOutput>> {
-        let keys = req
-            .input
-            .delete
+impl Writes for DeleteObjectsInput {
+    fn keys(&self) -> Vec<Key> {
+        self.delete
             .objects
             .iter()
-            .map(|o| (req.input.bucket.clone(), o.key.clone()))
-            .collect();
-        self.writing(keys, self.inner.delete_objects(req)).await
+            .map(|o| (self.bucket.clone(), o.key.clone()))
+            .collect()
     }
+}
+
+/// `Cached`'s own write operations: each drops its keys before and after
+/// ([`Cached::writing`]).
+macro_rules! writes {
+    ($($method:ident: $input:ident => $output:ident = $op:ident;)*) => {
+        impl Cached {
+            $(
+                async fn $method(&self, req: S3Request<$input>) -> S3Result<S3Response<$output>> {
+                    let keys = req.input.keys();
+                    self.writing(keys, self.inner.$op(req)).await
+                }
+            )*
+        }
+    };
+}
+writes! {
+    put: PutObjectInput => PutObjectOutput = put_object;
+    complete: CompleteMultipartUploadInput => CompleteMultipartUploadOutput = complete_multipart_upload;
+    copy: CopyObjectInput => CopyObjectOutput = copy_object;
+    delete: DeleteObjectInput => DeleteObjectOutput = delete_object;
+    delete_many: DeleteObjectsInput => DeleteObjectsOutput = delete_objects;
 }
 
 impl Backend for Cached {
