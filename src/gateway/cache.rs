@@ -208,6 +208,20 @@ impl Head {
         }
     }
 
+    /// The bytes `range` selects of the object, `None` for all of it; 416
+    /// when it selects none.
+    fn span(&self, range: Option<Range>) -> S3Result<Option<std::ops::Range<u64>>> {
+        range
+            .map(|range| {
+                range.check(self.len).map_err(|_| {
+                    let mut e = s3_error!(InvalidRange, "the range is not satisfiable");
+                    e.set_status_code(http::StatusCode::RANGE_NOT_SATISFIABLE);
+                    e
+                })
+            })
+            .transpose()
+    }
+
     fn same_version(&self, e_tag: Option<&ETag>) -> bool {
         matches!((&self.e_tag, e_tag), (Some(a), Some(b)) if a.value() == b.value())
     }
@@ -215,7 +229,7 @@ impl Head {
 
 /// An object kept.
 struct Entry {
-    head: Head,
+    head: Arc<Head>,
     bytes: Bytes,
     /// The CRC64/NVME of `bytes`, base64 as S3 sends it.
     crc64nvme: String,
@@ -498,14 +512,7 @@ impl Cached {
         if let Some(failed) = precondition(&head, &req.input) {
             return Err(failed);
         }
-        let span = match req.input.range {
-            None => None,
-            Some(range) => Some(range.check(head.len).map_err(|_| {
-                let mut e = s3_error!(InvalidRange, "the range is not satisfiable");
-                e.set_status_code(http::StatusCode::RANGE_NOT_SATISFIABLE);
-                e
-            })?),
-        };
+        let span = head.span(req.input.range)?;
         let (from, to) = span.as_ref().map_or((0, head.len), |r| (r.start, r.end));
         let len = usize::try_from(to - from).map_err(|_| s3_error!(InternalError))?;
         let (tx, body) = ChunkStream::new(len, READER_DEPTH);
@@ -740,14 +747,7 @@ fn serve_entry(entry: &Entry, input: &GetObjectInput) -> S3Result<S3Response<Get
     if let Some(failed) = precondition(&entry.head, input) {
         return Err(failed);
     }
-    let span = match input.range {
-        None => None,
-        Some(range) => Some(range.check(entry.head.len).map_err(|_| {
-            let mut e = s3_error!(InvalidRange, "the range is not satisfiable");
-            e.set_status_code(http::StatusCode::RANGE_NOT_SATISFIABLE);
-            e
-        })?),
-    };
+    let span = entry.head.span(input.range)?;
     let bytes = match &span {
         Some(r) => entry.bytes.slice(index(r.start)..index(r.end)),
         None => entry.bytes.clone(),
@@ -904,7 +904,6 @@ async fn fill_bytes(
             }
         }
     };
-    let head = Arc::try_unwrap(head).unwrap_or_else(|shared| Head::clone_of(&shared));
     Ok(Some((
         Entry {
             head,
@@ -914,25 +913,6 @@ async fn fill_bytes(
         },
         len,
     )))
-}
-
-impl Head {
-    fn clone_of(h: &Head) -> Head {
-        Head {
-            len: h.len,
-            e_tag: h.e_tag.clone(),
-            last_modified: h.last_modified.clone(),
-            content_type: h.content_type.clone(),
-            content_encoding: h.content_encoding.clone(),
-            content_disposition: h.content_disposition.clone(),
-            content_language: h.content_language.clone(),
-            cache_control: h.cache_control.clone(),
-            expires: h.expires.clone(),
-            metadata: h.metadata.clone(),
-            storage_class: h.storage_class.clone(),
-            stored_crc64nvme: h.stored_crc64nvme.clone(),
-        }
-    }
 }
 
 /// A reader of a fill: hands the bytes `[from, to)` to its client's body
