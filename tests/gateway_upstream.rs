@@ -2432,6 +2432,175 @@ fn a_fill_whose_bytes_fail_the_store_s_checksum_is_not_kept() {
     assert_eq!(gets, 2, "each GET asked the store: nothing was kept");
 }
 
+/// The files of a disk tier's directory (`*.obj`), once `count` are there
+/// (they are written in the background after a fill).
+fn cache_files(dir: &std::path::Path, count: usize) -> Vec<std::path::PathBuf> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let files: Vec<_> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.filter_map(|e| Some(e.ok()?.path()))
+                    .filter(|p| p.extension().is_some_and(|x| x == "obj"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if files.len() == count {
+            return files;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} files in {}, not {count}",
+            files.len(),
+            dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn the_disk_tier_survives_a_restart_and_a_file_corrupted_while_down_is_not_served() {
+    let (up, up_metrics) = counted_upstream();
+    let dir = std::env::temp_dir().join(format!(
+        "hipobj-cache-dir-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    let dir_arg = dir.to_str().unwrap().to_owned();
+    let options = |validate: &'static str| {
+        vec![
+            "--cache-bytes".to_owned(),
+            "67108864".to_owned(),
+            "--cache-validate".to_owned(),
+            validate.to_owned(),
+            "--cache-dir".to_owned(),
+            dir_arg.clone(),
+            "--cache-dir-bytes".to_owned(),
+            "67108864".to_owned(),
+            "--metrics-listen".to_owned(),
+            "127.0.0.1:0".to_owned(),
+        ]
+    };
+    let start = |validate: &'static str| {
+        let options = options(validate);
+        let options: Vec<&str> = options.iter().map(String::as_str).collect();
+        Gateway::start(&up.endpoint, UPSTREAM_SECRET, &options)
+    };
+    let kept = pattern(3 << 20, 21);
+    let rotted = pattern(2 << 20, 22);
+    {
+        let gw = start("ttl=3600");
+        runtime().block_on(async {
+            let c = client(&gw.endpoint);
+            put(&c, "kept", &kept).await;
+            put(&c, "rotted", &rotted).await;
+            same_bytes(&get(&c, "kept").await, &kept, "the fill");
+            same_bytes(&get(&c, "rotted").await, &rotted, "the fill");
+        });
+        cache_files(&dir, 2);
+    }
+    // While the gateway is down, one byte of "rotted"'s file flips.
+    let files = cache_files(&dir, 2);
+    let victim = files
+        .iter()
+        .find(|f| {
+            let text = std::fs::read(f).unwrap();
+            text.windows(8).any(|w| w == b"\"rotted\"")
+        })
+        .expect("the file of rotted");
+    let mut bytes = std::fs::read(victim).unwrap();
+    let at = bytes.len() - 1000;
+    bytes[at] ^= 0x40;
+    std::fs::write(victim, &bytes).unwrap();
+
+    let gw = start("ttl=3600");
+    runtime().block_on(async {
+        let c = client(&gw.endpoint);
+        let before = upstream_gets(&up_metrics);
+        same_bytes(&get(&c, "kept").await, &kept, "kept, after the restart");
+        assert_eq!(
+            upstream_gets(&up_metrics),
+            before,
+            "kept: read from the disk, not the store"
+        );
+        same_bytes(
+            &get(&c, "rotted").await,
+            &rotted,
+            "rotted, after the restart",
+        );
+        assert_eq!(
+            upstream_gets(&up_metrics),
+            before + 1,
+            "rotted: its file failed its check, the store was asked"
+        );
+        same_bytes(&get(&c, "rotted").await, &rotted, "rotted, again");
+        // A write through the gateway drops the file too: its next GET is
+        // the new object, not the file's.
+        let replaced = pattern(1 << 20, 24);
+        put(&c, "rotted", &replaced).await;
+        same_bytes(&get(&c, "rotted").await, &replaced, "rotted, rewritten");
+        put(&c, "rotted", &rotted).await;
+        same_bytes(&get(&c, "rotted").await, &rotted, "rotted, as it was");
+    });
+    let text = gw.metrics();
+    assert_eq!(
+        metric_in(
+            &text,
+            "hipobj_s3_cache_requests_total",
+            &["outcome=\"disk_corrupt\""]
+        ),
+        1,
+        "{text}"
+    );
+    assert_eq!(
+        metric_in(&text, "hipobj_s3_cache_bytes_total", &["source=\"disk\""]),
+        3 << 20,
+        "{text}"
+    );
+    // The bad file is gone, the refilled one written.
+    assert!(!victim.exists(), "the corrupted file was deleted");
+    cache_files(&dir, 2);
+    drop(gw);
+
+    // Under `always`, a file is checked with the store after a restart
+    // too: a change made behind the gateway meanwhile is not served.
+    let newer = pattern(1 << 20, 23);
+    runtime().block_on(async {
+        behind(&up)
+            .put_object()
+            .bucket(BUCKET)
+            .key("kept")
+            .body(newer.clone().into())
+            .send()
+            .await
+            .unwrap();
+    });
+    let gw = start("always");
+    runtime().block_on(async {
+        let c = client(&gw.endpoint);
+        same_bytes(
+            &get(&c, "kept").await,
+            &newer,
+            "always: the store's newer object",
+        );
+        same_bytes(
+            &get(&c, "rotted").await,
+            &rotted,
+            "always: rotted, from the disk",
+        );
+    });
+    let text = gw.metrics();
+    assert_eq!(
+        metric_in(&text, "hipobj_s3_cache_bytes_total", &["source=\"disk\""]),
+        2 << 20,
+        "{text}"
+    );
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn rdma_gets_through_the_cache_land_byte_exact_the_store_asked_once() {
     use hipobj::s3::objects::{self, Object, Policy};

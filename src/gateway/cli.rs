@@ -155,6 +155,11 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE]
                         each hit; ttl=N: trust an entry N seconds after it was filled or
                         checked, HEADs answered from it too (a change made behind the
                         gateway may be served stale that long; none made through it is)
+  --cache-dir DIR       keep every object the cache keeps in a file of DIR too, read from
+                        there when memory no longer holds it and after a restart; each file
+                        checked against its CRC64/NVME before use (one that fails is deleted
+                        and the object read from the store); needs --cache-dir-bytes
+  --cache-dir-bytes N   the bytes the files in --cache-dir may take
 ";
 
 /// What a bad command line prints after its error, instead of [`USAGE`].
@@ -240,6 +245,8 @@ const OPTIONS: &[(&str, Kind)] = &[
     ("--cache-bytes", Kind::Value),
     ("--cache-max-object-bytes", Kind::Value),
     ("--cache-validate", Kind::Value),
+    ("--cache-dir", Kind::Value),
+    ("--cache-dir-bytes", Kind::Value),
 ];
 
 /// An access key requests may be signed with, and its secret key.
@@ -627,6 +634,8 @@ fn apply(g: &mut Given, args: &[String]) -> Result<Flow, String> {
             "--cache-validate" => {
                 g.upstream.cache_validate = Some(crate::gateway::cache::Validate::parse(&value()?)?)
             }
+            "--cache-dir" => g.upstream.cache_dir = Some(PathBuf::from(value()?)),
+            "--cache-dir-bytes" => g.upstream.cache_dir_bytes = Some(count(name, &value()?)?),
             _ => return Err(format!("unknown argument {arg}")),
         }
     }
@@ -994,6 +1003,8 @@ struct UpstreamArgs {
     cache_bytes: Option<u64>,
     cache_max_object_bytes: Option<u64>,
     cache_validate: Option<crate::gateway::cache::Validate>,
+    cache_dir: Option<PathBuf>,
+    cache_dir_bytes: Option<u64>,
 }
 
 impl UpstreamArgs {
@@ -1030,6 +1041,8 @@ impl UpstreamArgs {
                     self.cache_max_object_bytes.is_some(),
                 ),
                 ("--cache-validate", self.cache_validate.is_some()),
+                ("--cache-dir", self.cache_dir.is_some()),
+                ("--cache-dir-bytes", self.cache_dir_bytes.is_some()),
             ];
             return match given.iter().find(|(_, given)| *given) {
                 Some((name, _)) => Err(format!("{name} applies to --upstream only")),
@@ -1058,6 +1071,8 @@ impl UpstreamArgs {
                         self.cache_max_object_bytes.is_some(),
                     ),
                     ("--cache-validate", self.cache_validate.is_some()),
+                    ("--cache-dir", self.cache_dir.is_some()),
+                    ("--cache-dir-bytes", self.cache_dir_bytes.is_some()),
                 ];
                 if let Some((name, _)) = given.iter().find(|(_, given)| *given) {
                     return Err(format!("{name} applies to a cache: give --cache-bytes too"));
@@ -1071,12 +1086,29 @@ impl UpstreamArgs {
                         "--cache-max-object-bytes {max_object_bytes}: 1 to --cache-bytes ({bytes})"
                     ));
                 }
+                let disk = match (self.cache_dir, self.cache_dir_bytes) {
+                    (Some(dir), Some(bytes)) if bytes > 0 => {
+                        Some(crate::gateway::cache::DiskSettings { dir, bytes })
+                    }
+                    (Some(_), Some(_)) => return Err("--cache-dir-bytes: at least 1".to_owned()),
+                    (Some(dir), None) => {
+                        return Err(format!(
+                            "--cache-dir {}: give --cache-dir-bytes too (the disk tier is bounded)",
+                            dir.display()
+                        ))
+                    }
+                    (None, Some(_)) => {
+                        return Err("--cache-dir-bytes applies to a --cache-dir".to_owned())
+                    }
+                    (None, None) => None,
+                };
                 Some(crate::gateway::cache::Settings {
                     bytes,
                     max_object_bytes,
                     validate: self
                         .cache_validate
                         .unwrap_or(crate::gateway::cache::Validate::Always),
+                    disk,
                 })
             }
         };
@@ -1488,7 +1520,36 @@ pub(crate) mod tests {
         let cache = u.cache.unwrap();
         assert_eq!(cache.max_object_bytes, 1000);
         assert_eq!(cache.validate, Validate::Ttl(Duration::from_secs(90)));
+        assert_eq!(cache.disk, None, "no disk tier by default");
+        let u = with_upstream(&[
+            "--cache-bytes",
+            "1000",
+            "--cache-dir",
+            "/var/cache/hipobj",
+            "--cache-dir-bytes",
+            "5000",
+        ])
+        .unwrap()
+        .upstream
+        .unwrap();
+        let disk = u.cache.unwrap().disk.expect("a disk tier");
+        assert_eq!(
+            (disk.dir, disk.bytes),
+            (PathBuf::from("/var/cache/hipobj"), 5000)
+        );
         for (bad, says) in [
+            (
+                &["--cache-bytes", "10", "--cache-dir", "/d"][..],
+                "give --cache-dir-bytes too",
+            ),
+            (
+                &["--cache-bytes", "10", "--cache-dir-bytes", "10"][..],
+                "--cache-dir-bytes applies to a --cache-dir",
+            ),
+            (
+                &["--cache-dir", "/d", "--cache-dir-bytes", "10"][..],
+                "--cache-dir applies to a cache: give --cache-bytes too",
+            ),
             (
                 &["--cache-validate", "sometimes"][..],
                 "expected always or ttl=SECONDS",

@@ -21,13 +21,14 @@
 //! | `hipobj_s3_rdma_budget_waiting`, `hipobj_s3_rdma_budget_waits_total` | | RDMA transfers waiting their turn for room in the memory budget now, and those that have waited ([`Rdma::budget_waits`]) |
 //! | `hipobj_s3_rdma_memory_limit_bytes`, `hipobj_s3_rdma_requests_limit` | | `--rdma-memory-bytes` and `--rdma-max-requests` (0 with RDMA off) |
 //! | `hipobj_s3_upstream_request_duration_seconds` | `op`, `outcome` | requests to the store behind the server ([`upstream_observed`]) |
-//! | `hipobj_s3_cache_requests_total` | `outcome` | GETs and HEADs the cache saw (`--cache-bytes`): `hit`, `miss`, `head_hit` (a HEAD answered from a fresh entry under `ttl`), `bypass` (a GET it does not answer: a version, a part, conditions, overridden headers), `too_large` (an object not kept), `corrupt` (a fill whose bytes failed the store's checksum) |
-//! | `hipobj_s3_cache_bytes_total` | `source` | object bytes sent to clients from the cache's memory (`cache`: hits, and readers of a fill), and read from the store into it (`upstream`) |
+//! | `hipobj_s3_cache_requests_total` | `outcome` | GETs and HEADs the cache saw (`--cache-bytes`): `hit`, `miss`, `head_hit` (a HEAD answered from a fresh entry under `ttl`), `bypass` (a GET it does not answer: a version, a part, conditions, overridden headers), `too_large` (an object not kept), `corrupt` (a fill whose bytes failed the store's checksum), `disk_corrupt` (a file of the disk tier that failed its checks, deleted) |
+//! | `hipobj_s3_cache_bytes_total` | `source` | object bytes sent to clients from the cache's memory (`cache`: hits, and readers of a fill), and read into it from the store (`upstream`) or from the disk tier's files (`disk`) |
 //! | `hipobj_s3_cache_coalesced_readers_total` | | GETs that joined a fill in progress instead of asking the store |
 //! | `hipobj_s3_cache_fills_in_progress` | | whole-object GETs to the store whose bytes are being kept |
 //! | `hipobj_s3_cache_evictions_total`, `hipobj_s3_cache_invalidations_total` | | entries evicted for room; dropped by a write through the gateway |
 //! | `hipobj_s3_cache_validations_total` | `outcome` | entries asked the store about: `same`, `changed`, `gone`, `failed` |
 //! | `hipobj_s3_cache_in_use_bytes`, `hipobj_s3_cache_limit_bytes` | | the bytes of the entries and fills in progress; `--cache-bytes` |
+//! | `hipobj_s3_cache_disk_in_use_bytes`, `hipobj_s3_cache_disk_limit_bytes` | | the bytes of the disk tier's files; `--cache-dir-bytes` |
 //! | `hipobj_s3_build_info` | `version` | 1 |
 //!
 //! `path` is `rdma` (the payload went by RDMA: `x-amz-rdma-reply` 200 or
@@ -140,6 +141,11 @@ pub fn cache_served(bytes: u64) {
     cache_bytes("cache", bytes);
 }
 
+/// `bytes` read from the disk tier's files into a fill.
+pub fn cache_from_disk(bytes: u64) {
+    cache_bytes("disk", bytes);
+}
+
 fn cache_bytes(source: &'static str, bytes: u64) {
     METRICS
         .cache_bytes
@@ -152,6 +158,16 @@ pub fn cache_in_use(bytes: u64, limit: u64) {
     let m = &*METRICS;
     m.cache_in_use.set(i64::try_from(bytes).unwrap_or(i64::MAX));
     m.cache_limit.set(i64::try_from(limit).unwrap_or(i64::MAX));
+}
+
+/// The bytes of the disk tier's files now, and its limit
+/// (`--cache-dir-bytes`).
+pub fn cache_disk_in_use(bytes: u64, limit: u64) {
+    let m = &*METRICS;
+    m.cache_disk_in_use
+        .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    m.cache_disk_limit
+        .set(i64::try_from(limit).unwrap_or(i64::MAX));
 }
 
 /// The RDMA limits the gauges in use are measured against
@@ -593,6 +609,8 @@ struct Metrics {
     cache_fills: Gauge,
     cache_in_use: Gauge,
     cache_limit: Gauge,
+    cache_disk_in_use: Gauge,
+    cache_disk_limit: Gauge,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -625,6 +643,8 @@ impl Metrics {
             cache_fills: Gauge::default(),
             cache_in_use: Gauge::default(),
             cache_limit: Gauge::default(),
+            cache_disk_in_use: Gauge::default(),
+            cache_disk_limit: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -738,18 +758,35 @@ impl Metrics {
             "Whole-object GETs to the store whose bytes are being kept",
             m.cache_fills.clone(),
         );
-        registry.register_with_unit(
-            "cache_in_use",
-            "The bytes of the cache's entries and of its fills in progress",
-            prometheus_client::registry::Unit::Bytes,
-            m.cache_in_use.clone(),
-        );
-        registry.register_with_unit(
-            "cache_limit",
-            "The bytes the cache may hold (--cache-bytes)",
-            prometheus_client::registry::Unit::Bytes,
-            m.cache_limit.clone(),
-        );
+        for (name, help, gauge) in [
+            (
+                "cache_in_use",
+                "The bytes of the cache's entries and of its fills in progress",
+                &m.cache_in_use,
+            ),
+            (
+                "cache_limit",
+                "The bytes the cache may hold (--cache-bytes)",
+                &m.cache_limit,
+            ),
+            (
+                "cache_disk_in_use",
+                "The bytes of the cache's files on disk (--cache-dir)",
+                &m.cache_disk_in_use,
+            ),
+            (
+                "cache_disk_limit",
+                "The bytes the cache's files may take (--cache-dir-bytes)",
+                &m.cache_disk_limit,
+            ),
+        ] {
+            registry.register_with_unit(
+                name,
+                help,
+                prometheus_client::registry::Unit::Bytes,
+                gauge.clone(),
+            );
+        }
         registry.register(
             "build",
             "The server's version",

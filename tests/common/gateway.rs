@@ -150,7 +150,8 @@ impl Gateway {
                         .expect("the upstream's client"),
                 ),
                 settings.cache.as_ref(),
-            ),
+            )
+            .expect("the cache"),
             (Backing::Options(_), None, Some(root)) => Arc::new(Local::open(root).unwrap()),
             (Backing::Options(_), None, None) => unreachable!("a root or an upstream"),
         };

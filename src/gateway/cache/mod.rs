@@ -59,6 +59,10 @@ use super::backend::{delegate_s3, sibling, Backend};
 use super::metrics;
 use super::stream::ChunkStream;
 
+mod disk;
+use disk::Disk;
+pub use disk::DiskSettings;
+
 /// How many generation counters keys are spread over: two keys sharing
 /// one only cost a fill its place in the cache now and then.
 const GENERATIONS: u64 = 4096;
@@ -98,6 +102,8 @@ pub struct Settings {
     pub max_object_bytes: u64,
     /// When an entry is validated.
     pub validate: Validate,
+    /// The disk tier, if any.
+    pub disk: Option<DiskSettings>,
 }
 
 /// An object's bucket and key.
@@ -234,7 +240,7 @@ struct Entry {
     /// The CRC64/NVME of `bytes`, base64 as S3 sends it.
     crc64nvme: String,
     /// When it was filled or last found to hold.
-    checked: Mutex<Instant>,
+    checked: Mutex<Option<Instant>>,
 }
 
 /// The cache's weights: an entry's bytes (at least 1: an empty object is
@@ -328,27 +334,73 @@ struct Store {
     fills: Mutex<HashMap<Key, Arc<Fill>>>,
     /// The bytes fills in progress have taken.
     filling: AtomicU64,
-    generations: Box<[AtomicU64]>,
+    /// Per stripe of keys, bumped by each write through the gateway; a
+    /// fill is kept only if its key's did not move since it began. Held
+    /// while an entry is kept, so that a write's invalidation comes before
+    /// or after it, whole.
+    generations: Box<[Mutex<u64>]>,
+    disk: Option<Disk>,
 }
 
 impl Store {
-    fn generation(&self, key: &Key) -> &AtomicU64 {
+    fn generation(&self, key: &Key) -> std::sync::MutexGuard<'_, u64> {
         use std::hash::{Hash, Hasher};
         // A fixed hasher: the same key must reach the same counter.
         let mut fixed = std::hash::DefaultHasher::new();
         key.hash(&mut fixed);
-        &self.generations[index(fixed.finish() % GENERATIONS)]
+        lock(&self.generations[index(fixed.finish() % GENERATIONS)])
     }
 
-    /// Drops what is known of `key`: its entry, and the fill in progress
-    /// for new readers (its own go on).
+    /// Drops what is known of `key`: its entry, its file, and the fill in
+    /// progress for new readers (its own go on).
     fn invalidate(&self, key: &Key) {
-        self.generation(key).fetch_add(1, Ordering::AcqRel);
-        if self.entries.remove(key).is_some() {
-            metrics::cache_invalidated();
-            self.gauge();
+        {
+            let mut generation = self.generation(key);
+            *generation += 1;
+            if self.entries.remove(key).is_some() {
+                metrics::cache_invalidated();
+                self.gauge();
+            }
+            if let Some(disk) = &self.disk {
+                disk.remove(key);
+            }
         }
         lock(&self.fills).remove(key);
+    }
+
+    /// Keeps `entry` for `key` unless a write moved the key's generation
+    /// since `generation`; then, on a disk tier, writes its file (in the
+    /// background) and keeps that on the same terms.
+    fn keep(self: &Arc<Self>, key: Key, generation: u64, entry: Arc<Entry>, source: Source) {
+        {
+            let now = self.generation(&key);
+            if *now != generation {
+                return;
+            }
+            self.entries.insert(key.clone(), Arc::clone(&entry));
+        }
+        if self.disk.is_none() || source == Source::Disk {
+            return;
+        }
+        let store = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            let Some(disk) = &store.disk else { return };
+            match disk.write(&key, &entry.head, &entry.crc64nvme, &entry.bytes) {
+                Ok(path) => {
+                    let now = store.generation(&key);
+                    if *now == generation {
+                        disk.commit(key, path, Arc::clone(&entry.head), entry.crc64nvme.clone());
+                    } else {
+                        drop(now);
+                        let _ = std::fs::remove_file(path);
+                    }
+                }
+                Err(e) => eprintln!(
+                    "hipobj-s3-server: cache: writing {}/{} to the disk: {e}",
+                    key.0, key.1
+                ),
+            }
+        });
     }
 
     /// Takes `len` bytes for a fill, if fills in progress leave room
@@ -384,7 +436,14 @@ pub struct Cached {
 
 impl Cached {
     /// The cache of `settings` in front of `inner`.
-    pub fn new(inner: Arc<dyn Backend>, settings: Settings) -> Cached {
+    pub fn new(inner: Arc<dyn Backend>, settings: Settings) -> Result<Cached, String> {
+        let disk = match &settings.disk {
+            Some(d) => Some(
+                Disk::open(d.clone())
+                    .map_err(|e| format!("--cache-dir {}: {e}", d.dir.display()))?,
+            ),
+            None => None,
+        };
         let options = quick_cache::OptionsBuilder::new()
             .shards(1)
             .weight_capacity(settings.bytes)
@@ -398,24 +457,29 @@ impl Cached {
             Evictions,
         );
         metrics::cache_in_use(0, settings.bytes);
-        Cached {
+        Ok(Cached {
             inner,
             store: Arc::new(Store {
                 settings,
                 entries,
                 fills: Mutex::new(HashMap::new()),
                 filling: AtomicU64::new(0),
-                generations: (0..GENERATIONS).map(|_| AtomicU64::new(0)).collect(),
+                generations: (0..GENERATIONS).map(|_| Mutex::new(0)).collect(),
+                disk,
             }),
-        }
+        })
     }
 
-    /// `store` with the cache `settings` ask for in front, or as it is.
-    pub fn over(store: Arc<dyn Backend>, settings: Option<&Settings>) -> Arc<dyn Backend> {
-        match settings {
-            Some(settings) => Arc::new(Cached::new(store, settings.clone())),
+    /// `store` with the cache `settings` ask for in front, or as it is;
+    /// why not, when its directory cannot be used.
+    pub fn over(
+        store: Arc<dyn Backend>,
+        settings: Option<&Settings>,
+    ) -> Result<Arc<dyn Backend>, String> {
+        Ok(match settings {
+            Some(settings) => Arc::new(Cached::new(store, settings.clone())?),
             None => store,
-        }
+        })
     }
 
     /// The bytes the cache holds now (entries and fills in progress).
@@ -430,52 +494,28 @@ impl Cached {
         Ok(())
     }
 
-    /// Whether `entry` may be served now: fresh under `ttl`, else what a
-    /// HeadObject to the store says (the ETag the same). Dropped when it
-    /// no longer holds.
-    async fn holds<T>(&self, req: &S3Request<T>, key: &Key, entry: &Entry) -> S3Result<bool> {
-        if let Validate::Ttl(ttl) = self.store.settings.validate {
-            if lock(&entry.checked).elapsed() < ttl {
-                return Ok(true);
-            }
-        }
-        let head = sibling(
+    /// Whether `entry` may be served now ([`holds`]); dropped, with its
+    /// file, when it no longer holds.
+    async fn entry_holds<T>(&self, req: &S3Request<T>, key: &Key, entry: &Entry) -> S3Result<bool> {
+        let holds = holds(
+            &*self.inner,
+            &self.store.settings,
             req,
-            HeadObjectInput {
-                bucket: key.0.clone(),
-                key: key.1.clone(),
-                ..HeadObjectInput::default()
-            },
-        );
-        match self.inner.head_object(head).await {
-            Ok(answer) if entry.head.same_version(answer.output.e_tag.as_ref()) => {
-                *lock(&entry.checked) = Instant::now();
-                metrics::cache_validated("same");
-                Ok(true)
-            }
-            Ok(_) => {
-                metrics::cache_validated("changed");
-                self.drop_entry(key, entry);
-                Ok(false)
-            }
-            Err(e) if e.status_code().is_some_and(|s| s.as_u16() == 404) => {
-                metrics::cache_validated("gone");
-                self.drop_entry(key, entry);
-                Ok(false)
-            }
-            Err(e) => {
-                metrics::cache_validated("failed");
-                Err(e)
+            key,
+            &entry.head,
+            &entry.checked,
+        )
+        .await?;
+        if !holds {
+            let _ = self
+                .store
+                .entries
+                .remove_if(key, |kept| std::ptr::eq(Arc::as_ptr(kept), entry));
+            if let Some(disk) = &self.store.disk {
+                disk.remove(key);
             }
         }
-    }
-
-    /// Removes `entry` from the cache if it is still the one kept.
-    fn drop_entry(&self, key: &Key, entry: &Entry) {
-        let _ = self
-            .store
-            .entries
-            .remove_if(key, |kept| std::ptr::eq(Arc::as_ptr(kept), entry));
+        Ok(holds)
     }
 
     async fn get(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
@@ -485,7 +525,7 @@ impl Cached {
         }
         let key = (req.input.bucket.clone(), req.input.key.clone());
         if let Some(entry) = self.store.entries.get(&key) {
-            if self.holds(&req, &key, &entry).await? {
+            if self.entry_holds(&req, &key, &entry).await? {
                 metrics::cache_request("hit");
                 return serve_entry(&entry, &req.input);
             }
@@ -542,7 +582,7 @@ impl Cached {
             error: Mutex::new(None),
         });
         fills.insert(key.clone(), Arc::clone(&fill));
-        let generation = self.store.generation(key).load(Ordering::Acquire);
+        let generation = *self.store.generation(key);
         let ask = sibling(
             req,
             GetObjectInput {
@@ -577,7 +617,7 @@ impl Cached {
         if let (Validate::Ttl(ttl), true) = (self.store.settings.validate, plain) {
             let key = (req.input.bucket.clone(), req.input.key.clone());
             if let Some(entry) = self.store.entries.peek(&key) {
-                if lock(&entry.checked).elapsed() < ttl {
+                if fresh(&entry.checked, ttl) {
                     metrics::cache_request("head_hit");
                     let crc = wants_checksum(req.input.checksum_mode.as_ref())
                         .then_some(entry.crc64nvme.as_str());
@@ -772,13 +812,15 @@ async fn run_fill(
     ask: S3Request<GetObjectInput>,
 ) {
     metrics::cache_fills(1);
-    let outcome = fill_bytes(&inner, &store, &fill, ask).await;
+    let outcome = match from_disk(&inner, &store, &key, &fill, &ask).await {
+        Ok(Some(found)) => Ok(Some(found)),
+        Ok(None) => fill_bytes(&inner, &store, &fill, ask).await,
+        Err(why) => Err(why),
+    };
     metrics::cache_fills(-1);
     let stage = match outcome {
-        Ok(Some((entry, reserved))) => {
-            if store.generation(&key).load(Ordering::Acquire) == generation {
-                store.entries.insert(key.clone(), Arc::new(entry));
-            }
+        Ok(Some((entry, reserved, source))) => {
+            store.keep(key.clone(), generation, Arc::new(entry), source);
             store.filling.fetch_sub(reserved, Ordering::AcqRel);
             store.gauge();
             Stage::Done
@@ -801,14 +843,22 @@ async fn run_fill(
     fill.progress.send_modify(|p| p.stage = stage);
 }
 
-/// The fill's GET and bytes: the entry to keep and the bytes it reserved,
-/// `None` when the object is not kept, or why it failed.
+/// Where a fill's bytes came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Store,
+    Disk,
+}
+
+/// The fill's GET and bytes: the entry to keep, the bytes it reserved and
+/// where they came from, `None` when the object is not kept, or why it
+/// failed.
 async fn fill_bytes(
     inner: &Arc<dyn Backend>,
     store: &Store,
     fill: &Fill,
     ask: S3Request<GetObjectInput>,
-) -> Result<Option<(Entry, u64)>, String> {
+) -> Result<Option<(Entry, u64, Source)>, String> {
     let mut answer = match inner.get_object(ask).await {
         Ok(answer) => answer,
         Err(e) => {
@@ -881,7 +931,7 @@ async fn fill_bytes(
         ));
     }
     let crc = crc.unwrap_or_else(|| crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64Nvme, b""));
-    let crc64nvme = base64::engine::general_purpose::STANDARD.encode(crc.to_be_bytes());
+    let crc64nvme = crc64nvme_base64(crc);
     if let Some(stored) = &head.stored_crc64nvme {
         if *stored != crc64nvme {
             metrics::cache_request("corrupt");
@@ -909,10 +959,151 @@ async fn fill_bytes(
             head,
             bytes,
             crc64nvme,
-            checked: Mutex::new(Instant::now()),
+            checked: Mutex::new(Some(Instant::now())),
         },
         len,
+        Source::Store,
     )))
+}
+
+/// The fill of an object the disk tier holds: its file's bytes, checked
+/// whole before a reader sees one of them, once the entry holds
+/// ([`holds`]). `None` when the disk has no file of it that holds and
+/// checks out (such a file is deleted): the store is asked. The store's
+/// error when it cannot say whether the file holds.
+async fn from_disk(
+    inner: &Arc<dyn Backend>,
+    store: &Arc<Store>,
+    key: &Key,
+    fill: &Fill,
+    ask: &S3Request<GetObjectInput>,
+) -> Result<Option<(Entry, u64, Source)>, String> {
+    let Some(stored) = store.disk.as_ref().and_then(|disk| disk.get(key)) else {
+        return Ok(None);
+    };
+    let drop_file = || {
+        if let Some(disk) = &store.disk {
+            disk.remove_if(key, &stored);
+        }
+    };
+    match holds(
+        &**inner,
+        &store.settings,
+        ask,
+        key,
+        &stored.head,
+        &stored.checked,
+    )
+    .await
+    {
+        Ok(true) => {}
+        Ok(false) => {
+            drop_file();
+            return Ok(None);
+        }
+        Err(e) => {
+            let why = format!("{} {:?}", e.code().as_str(), e.message());
+            *lock(&fill.error) = Some(e);
+            return Err(why);
+        }
+    }
+    let len = stored.head.len;
+    if !store.reserve(len) {
+        return Ok(None);
+    }
+    let reading = Arc::clone(&stored);
+    let read = tokio::task::spawn_blocking(move || Disk::read(&reading))
+        .await
+        .unwrap_or_else(|e| Err(format!("the read stopped: {e}")));
+    let bytes = match read {
+        Ok(bytes) => bytes,
+        Err(why) => {
+            eprintln!(
+                "hipobj-s3-server: cache: {} ({}/{}): {why}: deleted, the store asked",
+                stored.path.display(),
+                key.0,
+                key.1
+            );
+            metrics::cache_request("disk_corrupt");
+            store.filling.fetch_sub(len, Ordering::AcqRel);
+            drop_file();
+            return Ok(None);
+        }
+    };
+    metrics::cache_from_disk(len);
+    fill.progress.send_modify(|p| {
+        p.head = Some(Arc::clone(&stored.head));
+        p.stage = Stage::Streaming;
+    });
+    lock(&fill.pieces).push((0, bytes.clone()));
+    fill.progress.send_modify(|p| p.received = len);
+    let checked = *lock(&stored.checked);
+    Ok(Some((
+        Entry {
+            head: Arc::clone(&stored.head),
+            bytes,
+            crc64nvme: stored.crc64nvme.clone(),
+            checked: Mutex::new(checked),
+        },
+        len,
+        Source::Disk,
+    )))
+}
+
+/// Whether an entry (`head`, last `checked`) of `key` may be served now:
+/// fresh under `ttl`, else what a HeadObject to the store says (the ETag
+/// the same; then `checked` is now). The store's error when it cannot
+/// say.
+async fn holds<T>(
+    inner: &dyn Backend,
+    settings: &Settings,
+    req: &S3Request<T>,
+    key: &Key,
+    head: &Head,
+    checked: &Mutex<Option<Instant>>,
+) -> S3Result<bool> {
+    if let Validate::Ttl(ttl) = settings.validate {
+        if fresh(checked, ttl) {
+            return Ok(true);
+        }
+    }
+    let ask = sibling(
+        req,
+        HeadObjectInput {
+            bucket: key.0.clone(),
+            key: key.1.clone(),
+            ..HeadObjectInput::default()
+        },
+    );
+    match inner.head_object(ask).await {
+        Ok(answer) if head.same_version(answer.output.e_tag.as_ref()) => {
+            *lock(checked) = Some(Instant::now());
+            metrics::cache_validated("same");
+            Ok(true)
+        }
+        Ok(_) => {
+            metrics::cache_validated("changed");
+            Ok(false)
+        }
+        Err(e) if e.status_code().is_some_and(|s| s.as_u16() == 404) => {
+            metrics::cache_validated("gone");
+            Ok(false)
+        }
+        Err(e) => {
+            metrics::cache_validated("failed");
+            Err(e)
+        }
+    }
+}
+
+/// Whether an entry last `checked` is younger than `ttl`.
+fn fresh(checked: &Mutex<Option<Instant>>, ttl: Duration) -> bool {
+    lock(checked).is_some_and(|at| at.elapsed() < ttl)
+}
+
+/// A CRC64/NVME as S3's headers carry it.
+fn crc64nvme_base64(crc: u64) -> String {
+    base64::engine::general_purpose::STANDARD.encode(crc.to_be_bytes())
 }
 
 /// A reader of a fill: hands the bytes `[from, to)` to its client's body
