@@ -2391,45 +2391,69 @@ fn a_scan_of_objects_read_once_leaves_a_hot_object_cached() {
 
 #[test]
 fn a_fill_whose_bytes_fail_the_store_s_checksum_is_not_kept() {
-    // A store whose bytes rotted: its answer's CRC64/NVME is that of other
-    // bytes of the same length.
+    // A store whose bytes rotted: its answer's checksum is that of other
+    // bytes of the same length, in the algorithm the object was stored
+    // with. The gateway asks for it (the header) and checks it itself.
     let good = "abcdefgh".repeat(40_000);
     let mut rotten = good.clone().into_bytes();
     rotten[200_000] = b'z';
     let rotten = String::from_utf8(rotten).unwrap();
-    let fake = Fake::answering(&format!(
-        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nETag: \"0123456789abcdef\"\r\n\
-         Last-Modified: Thu, 01 Jan 2026 00:00:00 GMT\r\nx-amz-checksum-crc64nvme: {}\r\n\
-         x-amz-checksum-type: FULL_OBJECT\r\nConnection: close\r\n\r\n{rotten}",
-        rotten.len(),
-        crc64nvme(good.as_bytes())
-    ));
-    let gw = Gateway::start(
-        &fake.endpoint,
-        UPSTREAM_SECRET,
-        &["--cache-bytes", "67108864", "--cache-validate", "ttl=3600"],
+    let crc32c = base64::engine::general_purpose::STANDARD.encode(
+        u32::try_from(crc_fast::checksum(
+            crc_fast::CrcAlgorithm::Crc32Iscsi,
+            good.as_bytes(),
+        ))
+        .unwrap()
+        .to_be_bytes(),
     );
-    runtime().block_on(async {
-        let c = client(&gw.endpoint);
-        for attempt in 0..2 {
-            let read = c.get_object().bucket(BUCKET).key("rot").send().await;
-            let got = match read {
-                Ok(out) => out.body.collect().await.map(|b| b.to_vec()),
-                Err(e) => panic!("GET rot: {e:?}"),
-            };
+    for (header, value) in [
+        ("x-amz-checksum-crc64nvme", crc64nvme(good.as_bytes())),
+        ("x-amz-checksum-crc32c", crc32c),
+    ] {
+        let fake = Fake::answering(&format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nETag: \"0123456789abcdef\"\r\n\
+             Last-Modified: Thu, 01 Jan 2026 00:00:00 GMT\r\n{header}: {value}\r\n\
+             x-amz-checksum-type: FULL_OBJECT\r\nConnection: close\r\n\r\n{rotten}",
+            rotten.len(),
+        ));
+        let gw = Gateway::start(
+            &fake.endpoint,
+            UPSTREAM_SECRET,
+            &["--cache-bytes", "67108864", "--cache-validate", "ttl=3600"],
+        );
+        runtime().block_on(async {
+            let c = client(&gw.endpoint);
+            for attempt in 0..2 {
+                let read = c.get_object().bucket(BUCKET).key("rot").send().await;
+                let got = match read {
+                    Ok(out) => out.body.collect().await.map(|b| b.to_vec()),
+                    Err(e) => panic!("GET rot: {e:?}"),
+                };
+                assert!(
+                    got.is_err(),
+                    "{header}: GET {attempt}: the rotten bytes were delivered whole: {:?}",
+                    got.map(|b| b.len())
+                );
+            }
+        });
+        let gets: Vec<String> = fake
+            .heads()
+            .into_iter()
+            .filter(|h| h.starts_with("GET "))
+            .collect();
+        assert_eq!(
+            gets.len(),
+            2,
+            "{header}: each GET asked the store: nothing was kept"
+        );
+        for get in &gets {
             assert!(
-                got.is_err(),
-                "GET {attempt}: the rotten bytes were delivered whole: {:?}",
-                got.map(|b| b.len())
+                get.to_ascii_lowercase()
+                    .contains("x-amz-checksum-mode: enabled"),
+                "the fill asks for the store's checksum: {get}"
             );
         }
-    });
-    let gets = fake
-        .heads()
-        .iter()
-        .filter(|h| h.starts_with("GET "))
-        .count();
-    assert_eq!(gets, 2, "each GET asked the store: nothing was kept");
+    }
 }
 
 /// The files of a disk tier's directory (`*.obj`), once `count` are there

@@ -55,7 +55,7 @@ flock /tmp/hipobj-vm.lock timeout -k 30 "$((fault_seconds + calm_seconds + 900))
 if ((status != 0)); then
     # Why, in the last lines (what a CI log keeps of a long run).
     echo "vm/soak: why, from $out/console.log:" >&2
-    grep -E 'FAILED|FAIL |panicked|soak-guest: |did not|not given back|timed out' "$out/console.log" |
+    grep -E 'FAILED|FAIL [a-z]|panicked|soak-guest: |did not|not given back|timed out' "$out/console.log" |
         grep -v -E '^soak-guest: (\+|server pid)' | tail -12 >&2 || true
     echo "vm/soak: failed (status $status); see $out" >&2
 fi

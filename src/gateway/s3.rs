@@ -613,9 +613,9 @@ enum Fill {
 
 /// A whole object's checksum as the backend stored it: one algorithm
 /// (the first the answer carries of S3's five), and its value (base64).
-struct Stored {
-    header: &'static str,
-    value: String,
+pub(super) struct Stored {
+    pub(super) header: &'static str,
+    pub(super) value: String,
 }
 
 impl Stored {
@@ -623,7 +623,7 @@ impl Stored {
     /// `whole` (the transfer moves all of the object) and it is a full
     /// object's (a composite checksum of a multipart upload's parts,
     /// `COMPOSITE` or `VALUE-N`, describes no bytes).
-    fn of(o: &GetObjectOutput, whole: bool) -> Option<Stored> {
+    pub(super) fn of(o: &GetObjectOutput, whole: bool) -> Option<Stored> {
         let composite = o
             .checksum_type
             .as_ref()
@@ -648,7 +648,7 @@ impl Stored {
     }
 
     /// A hasher for this algorithm (and CRC64/NVME if `crc`).
-    fn hasher(stored: Option<&Stored>, crc: bool) -> s3s::checksum::ChecksumHasher {
+    pub(super) fn hasher(stored: Option<&Stored>, crc: bool) -> s3s::checksum::ChecksumHasher {
         let is = |h: &str| stored.is_some_and(|s| s.header == h);
         s3s::checksum::ChecksumHasher {
             crc64nvme: (crc || is("x-amz-checksum-crc64nvme")).then(Default::default),
@@ -660,7 +660,7 @@ impl Stored {
     }
 
     /// This algorithm's value in `sums`.
-    fn read<'a>(&self, sums: &'a Checksum) -> Option<&'a String> {
+    pub(super) fn read<'a>(&self, sums: &'a Checksum) -> Option<&'a String> {
         match self.header {
             "x-amz-checksum-crc64nvme" => sums.checksum_crc64nvme.as_ref(),
             "x-amz-checksum-crc32c" => sums.checksum_crc32c.as_ref(),

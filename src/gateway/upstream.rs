@@ -45,6 +45,11 @@
 //!   upstream cannot check against parts, are checked here too. A mismatch
 //!   answers 400 BadDigest before the upstream has the whole body, and
 //!   nothing is stored.
+//! - A GetObject that asks for the store's checksum
+//!   (`x-amz-checksum-mode: ENABLED`) asks the store for it ([`AskChecksum`])
+//!   without the SDK checking the bytes against it on their way: whoever
+//!   asked checks them, once (the gateway's RDMA GET and its cache's fills
+//!   as they copy or keep them, a client of a plain GET as it reads them).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -69,6 +74,42 @@ use s3s::{s3_error, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, StdEr
 use s3s_aws::Proxy;
 
 use super::backend::Backend;
+
+tokio::task_local! {
+    /// Set around a GetObject call whose request asked for the store's
+    /// checksum: [`AskChecksum`] asks for it.
+    static ASK_CHECKSUM: bool;
+}
+
+/// Adds `x-amz-checksum-mode: ENABLED` to the request of a GetObject made
+/// in an [`ASK_CHECKSUM`] scope. The SDK checks an answer's checksum as
+/// the body streams when the input asks for the checksum mode (a second
+/// pass over every byte, besides the gateway's own); the header asks the
+/// store just the same, and the SDK still reads the checksum into the
+/// output.
+#[derive(Debug)]
+struct AskChecksum;
+
+impl aws_sdk_s3::config::Intercept for AskChecksum {
+    fn name(&self) -> &'static str {
+        "hipobj::AskChecksum"
+    }
+
+    fn modify_before_signing(
+        &self,
+        context: &mut aws_sdk_s3::config::interceptors::BeforeTransmitInterceptorContextMut<'_>,
+        _components: &aws_sdk_s3::config::RuntimeComponents,
+        _cfg: &mut aws_sdk_s3::config::ConfigBag,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        if ASK_CHECKSUM.try_with(|ask| *ask).unwrap_or(false) {
+            context
+                .request_mut()
+                .headers_mut()
+                .insert("x-amz-checksum-mode", "ENABLED");
+        }
+        Ok(())
+    }
+}
 
 /// How long the gateway waits for the upstream at one stretch, unless
 /// `--upstream-timeout-ms` says otherwise.
@@ -206,6 +247,7 @@ impl Upstream {
             // and a GET's answer is the upstream's as it is.
             .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
             .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
+            .interceptor(AskChecksum)
             .build();
         let client = aws_sdk_s3::Client::from_conf(config);
         Ok(Upstream {
@@ -1487,14 +1529,21 @@ macro_rules! upstream_s3 {
 
             async fn get_object(
                 &self,
-                req: S3Request<GetObjectInput>,
+                mut req: S3Request<GetObjectInput>,
             ) -> S3Result<S3Response<GetObjectOutput>> {
+                // Asked by the header, not the input: the SDK would check
+                // the bytes too ([`AskChecksum`]).
+                let ask = req
+                    .input
+                    .checksum_mode
+                    .take_if(|mode| mode.as_str() == ChecksumMode::ENABLED)
+                    .is_some();
                 let mut resp = self
                     .call::<op::get_object::GetObjectError, _>(
                         "GetObject",
                         false,
                         None,
-                        self.proxy.get_object(req),
+                        ASK_CHECKSUM.scope(ask, self.proxy.get_object(req)),
                     )
                     .await?;
                 if let Some(body) = resp.output.body.take() {

@@ -292,7 +292,6 @@ fn header_json(key: &Key, head: &Head, crc64nvme: &str) -> std::io::Result<Vec<u
         "expires": head.expires,
         "metadata": head.metadata,
         "storage_class": head.storage_class.as_ref().map(StorageClass::as_str),
-        "stored_crc64nvme": head.stored_crc64nvme,
     });
     serde_json::to_vec(&header).map_err(std::io::Error::other)
 }
@@ -372,7 +371,8 @@ fn read_header(path: &Path) -> Result<(Key, Stored, SystemTime), String> {
         expires: parse("expires")?,
         metadata,
         storage_class: text("storage_class").map(StorageClass::from),
-        stored_crc64nvme: text("stored_crc64nvme"),
+        // Checked against its own CRC64/NVME, not the store's again.
+        stored: None,
     };
     let filled = SystemTime::UNIX_EPOCH + Duration::from_millis(filled);
     // As old as the file says, if this process's clock reaches that far.

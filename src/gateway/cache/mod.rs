@@ -57,6 +57,7 @@ use tokio::sync::watch;
 
 use super::backend::{delegate_s3, sibling, Backend};
 use super::metrics;
+use super::s3::Stored;
 use super::stream::ChunkStream;
 
 mod disk;
@@ -122,16 +123,14 @@ struct Head {
     expires: Option<Expires>,
     metadata: Option<Metadata>,
     storage_class: Option<StorageClass>,
-    /// The store's whole-object CRC64/NVME, when it gave one.
-    stored_crc64nvme: Option<String>,
+    /// The store's checksum of the whole object that its bytes are
+    /// checked against when they are filled (of any of S3's algorithms),
+    /// when it gave one.
+    stored: Option<Stored>,
 }
 
 impl Head {
     fn of(output: &GetObjectOutput, len: u64) -> Head {
-        let full = output
-            .checksum_type
-            .as_ref()
-            .is_none_or(|t| t.as_str() == ChecksumType::FULL_OBJECT);
         Head {
             len,
             e_tag: output.e_tag.clone(),
@@ -144,7 +143,7 @@ impl Head {
             expires: output.expires.clone(),
             metadata: output.metadata.clone(),
             storage_class: output.storage_class.clone(),
-            stored_crc64nvme: output.checksum_crc64nvme.clone().filter(|_| full),
+            stored: Stored::of(output, true),
         }
     }
 
@@ -891,7 +890,9 @@ async fn fill_bytes(
     };
     let mut body = answer.output.body.take();
     let mut received = 0u64;
-    let mut crc: Option<u64> = None;
+    // One pass over the bytes: the CRC64/NVME kept with them, and the
+    // store's own algorithm where it is another.
+    let mut sums = Stored::hasher(head.stored.as_ref(), true);
     while let Some(piece) = match body.as_mut() {
         Some(b) => b.next().await,
         None => None,
@@ -913,13 +914,7 @@ async fn fill_bytes(
                 "the store sent more than the {len} bytes it announced"
             ));
         }
-        let sum = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64Nvme, &piece);
-        crc = Some(match crc {
-            None => sum,
-            Some(before) => {
-                crc_fast::checksum_combine(crc_fast::CrcAlgorithm::Crc64Nvme, before, sum, n)
-            }
-        });
+        sums.update(&piece);
         lock(&fill.pieces).push((received, piece));
         received += n;
         metrics::cache_filled(n);
@@ -930,13 +925,15 @@ async fn fill_bytes(
             "the store sent {received} of the {len} bytes it announced"
         ));
     }
-    let crc = crc.unwrap_or_else(|| crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64Nvme, b""));
-    let crc64nvme = crc64nvme_base64(crc);
-    if let Some(stored) = &head.stored_crc64nvme {
-        if *stored != crc64nvme {
+    let sums = sums.finalize();
+    let crc64nvme = sums.checksum_crc64nvme.clone().unwrap_or_default();
+    if let Some(stored) = &head.stored {
+        let computed = stored.read(&sums).map_or("", String::as_str);
+        if computed != stored.value {
             metrics::cache_request("corrupt");
             return release(format!(
-                "its bytes' CRC64NVME is {crc64nvme}, the store's is {stored}: not kept"
+                "its bytes' {} is {computed}, the store's is {}: not kept",
+                stored.header, stored.value
             ));
         }
     }
