@@ -24,7 +24,13 @@
 #      against plain HTTP GETs (curl) straight from the Garage node behind
 #      them, the same object for all, taken in turn; throughput and time
 #      to first byte (docs/performance.md, "The gateway in front of
-#      Garage").
+#      Garage"), and each gateway's CPU per GiB it served.
+#   4. With HIPOBJ_CACHE_MIB set (a size; not in CI), the cache's lane
+#      figures: 8 clients reading one cold object at once through a cached
+#      gateway (the store must serve it once, every client byte-exact);
+#      cached GETs against a local-backend server's RDMA GETs of the same
+#      object; Garage's node SIGSTOPped under a trusting and a validating
+#      gateway.
 #
 #   gateway-guest.sh SERVER_BINARY HIPOBJ_BINARY [MIB [BENCH_MIB...]]
 #
@@ -57,6 +63,7 @@ garage_secret="$AWS_SECRET_ACCESS_KEY"
 bucket="$HIPOBJ_GARAGE_BUCKET"
 read -r -a garage_endpoints <<<"$HIPOBJ_GARAGE_ENDPOINTS"
 
+upstream_timeout_ms=60000
 # Starts a gateway on rxe0 in front of Garage's endpoint $1, on port $2
 # (its metrics on port $2 + 100), with more options after.
 start_gateway() {
@@ -64,7 +71,7 @@ start_gateway() {
     "$server_bin" --upstream "$1" --upstream-region "$HIPOBJ_GARAGE_REGION" \
         --listen "192.0.2.1:$2" --device rxe0 \
         --access-key "$client_key" --secret-key "$client_secret" \
-        --upstream-timeout-ms 60000 --metrics-listen "192.0.2.1:$(($2 + 100))" "${@:3}" \
+        --upstream-timeout-ms "$upstream_timeout_ms" --metrics-listen "192.0.2.1:$(($2 + 100))" "${@:3}" \
         >"$work/gateway$n.out" 2>"$work/gateway$n.log" &
     pids+=($!)
     local deadline=$((SECONDS + 60))
@@ -241,6 +248,8 @@ first_byte() {
         $1 == "hipobj_s3_rdma_get_first_byte_seconds_count" { c = $2 }
         END { print s + 0, c + 0 }'
 }
+# A process's CPU time so far, in clock ticks.
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 # One RDMA GET of $2 through the gateway at $1 by the command, its rate
 # (MiB/s) on stdout.
@@ -260,6 +269,7 @@ for size in "${bench[@]}"; do
     rounds=$((64 / size))
     ((rounds >= 1)) || rounds=1
     up_rate=() up_first=() gw_rate=() gw_first=() hit_rate=()
+    gw_ticks=0 hit_ticks=0 counted=0
     # The first size's round 0 warms both up (connections, caches) and is
     # not counted.
     [[ "$size" == "${bench[0]}" ]] && first_round=0 || first_round=1
@@ -279,17 +289,23 @@ for size in "${bench[@]}"; do
                 ;;
             1)
                 read -r sum0 count0 < <(first_byte)
+                t0=$(ticks "${pids[2]}")
                 rate=$(rdma_rate "$c" "$key")
+                t1=$(ticks "${pids[2]}")
                 read -r sum1 count1 < <(first_byte)
                 ((count1 == count0 + 1)) || fail "gateway 2 recorded $((count1 - count0)) first bytes for one GET"
                 ((round == 0)) && continue
                 gw_first+=("$(awk -v a="$sum0" -v b="$sum1" 'BEGIN { print b - a }')")
                 gw_rate+=("$rate")
+                gw_ticks=$((gw_ticks + t1 - t0)) counted=$((counted + 1))
                 ;;
             2)
+                t0=$(ticks "${pids[3]}")
                 rate=$(rdma_rate "$cached" "$key")
+                t1=$(ticks "${pids[3]}")
                 ((round == 0)) && continue
                 hit_rate+=("$rate")
+                hit_ticks=$((hit_ticks + t1 - t0))
                 ;;
             esac
         done
@@ -301,4 +317,74 @@ for size in "${bench[@]}"; do
         c = chunk < size ? chunk : size
         printf "   first byte: Garage %.1f ms, gateway %.1f ms (bound: Garage'"'"'s plus one %d MiB chunk at its rate, %.1f ms)\n", uf * 1e3, gf * 1e3, c, (uf + c / up) * 1e3
     }'
+    awk -v size="$size" -v n="$counted" -v gw="$gw_ticks" -v hit="$hit_ticks" -v hz="$(getconf CLK_TCK)" 'BEGIN {
+        gib = n * size / 1024
+        printf "   gateway CPU per GiB served: uncached RDMA GET %.2f s, cached hit %.2f s\n", gw / hz / gib, hit / hz / gib
+    }'
 done
+
+[[ -n ${HIPOBJ_CACHE_MIB:-} ]] || exit 0
+size=$HIPOBJ_CACHE_MIB
+echo "== 4. the cache: $size MiB"
+upstream_timeout_ms=5000
+start_gateway "${garage_endpoints[1]}" 9105 --cache-bytes $((4 * size << 20)) --cache-max-object-bytes $((2 * size << 20))
+start_gateway "${garage_endpoints[1]}" 9106 --cache-bytes $((4 * size << 20)) --cache-max-object-bytes $((2 * size << 20)) --cache-validate ttl=3600
+always=http://192.0.2.1:9105 trusting=http://192.0.2.1:9106
+mkdir -p "$work/local/$bucket"
+"$server_bin" --root "$work/local" --listen 192.0.2.1:9107 --device rxe0 \
+    --access-key "$client_key" --secret-key "$client_secret" >"$work/local.out" 2>"$work/local.log" &
+pids+=($!)
+for _ in $(seq 100); do grep -q "http://" "$work/local.out" 2>/dev/null && break; sleep 0.2; done
+local_backend=http://192.0.2.1:9107
+key="gw/cache-$size"
+head -c $((size << 20)) /dev/urandom >"$work/bench"
+via "$c" put "$work/bench" "s3://$bucket/$key" --no-fallback --no-verify >/dev/null
+via "$local_backend" put "$work/bench" "s3://$bucket/$key" --no-fallback --no-verify >/dev/null
+# a. 8 clients at once, the object not cached yet.
+started=$EPOCHREALTIME
+for i in 1 2 3 4 5 6 7 8; do
+    timeout 600 "$work/via" "$always" get "s3://$bucket/$key" "$work/cold.$i" --no-fallback \
+        --chunk "${size}MiB" --streams 1 >"$work/cold.$i.out" 2>&1 &
+done
+for i in 1 2 3 4 5 6 7 8; do
+    wait -n || fail "a cold reader failed: $(cat "$work"/cold.*.out)"
+done
+took=$(awk -v a="$started" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+for i in 1 2 3 4 5 6 7 8; do
+    cmp -s "$work/bench" "$work/cold.$i" || fail "cold reader $i: bytes differ"
+    rm -f "$work/cold.$i"
+done
+gets=$(metric 9205 hipobj_s3_upstream_request_duration_seconds_count 'op="GetObject"')
+filled=$(metric 9205 hipobj_s3_cache_bytes_total 'source="upstream"')
+joined=$(metric 9205 hipobj_s3_cache_coalesced_readers_total)
+echo "   8 readers of a cold $size MiB object at once: all byte-exact in $took s; the store's GETs $gets, bytes it sent $filled, readers that joined a fill $joined"
+((gets == 1 && filled == size << 20)) || fail "the store served the object $gets times ($filled bytes)"
+# b. Cached GETs against a local-backend server's RDMA GETs.
+rdma_rate "$trusting" "$key" >/dev/null
+hit_rate=() local_rate=()
+for round in 1 2 3; do
+    hit_rate+=("$(rdma_rate "$trusting" "$key")")
+    local_rate+=("$(rdma_rate "$local_backend" "$key")")
+done
+hit=$(median "${hit_rate[@]}") here=$(median "${local_rate[@]}")
+awk -v size="$size" -v hit="$hit" -v here="$here" 'BEGIN {
+    printf "   %d MiB by RDMA: cached hit %.1f MiB/s, the local backend %.1f MiB/s, ratio %.3f\n", size, hit, here, hit / here
+}'
+# c. Garage's node 1 (both gateways' store) stopped.
+node=$(cat "$HIPOBJ_GARAGE_DIR/node1/pid")
+rdma_rate "$always" "$key" >/dev/null
+kill -STOP "$node"
+started=$EPOCHREALTIME
+out=$(timeout 120 "$work/via" "$trusting" get "s3://$bucket/$key" "$work/bench.rdma" --no-fallback --retries 0 2>&1) ||
+    { kill -CONT "$node"; fail "ttl, the store stopped: $out"; }
+cmp -s "$work/bench" "$work/bench.rdma" || { kill -CONT "$node"; fail "ttl, the store stopped: bytes differ"; }
+served=$(awk -v a="$started" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+started=$EPOCHREALTIME
+status=0
+out=$(timeout 120 "$work/via" "$always" get "s3://$bucket/$key" "$work/bench.rdma" --no-fallback --retries 0 2>&1) || status=$?
+refused=$(awk -v a="$started" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+kill -CONT "$node"
+((status != 0 && status != 124)) || fail "always, the store stopped: status $status (124: it hung): $out"
+grep -q 503 <<<"$out" || fail "always, the store stopped: not a 503: $out"
+echo "   Garage's node stopped: ttl served the object in $served s; always answered 503 in $refused s (--upstream-timeout-ms 5000): $(tail -1 <<<"$out")"
+

@@ -46,7 +46,7 @@
 //!   answers 400 BadDigest before the upstream has the whole body, and
 //!   nothing is stored.
 //! - A GetObject that asks for the store's checksum
-//!   (`x-amz-checksum-mode: ENABLED`) asks the store for it ([`AskChecksum`])
+//!   (`x-amz-checksum-mode: ENABLED`) asks the store for it (`AskChecksum`)
 //!   without the SDK checking the bytes against it on their way: whoever
 //!   asked checks them, once (the gateway's RDMA GET and its cache's fills
 //!   as they copy or keep them, a client of a plain GET as it reads them).
