@@ -2640,12 +2640,20 @@ fn rdma_gets_through_the_cache_land_byte_exact_the_store_asked_once() {
     let data = pattern(5 << 20, 21);
     runtime().block_on(async { put(&client(&gw.endpoint), "weights", &data).await });
     let before = upstream_gets(&up_metrics);
+    // This process's metrics: the gateway runs in it.
+    let in_process = |name: &str| metric_in(&hipobj::gateway::metrics::render(None), name, &[]);
+    let (in_place, registered) = (
+        in_process("hipobj_s3_cache_rdma_in_place_bytes_total"),
+        in_process("hipobj_s3_cache_registered_bytes"),
+    );
     let client = rdma_client(&world);
     let s3 = gateway_s3(&gw);
     let policy = Policy {
         fallback: false,
         verify: true,
     };
+    // The miss (its bytes as they come from the store), then two hits: the
+    // whole object, and a range whose CRC64/NVME is computed in place.
     for (round, range) in [(0, 0..data.len()), (1, 0..data.len()), (2, 4096..(3 << 20))] {
         let len = range.end - range.start;
         let mut buf = client.host_buffer(len).unwrap();
@@ -2673,5 +2681,15 @@ fn rdma_gets_through_the_cache_land_byte_exact_the_store_asked_once() {
         upstream_gets(&up_metrics) - before,
         1,
         "one GET reached the store"
+    );
+    assert_eq!(
+        in_process("hipobj_s3_cache_rdma_in_place_bytes_total") - in_place,
+        (data.len() + (3 << 20) - 4096) as u64,
+        "the hits were WRITTEN from the cache's own memory, not copied"
+    );
+    assert_eq!(
+        in_process("hipobj_s3_cache_registered_bytes") - registered,
+        data.len() as u64,
+        "the entry registered once, for both hits"
     );
 }

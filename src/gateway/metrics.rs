@@ -29,6 +29,8 @@
 //! | `hipobj_s3_cache_validations_total` | `outcome` | entries asked the store about: `same`, `changed`, `gone`, `failed` |
 //! | `hipobj_s3_cache_in_use_bytes`, `hipobj_s3_cache_limit_bytes` | | the bytes of the entries and fills in progress; `--cache-bytes` |
 //! | `hipobj_s3_cache_disk_in_use_bytes`, `hipobj_s3_cache_disk_limit_bytes` | | the bytes of the disk tier's files; `--cache-dir-bytes` |
+//! | `hipobj_s3_cache_rdma_in_place_bytes_total` | | bytes of hits WRITTEN by RDMA from the cache's own memory, no copy ([`cache_in_place`]) |
+//! | `hipobj_s3_cache_registered_bytes` | | cached objects' bytes registered with the RDMA device now (outside `--rdma-memory-bytes`) |
 //! | `hipobj_s3_build_info` | `version` | 1 |
 //!
 //! `path` is `rdma` (the payload went by RDMA: `x-amz-rdma-reply` 200 or
@@ -139,6 +141,17 @@ pub fn cache_filled(bytes: u64) {
 /// `bytes` sent to a client from the cache's memory.
 pub fn cache_served(bytes: u64) {
     cache_bytes("cache", bytes);
+}
+
+/// `bytes` of a hit WRITTEN by RDMA from the cache's own memory, in place.
+pub fn cache_in_place(bytes: u64) {
+    METRICS.cache_in_place.inc_by(bytes);
+}
+
+/// Cached bytes registered with the RDMA device now: `delta` more (or
+/// fewer).
+pub fn cache_registered(delta: i64) {
+    METRICS.cache_registered.inc_by(delta);
 }
 
 /// `bytes` read from the disk tier's files into a fill.
@@ -611,6 +624,8 @@ struct Metrics {
     cache_limit: Gauge,
     cache_disk_in_use: Gauge,
     cache_disk_limit: Gauge,
+    cache_in_place: Counter,
+    cache_registered: Gauge,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -645,6 +660,8 @@ impl Metrics {
             cache_limit: Gauge::default(),
             cache_disk_in_use: Gauge::default(),
             cache_disk_limit: Gauge::default(),
+            cache_in_place: Counter::default(),
+            cache_registered: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -753,6 +770,13 @@ impl Metrics {
             "Cache entries dropped by a write through the gateway",
             m.cache_invalidations.clone(),
         );
+        registry.register_with_unit(
+            "cache_rdma_in_place",
+            "Bytes of cache hits WRITTEN by RDMA from the cache's own registered memory, \
+             with no copy",
+            prometheus_client::registry::Unit::Bytes,
+            m.cache_in_place.clone(),
+        );
         registry.register(
             "cache_fills_in_progress",
             "Whole-object GETs to the store whose bytes are being kept",
@@ -778,6 +802,12 @@ impl Metrics {
                 "cache_disk_limit",
                 "The bytes the cache's files may take (--cache-dir-bytes)",
                 &m.cache_disk_limit,
+            ),
+            (
+                "cache_registered",
+                "The bytes of cached objects registered with the RDMA device, which RDMA GETs \
+                 WRITE from in place",
+                &m.cache_registered,
             ),
         ] {
             registry.register_with_unit(

@@ -280,6 +280,51 @@ impl RegBuf {
     }
 }
 
+/// Bytes kept elsewhere (a cached object's) that the server's WRITEs read
+/// in place: registered (local access only) for as long as this lives, so
+/// that a GET of them copies nothing. Outside the memory budget: their
+/// owner accounts for them.
+pub struct Pinned {
+    // Declared first, so deregistered before the bytes may be freed.
+    mr: Arc<dyn Mr>,
+    bytes: bytes::Bytes,
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        crate::gateway::metrics::cache_registered(
+            -i64::try_from(self.bytes.len()).unwrap_or(i64::MAX),
+        );
+    }
+}
+
+impl Pinned {
+    /// The bytes as the server side moves bytes from them.
+    pub fn local(&self) -> LocalBuf {
+        LocalBuf {
+            mr: self.mr.clone(),
+            addr: self.mr.addr(),
+        }
+    }
+
+    /// Their length.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// The CRC64/NVME (base64, as S3 writes it) of `len` bytes from `at`.
+    pub fn crc64nvme(&self, at: usize, len: usize) -> String {
+        use base64::Engine as _;
+        let crc = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64Nvme, &self.bytes[at..at + len]);
+        base64::engine::general_purpose::STANDARD.encode(crc.to_be_bytes())
+    }
+}
+
 /// A transfer's description for the log, and where its request came from.
 pub struct Label<'a> {
     /// `GET` or `PUT`.
@@ -604,6 +649,23 @@ impl Rdma {
             source: label.source,
         };
         self.side.begin_for(token, requester, deadline)
+    }
+
+    /// `bytes` registered with the device, for WRITEs to read in place
+    /// ([`Pinned`]). Blocking.
+    pub fn pin(&self, bytes: bytes::Bytes) -> Result<Pinned, String> {
+        if bytes.is_empty() {
+            return Err("nothing to register".into());
+        }
+        let addr = bytes.as_ptr().expose_provenance();
+        // No access flag: the NIC only reads them, for the server's WRITEs.
+        let mr = self
+            .side
+            .pd()
+            .reg_mr(addr, bytes.len(), Access::empty())
+            .map_err(|e| format!("registering {} cached bytes: {e}", bytes.len()))?;
+        crate::gateway::metrics::cache_registered(i64::try_from(bytes.len()).unwrap_or(i64::MAX));
+        Ok(Pinned { mr, bytes })
     }
 
     /// Gives `buf` back after a failed transfer if the NIC is done with it

@@ -327,6 +327,7 @@ impl RdmaS3 {
         let (token, rdma, source) = (job.token, job.rdma.clone(), job.source);
         let mut resp = self.get_for_rdma(req).await.map_err(echo_status)?;
         let file = resp.extensions.remove::<ObjectFile>();
+        let kept = resp.extensions.remove::<crate::gateway::cache::Kept>();
         let length = resp
             .output
             .content_length
@@ -366,17 +367,42 @@ impl RdmaS3 {
                 pending: Bytes::new(),
             },
         };
-        // The transfer's whole share of the budget, before the writer
-        // proves the token (which holds a connection): never part of it
-        // while waiting for more.
-        let window = {
-            let (chunk, depth) = (rdma.chunk_bytes(), rdma.chunks());
-            let wanted = get_chunks(want, chunk).min(depth);
-            let rdma = rdma.clone();
-            job.blocking(move || rdma.reserve(chunk.min(want), wanted, wanted.min(1)))
-                .await
-                .map_err(failed)?
-                .map_err(take_failed)?
+        // A cached object's bytes are WRITTEN from where the cache keeps
+        // them, registered once for all its GETs: no buffers, no copy.
+        let feed = match kept.filter(|_| want > 0) {
+            Some(kept) => {
+                let pinned = match kept.pinned.get() {
+                    Some(pinned) => Arc::clone(pinned),
+                    None => {
+                        let (rdma, bytes) = (rdma.clone(), kept.bytes.clone());
+                        let pinned = job
+                            .blocking(move || rdma.pin(bytes))
+                            .await
+                            .map_err(failed)?
+                            .map_err(failed)?;
+                        Arc::clone(kept.pinned.get_or_init(|| Arc::new(pinned)))
+                    }
+                };
+                let at = usize::try_from(kept.first).map_err(|e| failed(e.to_string()))?;
+                let whole_crc = resp.output.checksum_crc64nvme.clone().filter(|_| whole);
+                Feed::Pinned {
+                    pinned,
+                    at,
+                    whole_crc,
+                }
+            }
+            // The transfer's whole share of the budget, before the writer
+            // proves the token (which holds a connection): never part of
+            // it while waiting for more.
+            None => Feed::Chunks({
+                let (chunk, depth) = (rdma.chunk_bytes(), rdma.chunks());
+                let wanted = get_chunks(want, chunk).min(depth);
+                let rdma = rdma.clone();
+                job.blocking(move || rdma.reserve(chunk.min(want), wanted, wanted.min(1)))
+                    .await
+                    .map_err(failed)?
+                    .map_err(take_failed)?
+            }),
         };
         let (chunk_tx, chunk_rx) = std::sync::mpsc::channel();
         let (free_tx, mut free_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -399,7 +425,19 @@ impl RdmaS3 {
             crc: verify,
             stored,
         };
-        let filling = fill_chunks(&job, window, bytes_from, want, sums, chunk_tx, &mut free_rx);
+        let in_place = matches!(feed, Feed::Pinned { .. });
+        let filling = async {
+            match feed {
+                Feed::Chunks(window) => {
+                    fill_chunks(&job, window, bytes_from, want, sums, chunk_tx, &mut free_rx).await
+                }
+                Feed::Pinned {
+                    pinned,
+                    at,
+                    whole_crc,
+                } => feed_pinned(&job, pinned, at, want, verify, whole_crc, chunk_tx).await,
+            }
+        };
         let (written, filled) = tokio::join!(writing, filling);
         // Buffers the writer handed back: to the pool.
         free_rx.close();
@@ -428,6 +466,9 @@ impl RdmaS3 {
             Err(Fill::WriterGone) => None,
         };
         written.map_err(failed)?.map_err(transfer_failed)?;
+        if in_place {
+            crate::gateway::metrics::cache_in_place(len);
+        }
         resp.output.content_length = Some(0);
         // The object's checksums describe an HTTP body, which is empty here.
         resp.output.checksum_crc32 = None;
@@ -781,6 +822,69 @@ async fn fill_chunks(
     Ok(computed
         .filter(|_| sums.crc)
         .and_then(|c| c.checksum_crc64nvme))
+}
+
+/// Where a GET's chunks come from.
+enum Feed {
+    /// Buffers of the budget (this window of it), filled from the answer.
+    Chunks(Window),
+    /// A cached object's registered bytes, from `at` on; their CRC64/NVME
+    /// when the GET is of the whole object.
+    Pinned {
+        pinned: Arc<crate::gateway::rdma::Pinned>,
+        at: usize,
+        whole_crc: Option<String>,
+    },
+}
+
+/// Hands the writer `want` bytes of `pinned` from `at`, in the chunks
+/// [`fill_chunks`] would make, then [`Chunk::Done`](stream::Chunk::Done).
+/// Returns the CRC64/NVME of the bytes (base64) when `crc`: the entry's
+/// own for the whole object, else computed over them in place.
+async fn feed_pinned(
+    job: &Job,
+    pinned: Arc<crate::gateway::rdma::Pinned>,
+    at: usize,
+    want: usize,
+    crc: bool,
+    whole_crc: Option<String>,
+    writer: std::sync::mpsc::Sender<stream::Chunk>,
+) -> Result<Option<String>, Fill> {
+    let chunk = job.rdma.chunk_bytes();
+    let mut offset = 0usize;
+    while offset < want {
+        let size = if offset == 0 {
+            first_chunk(chunk)
+        } else {
+            chunk
+        };
+        let n = (want - offset).min(size);
+        writer
+            .send(stream::Chunk::Pinned {
+                pinned: Arc::clone(&pinned),
+                at: at + offset,
+                offset: offset as u64,
+                len: n,
+            })
+            .map_err(|_| Fill::WriterGone)?;
+        offset += n;
+    }
+    let sum = match (crc, whole_crc) {
+        (false, _) => None,
+        (true, Some(whole)) => Some(whole),
+        (true, None) => {
+            let pinned = Arc::clone(&pinned);
+            Some(
+                job.blocking(move || pinned.crc64nvme(at, want))
+                    .await
+                    .map_err(Fill::Failed)?,
+            )
+        }
+    };
+    writer
+        .send(stream::Chunk::Done)
+        .map_err(|_| Fill::WriterGone)?;
+    Ok(sum)
 }
 
 /// A chunk filled, how, and where the next one comes from.

@@ -28,7 +28,7 @@ use s3s::stream::{ByteStream, RemainingLength};
 use s3s::StdError;
 use tokio::sync::mpsc;
 
-use super::rdma::{Failure, Label, Rdma, RegBuf, TakeError, MIN_CHUNKS};
+use super::rdma::{Failure, Label, Pinned, Rdma, RegBuf, TakeError, MIN_CHUNKS};
 use crate::core::token::Token;
 use crate::server::TransferFailure;
 
@@ -39,6 +39,18 @@ pub enum Chunk {
     Data {
         /// The registered buffer.
         buf: RegBuf,
+        /// Where they go in the client's range.
+        offset: u64,
+        /// How many.
+        len: usize,
+    },
+    /// `len` bytes at `at` of memory registered where it is kept (a
+    /// cached object's), for the client's range at `offset`: no copy.
+    Pinned {
+        /// The registered bytes.
+        pinned: Arc<Pinned>,
+        /// Where the chunk starts in them.
+        at: usize,
         /// Where they go in the client's range.
         offset: u64,
         /// How many.
@@ -90,6 +102,38 @@ pub fn write_chunks(
                         }
                         Err(failure) => {
                             rdma.release(buf, failure.local_quiet);
+                            return Err(failure);
+                        }
+                    }
+                }
+                Ok(Chunk::Pinned {
+                    pinned,
+                    at,
+                    offset,
+                    len,
+                }) => {
+                    let n = len as u64;
+                    session.set_deadline(Instant::now() + rdma.timeout());
+                    match session.write(&pinned.local(), at as u64, offset, n) {
+                        Ok(()) => {
+                            if written == 0 {
+                                crate::gateway::metrics::rdma_first_byte(
+                                    label.arrived.elapsed().as_secs_f64(),
+                                );
+                            }
+                            written += n;
+                        }
+                        Err(failure) => {
+                            if !failure.local_quiet {
+                                // The NIC may still read them: never
+                                // deregistered, never freed.
+                                eprintln!(
+                                    "hipobj-s3-server: a cached object's {} registered bytes \
+                                     are leaked (the NIC may still use them)",
+                                    pinned.len()
+                                );
+                                std::mem::forget(pinned);
+                            }
                             return Err(failure);
                         }
                     }

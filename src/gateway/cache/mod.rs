@@ -45,7 +45,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -57,6 +57,7 @@ use tokio::sync::watch;
 
 use super::backend::{delegate_s3, sibling, Backend};
 use super::metrics;
+use super::rdma::Pinned;
 use super::s3::Stored;
 use super::stream::ChunkStream;
 
@@ -240,6 +241,23 @@ struct Entry {
     crc64nvme: String,
     /// When it was filled or last found to hold.
     checked: Mutex<Option<Instant>>,
+    /// `bytes` registered with the RDMA device, once a first RDMA GET of
+    /// the entry asked ([`Kept`]); deregistered when the entry is dropped
+    /// and no GET reads it any more.
+    pinned: Arc<OnceLock<Arc<Pinned>>>,
+}
+
+/// A hit's bytes, in the extensions of its answer, for the gateway's RDMA
+/// GET to WRITE from where they are kept ([`Pinned`]) instead of copying
+/// them into the transfer's buffers.
+#[derive(Clone)]
+pub struct Kept {
+    /// The whole object's bytes.
+    pub bytes: Bytes,
+    /// Where the answer's bytes start in them.
+    pub first: u64,
+    /// The entry's registration, made by the first RDMA GET that asks.
+    pub pinned: Arc<OnceLock<Arc<Pinned>>>,
 }
 
 /// The cache's weights: an entry's bytes (at least 1: an empty object is
@@ -793,11 +811,17 @@ fn serve_entry(entry: &Entry, input: &GetObjectInput) -> S3Result<S3Response<Get
     };
     metrics::cache_served(bytes.len() as u64);
     let crc = wants_checksum(input.checksum_mode.as_ref()).then_some(entry.crc64nvme.as_str());
-    Ok(S3Response::new(entry.head.answer(
-        span,
+    let mut answer = S3Response::new(entry.head.answer(
+        span.clone(),
         crc,
         StreamingBlob::from(s3s::Body::from(bytes)),
-    )))
+    ));
+    answer.extensions.insert(Kept {
+        bytes: entry.bytes.clone(),
+        first: span.map_or(0, |r| r.start),
+        pinned: Arc::clone(&entry.pinned),
+    });
+    Ok(answer)
 }
 
 /// A fill: the store's whole object, its bytes kept as they come, checked,
@@ -957,6 +981,7 @@ async fn fill_bytes(
             bytes,
             crc64nvme,
             checked: Mutex::new(Some(Instant::now())),
+            pinned: Arc::default(),
         },
         len,
         Source::Store,
@@ -1041,6 +1066,7 @@ async fn from_disk(
             bytes,
             crc64nvme: stored.crc64nvme.clone(),
             checked: Mutex::new(checked),
+            pinned: Arc::default(),
         },
         len,
         Source::Disk,
