@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # The gateway's own CPU per GiB it serves, on the host (no RDMA device:
-# plain HTTP): a release hipobj-s3-server as the store (local backend) and
-# two gateways in front of it, one without a cache and one with it
+# plain HTTP): a store, and two release hipobj-s3-server gateways in front
+# of it, one without a cache and one with it
 # (--cache-bytes, trusted), each GET of one object by curl read to
 # /dev/null. The CPU is the gateway process's user + system time
 # (/proc/PID/stat) across the GETs, over the GiB they moved; docs/
 # performance.md, "The gateway's cost per byte", has the figures.
 #
 #   bash scripts/gateway-cpu.sh [MIB [ROUNDS]]     (default 256 and 8)
+#
+# The store is another hipobj-s3-server (its local backend, which hands
+# its bytes on in 4 KiB pieces), or, run inside scripts/vm/garage-guest.sh
+# (on the host too: HIPOBJ_GARAGE names the binary), Garage's node 0 (1 MiB
+# blocks), as a deployment would have it.
 #
 # Rows: GETs through the uncached gateway without and with
 # `x-amz-checksum-mode: ENABLED` (the store's checksum asked for, as the
@@ -37,10 +42,14 @@ cleanup() {
 }
 trap cleanup EXIT
 key=cpu-key secret=cpu-secret-0123456789
+# The store's keys and region: Garage's, or the same as the gateways'.
+store_key=${AWS_ACCESS_KEY_ID:-$key} store_secret=${AWS_SECRET_ACCESS_KEY:-$secret}
+region=${HIPOBJ_GARAGE_REGION:-us-east-1} bucket=${HIPOBJ_GARAGE_BUCKET:-bucket}
+[[ -n ${HIPOBJ_GARAGE_ENDPOINT:-} ]] || store_key=$key store_secret=$secret
 # Starts the server with its arguments; its endpoint in $endpoint.
 start() {
     local out="$work/server${#pids[@]}.out"
-    HIPOBJ_SECRET_KEY=$secret AWS_ACCESS_KEY_ID=$key AWS_SECRET_ACCESS_KEY=$secret \
+    HIPOBJ_SECRET_KEY=$secret AWS_ACCESS_KEY_ID=$store_key AWS_SECRET_ACCESS_KEY=$store_secret \
         "$server" --listen 127.0.0.1:0 --no-rdma --access-key "$key" "$@" >"$out" 2>"$out.err" &
     pids+=($!)
     for _ in $(seq 100); do
@@ -56,18 +65,24 @@ s3() {
     curl -sS --fail-with-body --aws-sigv4 "aws:amz:us-east-1:s3" --user "$key:$secret" \
         -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" "$@"
 }
-mkdir -p "$work/root/bucket"
-start --root "$work/root"
-store=$endpoint
-start --upstream "$store" --upstream-region us-east-1
+if [[ -n ${HIPOBJ_GARAGE_ENDPOINT:-} ]]; then
+    store=$HIPOBJ_GARAGE_ENDPOINT
+    what="Garage's node 0"
+else
+    mkdir -p "$work/root/$bucket"
+    start --root "$work/root"
+    store=$endpoint
+    what="a hipobj-s3-server's local backend"
+fi
+start --upstream "$store" --upstream-region "$region"
 plain=$endpoint plain_pid=${pids[-1]}
-start --upstream "$store" --upstream-region us-east-1 --cache-bytes $(((mib + 1) << 21)) \
-    --cache-validate ttl=3600
+start --upstream "$store" --upstream-region "$region" --cache-bytes $(((mib + 1) << 21)) \
+    --cache-max-object-bytes $((mib << 20)) --cache-validate ttl=3600
 cached=$endpoint cached_pid=${pids[-1]}
 head -c $((mib << 20)) /dev/urandom >"$work/object"
 # Put with its CRC64/NVME (the command computes it), as a client would.
-AWS_ACCESS_KEY_ID=$key AWS_SECRET_ACCESS_KEY=$secret AWS_REGION=us-east-1 \
-    "$hipobj" put "$work/object" s3://bucket/object --endpoint "$store" --chunk "${mib}MiB" \
+AWS_ACCESS_KEY_ID=$store_key AWS_SECRET_ACCESS_KEY=$store_secret AWS_REGION=$region \
+    "$hipobj" put "$work/object" "s3://$bucket/object" --endpoint "$store" --chunk "${mib}MiB" \
     --streams 1 --no-progress >/dev/null
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
@@ -76,11 +91,11 @@ hz=$(getconf CLK_TCK)
 measure() {
     local endpoint=$1 pid=$2 before after start
     shift 2
-    s3 "$@" -o /dev/null "$endpoint/bucket/object" # warm
+    s3 "$@" -o /dev/null "$endpoint/$bucket/object" # warm
     before=$(ticks "$pid")
     start=$(date +%s.%N)
     for _ in $(seq "$rounds"); do
-        s3 "$@" -o /dev/null "$endpoint/bucket/object"
+        s3 "$@" -o /dev/null "$endpoint/$bucket/object"
     done
     after=$(ticks "$pid")
     awk -v t=$((after - before)) -v hz="$hz" -v n="$rounds" -v mib="$mib" \
@@ -89,7 +104,7 @@ measure() {
         printf "%.3f CPU s/GiB (%.2f s for %.1f GiB), %.0f MiB/s\n", t / hz / gib, t / hz, gib, gib * 1024 / (s - s0)
     }'
 }
-echo "gateway-cpu: $mib MiB object, $rounds GETs each; $("$server" --version)"
+echo "gateway-cpu: $mib MiB object, $rounds GETs each, the store $what; $("$server" --version)"
 printf '  %-44s %s\n' "uncached, no checksum asked:" "$(measure "$plain" "$plain_pid")"
 printf '  %-44s %s\n' "uncached, x-amz-checksum-mode: ENABLED:" \
     "$(measure "$plain" "$plain_pid" -H "x-amz-checksum-mode: ENABLED")"

@@ -2626,6 +2626,62 @@ fn the_disk_tier_survives_a_restart_and_a_file_corrupted_while_down_is_not_serve
 }
 
 #[test]
+fn concurrent_rdma_readers_of_a_cold_object_land_byte_exact_the_store_asked_once() {
+    use hipobj::s3::objects::{self, Object, Policy};
+    let (up, up_metrics) = counted_upstream();
+    let world = hipobj::testing::world::World::new();
+    let credentials = Credentials::new(UPSTREAM_KEY, UPSTREAM_SECRET, None, None, "test");
+    let gw = gateway::Gateway::upstream_signed(
+        &world,
+        &up.endpoint,
+        &["--cache-bytes", "134217728"],
+        credentials,
+    );
+    let data = pattern(24 << 20, 31);
+    runtime().block_on(async { put(&client(&gw.endpoint), "cold", &data).await });
+    let before = upstream_gets(&up_metrics);
+    let client = rdma_client(&world);
+    let s3 = gateway_s3(&gw);
+    let policy = Policy {
+        fallback: false,
+        verify: true,
+    };
+    std::thread::scope(|scope| {
+        let readers: Vec<_> = (0..8)
+            .map(|i| {
+                let (client, s3, data) = (&client, &s3, &data);
+                scope.spawn(move || {
+                    let mut buf = client.host_buffer(data.len()).unwrap();
+                    let got = objects::get(
+                        client,
+                        Object::new(s3, BUCKET, "cold"),
+                        0..data.len() as u64,
+                        &mut buf,
+                        0,
+                        policy,
+                    )
+                    .unwrap_or_else(|e| panic!("reader {i}: {e}"));
+                    assert!(
+                        matches!(got.path, objects::Path::Rdma(_)),
+                        "reader {i} by RDMA: {:?}",
+                        got.path
+                    );
+                    same_bytes(buf.as_slice().unwrap(), data, "a cold RDMA reader");
+                })
+            })
+            .collect();
+        for reader in readers {
+            reader.join().unwrap();
+        }
+    });
+    assert_eq!(
+        upstream_gets(&up_metrics) - before,
+        1,
+        "one GET reached the store"
+    );
+}
+
+#[test]
 fn rdma_gets_through_the_cache_land_byte_exact_the_store_asked_once() {
     use hipobj::s3::objects::{self, Object, Policy};
     let (up, up_metrics) = counted_upstream();

@@ -342,16 +342,19 @@ via "$c" put "$work/bench" "s3://$bucket/$key" --no-fallback --no-verify >/dev/n
 via "$local_backend" put "$work/bench" "s3://$bucket/$key" --no-fallback --no-verify >/dev/null
 # a. 8 clients at once, the object not cached yet.
 started=$EPOCHREALTIME
+readers=()
 for i in 1 2 3 4 5 6 7 8; do
     timeout 600 "$work/via" "$always" get "s3://$bucket/$key" "$work/cold.$i" --no-fallback \
         --chunk "${size}MiB" --streams 1 >"$work/cold.$i.out" 2>&1 &
+    readers+=($!)
 done
-for i in 1 2 3 4 5 6 7 8; do
-    wait -n || fail "a cold reader failed: $(cat "$work"/cold.*.out)"
+for i in "${!readers[@]}"; do
+    wait "${readers[$i]}" || fail "cold reader $((i + 1)) failed: $(cat "$work/cold.$((i + 1)).out")"
 done
 took=$(awk -v a="$started" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
 for i in 1 2 3 4 5 6 7 8; do
-    cmp -s "$work/bench" "$work/cold.$i" || fail "cold reader $i: bytes differ"
+    cmp -s "$work/bench" "$work/cold.$i" ||
+        fail "cold reader $i: bytes differ ($(cmp "$work/bench" "$work/cold.$i" 2>&1 | head -1); $(stat -c %s "$work/cold.$i") bytes): $(cat "$work/cold.$i.out")"
     rm -f "$work/cold.$i"
 done
 gets=$(metric 9205 hipobj_s3_upstream_request_duration_seconds_count 'op="GetObject"')

@@ -733,6 +733,23 @@ fn get_chunks(want: usize, chunk: usize) -> usize {
     }
 }
 
+/// The chunks of a GET of `want` bytes: (offset, length) each, the first
+/// [`first_chunk`], the others `chunk`.
+fn spans(want: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut offset = 0usize;
+    std::iter::from_fn(move || {
+        let size = if offset == 0 {
+            first_chunk(chunk)
+        } else {
+            chunk
+        };
+        let n = want.checked_sub(offset)?.min(size);
+        let span = (offset, n);
+        offset += n;
+        (n > 0).then_some(span)
+    })
+}
+
 /// The first chunk of a GET: an eighth of the others (at least 64 KiB), so
 /// that the client's first bytes wait for it, not for a whole chunk.
 fn first_chunk(chunk: usize) -> usize {
@@ -756,17 +773,9 @@ async fn fill_chunks(
     free: &mut tokio::sync::mpsc::UnboundedReceiver<RegBuf>,
 ) -> Result<Option<String>, Fill> {
     let rdma = &job.rdma;
-    let chunk = rdma.chunk_bytes();
     let mut hasher =
         (sums.crc || sums.stored.is_some()).then(|| Stored::hasher(sums.stored.as_ref(), sums.crc));
-    let mut offset = 0usize;
-    while offset < want {
-        let size = if offset == 0 {
-            first_chunk(chunk)
-        } else {
-            chunk
-        };
-        let n = (want - offset).min(size);
+    for (offset, n) in spans(want, rdma.chunk_bytes()) {
         let buf = match free.try_recv() {
             Ok(buf) => buf,
             Err(_) if window.left() > 0 => {
@@ -803,7 +812,6 @@ async fn fill_chunks(
             }
             return Err(Fill::WriterGone);
         }
-        offset += n;
     }
     let computed = hasher.map(|h| h.finalize());
     if let (Some(stored), Some(computed)) = (&sums.stored, &computed) {
@@ -850,15 +858,7 @@ async fn feed_pinned(
     whole_crc: Option<String>,
     writer: std::sync::mpsc::Sender<stream::Chunk>,
 ) -> Result<Option<String>, Fill> {
-    let chunk = job.rdma.chunk_bytes();
-    let mut offset = 0usize;
-    while offset < want {
-        let size = if offset == 0 {
-            first_chunk(chunk)
-        } else {
-            chunk
-        };
-        let n = (want - offset).min(size);
+    for (offset, n) in spans(want, job.rdma.chunk_bytes()) {
         writer
             .send(stream::Chunk::Pinned {
                 pinned: Arc::clone(&pinned),
@@ -867,7 +867,6 @@ async fn feed_pinned(
                 len: n,
             })
             .map_err(|_| Fill::WriterGone)?;
-        offset += n;
     }
     let sum = match (crc, whole_crc) {
         (false, _) => None,
