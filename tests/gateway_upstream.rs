@@ -2625,6 +2625,62 @@ fn the_disk_tier_survives_a_restart_and_a_file_corrupted_while_down_is_not_serve
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The requests of operation `op` the upstream answered.
+fn upstream_ops(url: &str, op: &str) -> u64 {
+    metric_at(url, "hipobj_s3_requests_total", &[&format!("op=\"{op}\"")])
+}
+
+#[test]
+fn an_rdma_get_of_a_whole_object_costs_the_store_one_get_and_no_head() {
+    use hipobj::s3::objects::{self, Object, Policy};
+    let (up, up_metrics) = counted_upstream();
+    let world = hipobj::testing::world::World::new();
+    let credentials = Credentials::new(UPSTREAM_KEY, UPSTREAM_SECRET, None, None, "test");
+    let gw = gateway::Gateway::upstream_signed(&world, &up.endpoint, &[], credentials);
+    let data = pattern(5 << 20, 41);
+    runtime().block_on(async { put(&client(&gw.endpoint), "whole", &data).await });
+    let client = rdma_client(&world);
+    let s3 = gateway_s3(&gw);
+    let policy = Policy {
+        fallback: false,
+        verify: true,
+    };
+    // The whole object (one GET, no HEAD), a range from the first byte
+    // short of the end (the whole answer dropped, the range asked), and a
+    // small first range (asked as it came).
+    for (range, gets, heads) in [(0..data.len(), 1, 0), (0..(2 << 20), 2, 0), (0..4096, 1, 0)] {
+        let (get_before, head_before) = (
+            upstream_ops(&up_metrics, "GetObject"),
+            upstream_ops(&up_metrics, "HeadObject"),
+        );
+        let len = range.end - range.start;
+        let mut buf = client.host_buffer(len).unwrap();
+        let got = objects::get(
+            &client,
+            Object::new(&s3, BUCKET, "whole"),
+            range.start as u64..range.end as u64,
+            &mut buf,
+            0,
+            policy,
+        )
+        .unwrap_or_else(|e| panic!("RDMA GET {range:?}: {e}"));
+        assert!(matches!(got.path, objects::Path::Rdma(_)), "{:?}", got.path);
+        same_bytes(
+            &buf.as_slice().unwrap()[..len],
+            &data[range.clone()],
+            "an RDMA GET",
+        );
+        assert_eq!(
+            (
+                upstream_ops(&up_metrics, "GetObject") - get_before,
+                upstream_ops(&up_metrics, "HeadObject") - head_before
+            ),
+            (gets, heads),
+            "{range:?}: the store's GETs and HEADs"
+        );
+    }
+}
+
 #[test]
 fn concurrent_rdma_readers_of_a_cold_object_land_byte_exact_the_store_asked_once() {
     use hipobj::s3::objects::{self, Object, Policy};

@@ -250,63 +250,42 @@ impl RdmaS3 {
     }
 
     /// The backend's answer to an RDMA GET. A range from the object's
-    /// first byte that reaches its last (what clients send for a whole
-    /// object: they do not know its length) is asked of the backend as the
-    /// whole object, at the version a HEAD found (`If-Match` its ETag), and
-    /// its answer given the Content-Range the client's range asks for:
-    /// stores answer a range without the object's stored checksum, and
-    /// some serve it by a slower path (Garage: 40 ms more before the first
-    /// byte). Any other request, or a HEAD that does not answer, goes as it
-    /// came.
+    /// first byte, open or of at least [`WHOLE_FROM`] bytes (what clients
+    /// send for a whole object: they may not know its length), is asked of
+    /// the backend as the whole object, in one request whose answer says
+    /// the version and the length: stores answer a range without the
+    /// object's stored checksum, and some serve it by a slower path (Garage:
+    /// 40 ms more before the first byte). The answer gets the Content-Range
+    /// the client's range asks for when that range reaches the object's
+    /// last byte; when it ends before (the start of a larger object), that
+    /// answer is dropped and the range asked as it came. Any other request
+    /// goes as it came.
     async fn get_for_rdma(
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
-        let Some(Range::Int { first: 0, last }) = req.input.range else {
-            return self.backend_get(req).await;
+        let last = match req.input.range {
+            Some(Range::Int { first: 0, last }) if last.is_none_or(|l| l + 1 >= WHOLE_FROM) => last,
+            _ => return self.backend_get(req).await,
         };
-        let head = crate::gateway::backend::sibling(
-            &req,
-            HeadObjectInput {
-                bucket: req.input.bucket.clone(),
-                key: req.input.key.clone(),
-                version_id: req.input.version_id.clone(),
-                ..HeadObjectInput::default()
-            },
-        );
-        let found = self.backend.head_object(head).await.ok().and_then(|h| {
-            let n = h
-                .output
-                .content_length
-                .and_then(|n| u64::try_from(n).ok())?;
-            Some((n, h.output.e_tag?))
-        });
-        let Some((n, etag)) = found else {
-            return self.backend_get(req).await;
-        };
-        if n == 0 || last.is_some_and(|last| last < n - 1) {
-            return self.backend_get(req).await;
-        }
         let mut input = req.input.clone();
         input.range = None;
-        let pinned = input.if_match.is_none();
-        if pinned {
-            input.if_match = Some(ETagCondition::ETag(etag));
-        }
-        match self
+        let mut resp = self
             .backend_get(crate::gateway::backend::sibling(&req, input))
-            .await
-        {
-            Ok(mut resp) => {
-                resp.output.content_range = Some(format!("bytes 0-{}/{n}", n - 1));
-                Ok(resp)
-            }
-            // The object changed since the HEAD: asked again as it came.
-            Err(e) if pinned && e.status_code().is_some_and(|s| s.as_u16() == 412) => {
-                self.backend_get(req).await
-            }
-            Err(e) => Err(e),
+            .await?;
+        let n = resp
+            .output
+            .content_length
+            .and_then(|n| u64::try_from(n).ok())
+            .unwrap_or(0);
+        if n == 0 || last.is_some_and(|last| last < n - 1) {
+            // An empty object (whose range the store refuses as it
+            // should), or a range short of its end.
+            drop(resp);
+            return self.backend_get(req).await;
         }
+        resp.output.content_range = Some(format!("bytes 0-{}/{n}", n - 1));
+        Ok(resp)
     }
 
     /// GetObject with a usable token: the backend's answer (or range),
@@ -831,6 +810,10 @@ async fn fill_chunks(
         .filter(|_| sums.crc)
         .and_then(|c| c.checksum_crc64nvme))
 }
+
+/// The least length of a range from an object's first byte that an RDMA
+/// GET asks of the backend as the whole object ([`RdmaS3::get_for_rdma`]).
+const WHOLE_FROM: u64 = 1 << 20;
 
 /// Where a GET's chunks come from.
 enum Feed {
