@@ -22,7 +22,8 @@
 #   3. With BENCH_MIB (a list of sizes), the benchmark: RDMA GETs through
 #      gateway 2 (no cache) and hits of gateway 3 (the cache on, trusted)
 #      against plain HTTP GETs (curl) straight from the Garage node behind
-#      them, the same object for all, taken in turn; throughput and time
+#      them and through gateway 2 itself, the same object for all, taken in
+#      turn; throughput and time
 #      to first byte (docs/performance.md, "The gateway in front of
 #      Garage"), and each gateway's CPU per GiB it served.
 #   4. With HIPOBJ_CACHE_MIB set (a size; not in CI), the cache's lane
@@ -269,13 +270,13 @@ for size in "${bench[@]}"; do
     rounds=$((64 / size))
     ((rounds >= 1)) || rounds=1
     up_rate=() up_first=() gw_rate=() gw_first=() hit_rate=()
-    gw_ticks=0 hit_ticks=0 counted=0
+    gw_ticks=0 hit_ticks=0 counted=0 plain_rate=()
     # The first size's round 0 warms both up (connections, caches) and is
     # not counted.
     [[ "$size" == "${bench[0]}" ]] && first_round=0 || first_round=1
     for ((round = first_round; round <= rounds; round++)); do
-        for turn in 0 1 2; do
-            case $(((round + turn) % 3)) in
+        for turn in 0 1 2 3; do
+            case $(((round + turn) % 4)) in
             0)
                 out=$(curl -sS --fail-with-body --aws-sigv4 "aws:amz:$HIPOBJ_GARAGE_REGION:s3" \
                     --user "$garage_key:$garage_secret" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" \
@@ -299,6 +300,16 @@ for size in "${bench[@]}"; do
                 gw_rate+=("$rate")
                 gw_ticks=$((gw_ticks + t1 - t0)) counted=$((counted + 1))
                 ;;
+            3)
+                # The same gateway's own plain HTTP GET (curl, SigV4).
+                out=$(curl -sS --fail-with-body --aws-sigv4 "aws:amz:us-east-1:s3" \
+                    --user "$client_key:$client_secret" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" \
+                    -o "$work/bench.http" -w '%{time_total}' "$c/$bucket/$key") ||
+                    fail "gateway 2's plain GET of $key: $out"
+                cmp -s "$work/bench" "$work/bench.http" || fail "gateway 2's plain GET of $key: bytes differ"
+                ((round == 0)) && continue
+                plain_rate+=("$(awk -v m="$size" -v t="$out" 'BEGIN { print m / t }')")
+                ;;
             2)
                 t0=$(ticks "${pids[3]}")
                 rate=$(rdma_rate "$cached" "$key")
@@ -311,11 +322,15 @@ for size in "${bench[@]}"; do
         done
     done
     up=$(median "${up_rate[@]}") gw=$(median "${gw_rate[@]}") hit=$(median "${hit_rate[@]}")
+    plain=$(median "${plain_rate[@]}")
     uf=$(median "${up_first[@]}") gf=$(median "${gw_first[@]}")
     awk -v size="$size" -v n="$rounds" -v up="$up" -v gw="$gw" -v hit="$hit" -v uf="$uf" -v gf="$gf" -v chunk=8 'BEGIN {
         printf "   %d MiB x%d: Garage %.1f MiB/s, gateway by RDMA %.1f MiB/s, ratio %.3f; cached hits by RDMA %.1f MiB/s, %.2f x Garage\n", size, n, up, gw, gw / up, hit, hit / up
         c = chunk < size ? chunk : size
         printf "   first byte: Garage %.1f ms, gateway %.1f ms (bound: Garage'"'"'s plus one %d MiB chunk at its rate, %.1f ms)\n", uf * 1e3, gf * 1e3, c, (uf + c / up) * 1e3
+    }'
+    awk -v gw="$gw" -v plain="$plain" 'BEGIN {
+        printf "   the same gateway'"'"'s plain HTTP GET %.1f MiB/s: its RDMA GET %.3f of it\n", plain, gw / plain
     }'
     awk -v size="$size" -v n="$counted" -v gw="$gw_ticks" -v hit="$hit_ticks" -v hz="$(getconf CLK_TCK)" 'BEGIN {
         gib = n * size / 1024
