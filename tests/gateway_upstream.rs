@@ -2630,21 +2630,59 @@ fn upstream_ops(url: &str, op: &str) -> u64 {
     metric_at(url, "hipobj_s3_requests_total", &[&format!("op=\"{op}\"")])
 }
 
-#[test]
-fn an_rdma_get_of_a_whole_object_costs_the_store_one_get_and_no_head() {
-    use hipobj::s3::objects::{self, Object, Policy};
-    let (up, up_metrics) = counted_upstream();
-    let world = hipobj::testing::world::World::new();
+/// A gateway in this process on `world`'s fake fabric, in front of the
+/// upstream at `endpoint` (signing with the upstream's keys), with `extra`
+/// options.
+fn gateway_in_front(
+    world: &hipobj::testing::world::World,
+    endpoint: &str,
+    extra: &[&str],
+) -> gateway::Gateway {
     let credentials = Credentials::new(UPSTREAM_KEY, UPSTREAM_SECRET, None, None, "test");
-    let gw = gateway::Gateway::upstream_signed(&world, &up.endpoint, &[], credentials);
-    let data = pattern(5 << 20, 41);
-    runtime().block_on(async { put(&client(&gw.endpoint), "whole", &data).await });
-    let client = rdma_client(&world);
-    let s3 = gateway_s3(&gw);
+    gateway::Gateway::upstream_signed(world, endpoint, extra, credentials)
+}
+
+/// `range` of `key` by RDMA (never by plain HTTP), checked by the
+/// client's CRC: its bytes.
+fn rdma_get(
+    client: &hipobj::client::Client,
+    s3: &hipobj::s3::S3,
+    key: &str,
+    range: std::ops::Range<usize>,
+) -> Vec<u8> {
+    use hipobj::s3::objects::{self, Object, Policy};
     let policy = Policy {
         fallback: false,
         verify: true,
     };
+    let len = range.end - range.start;
+    let mut buf = client.host_buffer(len).unwrap();
+    let got = objects::get(
+        client,
+        Object::new(s3, BUCKET, key),
+        range.start as u64..range.end as u64,
+        &mut buf,
+        0,
+        policy,
+    )
+    .unwrap_or_else(|e| panic!("RDMA GET {key} {range:?}: {e}"));
+    assert!(
+        matches!(got.path, objects::Path::Rdma(_)),
+        "RDMA GET {key} {range:?}: {:?}",
+        got.path
+    );
+    buf.as_slice().unwrap()[..len].to_vec()
+}
+
+#[test]
+fn an_rdma_get_of_a_whole_object_costs_the_store_one_get_and_no_head() {
+    let (up, up_metrics) = counted_upstream();
+    let world = hipobj::testing::world::World::new();
+    let gw = gateway_in_front(&world, &up.endpoint, &[]);
+    let data = pattern(5 << 20, 41);
+    runtime().block_on(async { put(&client(&gw.endpoint), "whole", &data).await });
+    let client = rdma_client(&world);
+    let s3 = gateway_s3(&gw);
     // The whole object (one GET, no HEAD), a range from the first byte
     // short of the end (the whole answer dropped, the range asked), and a
     // small first range (asked as it came).
@@ -2653,20 +2691,8 @@ fn an_rdma_get_of_a_whole_object_costs_the_store_one_get_and_no_head() {
             upstream_ops(&up_metrics, "GetObject"),
             upstream_ops(&up_metrics, "HeadObject"),
         );
-        let len = range.end - range.start;
-        let mut buf = client.host_buffer(len).unwrap();
-        let got = objects::get(
-            &client,
-            Object::new(&s3, BUCKET, "whole"),
-            range.start as u64..range.end as u64,
-            &mut buf,
-            0,
-            policy,
-        )
-        .unwrap_or_else(|e| panic!("RDMA GET {range:?}: {e}"));
-        assert!(matches!(got.path, objects::Path::Rdma(_)), "{:?}", got.path);
         same_bytes(
-            &buf.as_slice().unwrap()[..len],
+            &rdma_get(&client, &s3, "whole", range.clone()),
             &data[range.clone()],
             "an RDMA GET",
         );
@@ -2683,46 +2709,24 @@ fn an_rdma_get_of_a_whole_object_costs_the_store_one_get_and_no_head() {
 
 #[test]
 fn concurrent_rdma_readers_of_a_cold_object_land_byte_exact_the_store_asked_once() {
-    use hipobj::s3::objects::{self, Object, Policy};
     let (up, up_metrics) = counted_upstream();
     let world = hipobj::testing::world::World::new();
-    let credentials = Credentials::new(UPSTREAM_KEY, UPSTREAM_SECRET, None, None, "test");
-    let gw = gateway::Gateway::upstream_signed(
-        &world,
-        &up.endpoint,
-        &["--cache-bytes", "134217728"],
-        credentials,
-    );
+    let gw = gateway_in_front(&world, &up.endpoint, &["--cache-bytes", "134217728"]);
     let data = pattern(24 << 20, 31);
     runtime().block_on(async { put(&client(&gw.endpoint), "cold", &data).await });
     let before = upstream_gets(&up_metrics);
     let client = rdma_client(&world);
     let s3 = gateway_s3(&gw);
-    let policy = Policy {
-        fallback: false,
-        verify: true,
-    };
     std::thread::scope(|scope| {
         let readers: Vec<_> = (0..8)
-            .map(|i| {
+            .map(|_| {
                 let (client, s3, data) = (&client, &s3, &data);
                 scope.spawn(move || {
-                    let mut buf = client.host_buffer(data.len()).unwrap();
-                    let got = objects::get(
-                        client,
-                        Object::new(s3, BUCKET, "cold"),
-                        0..data.len() as u64,
-                        &mut buf,
-                        0,
-                        policy,
-                    )
-                    .unwrap_or_else(|e| panic!("reader {i}: {e}"));
-                    assert!(
-                        matches!(got.path, objects::Path::Rdma(_)),
-                        "reader {i} by RDMA: {:?}",
-                        got.path
+                    same_bytes(
+                        &rdma_get(client, s3, "cold", 0..data.len()),
+                        data,
+                        "a cold RDMA reader",
                     );
-                    same_bytes(buf.as_slice().unwrap(), data, "a cold RDMA reader");
                 })
             })
             .collect();
@@ -2739,15 +2743,12 @@ fn concurrent_rdma_readers_of_a_cold_object_land_byte_exact_the_store_asked_once
 
 #[test]
 fn rdma_gets_through_the_cache_land_byte_exact_the_store_asked_once() {
-    use hipobj::s3::objects::{self, Object, Policy};
     let (up, up_metrics) = counted_upstream();
     let world = hipobj::testing::world::World::new();
-    let credentials = Credentials::new(UPSTREAM_KEY, UPSTREAM_SECRET, None, None, "test");
-    let gw = gateway::Gateway::upstream_signed(
+    let gw = gateway_in_front(
         &world,
         &up.endpoint,
         &["--cache-bytes", "67108864", "--cache-validate", "ttl=3600"],
-        credentials,
     );
     let data = pattern(5 << 20, 21);
     runtime().block_on(async { put(&client(&gw.endpoint), "weights", &data).await });
@@ -2760,31 +2761,11 @@ fn rdma_gets_through_the_cache_land_byte_exact_the_store_asked_once() {
     );
     let client = rdma_client(&world);
     let s3 = gateway_s3(&gw);
-    let policy = Policy {
-        fallback: false,
-        verify: true,
-    };
     // The miss (its bytes as they come from the store), then two hits: the
     // whole object, and a range whose CRC64/NVME is computed in place.
-    for (round, range) in [(0, 0..data.len()), (1, 0..data.len()), (2, 4096..(3 << 20))] {
-        let len = range.end - range.start;
-        let mut buf = client.host_buffer(len).unwrap();
-        let got = objects::get(
-            &client,
-            Object::new(&s3, BUCKET, "weights"),
-            range.start as u64..range.end as u64,
-            &mut buf,
-            0,
-            policy,
-        )
-        .unwrap_or_else(|e| panic!("RDMA GET {round}: {e}"));
-        assert!(
-            matches!(got.path, objects::Path::Rdma(_)),
-            "GET {round} by RDMA: {:?}",
-            got.path
-        );
+    for range in [0..data.len(), 0..data.len(), 4096..(3 << 20)] {
         same_bytes(
-            &buf.as_slice().unwrap()[..len],
+            &rdma_get(&client, &s3, "weights", range.clone()),
             &data[range],
             "an RDMA GET through the cache",
         );

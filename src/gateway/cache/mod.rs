@@ -722,8 +722,16 @@ impl Backend for Cached {
             Validate::Always => "validated always".to_owned(),
             Validate::Ttl(ttl) => format!("trusted for {} s", ttl.as_secs()),
         };
+        let disk = self
+            .store
+            .settings
+            .disk
+            .as_ref()
+            .map_or_else(String::new, |d| {
+                format!(", on disk in {} up to {} bytes", d.dir.display(), d.bytes)
+            });
         format!(
-            "{}, cached: {} bytes, objects up to {} bytes, {validate}",
+            "{}, cached: {} bytes, objects up to {} bytes{disk}, {validate}",
             self.inner.describe(),
             self.store.settings.bytes,
             self.store.settings.max_object_bytes
