@@ -2741,6 +2741,134 @@ fn concurrent_rdma_readers_of_a_cold_object_land_byte_exact_the_store_asked_once
     );
 }
 
+/// The cache's bytes are the gateway's RDMA memory budget's: a kept
+/// object holds its share until it is dropped; a fill that finds the
+/// budget held by transfers serves its readers and keeps nothing; and a
+/// `--cache-bytes` that would leave no room for a transfer is refused at
+/// the start.
+#[test]
+fn the_cache_s_bytes_are_charged_to_the_rdma_memory_budget() {
+    let (up, up_metrics) = counted_upstream();
+    let world = hipobj::testing::world::World::new();
+    let options = [
+        "--rdma-memory-bytes",
+        "25165824",
+        "--rdma-chunk-bytes",
+        "1048576",
+        "--cache-bytes",
+        "16777216",
+        "--cache-max-object-bytes",
+        "8388608",
+        "--cache-validate",
+        "ttl=3600",
+    ];
+    let gw = gateway_in_front(&world, &up.endpoint, &options);
+    let data = pattern(5 << 20, 23);
+    let c = client(&gw.endpoint);
+    runtime().block_on(async { put(&c, "charged", &data).await });
+    let client = rdma_client(&world);
+    let s3 = gateway_s3(&gw);
+    // What the budget holds once the transfers have let go of theirs.
+    let settles_at = |want: u64, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while gw.rdma.memory_in_use() != want {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the budget holds {} bytes, not {want}",
+                gw.rdma.memory_in_use()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    settles_at(0, "before any GET");
+    let get = |what: &str| {
+        same_bytes(
+            &rdma_get(&client, &s3, "charged", 0..data.len()),
+            &data,
+            what,
+        );
+    };
+    get("the miss");
+    settles_at(data.len() as u64, "the object kept");
+    get("a hit");
+    settles_at(data.len() as u64, "after a hit");
+    // A write through the gateway drops the entry, and its share.
+    runtime().block_on(async {
+        c.delete_object()
+            .bucket(BUCKET)
+            .key("charged")
+            .send()
+            .await
+            .expect("DELETE through the gateway");
+        put(&c, "charged", &data).await;
+    });
+    settles_at(0, "the entry invalidated");
+
+    // Transfers (here: the test) hold all but 2 MiB: the fill serves its
+    // reader and keeps nothing; the next GET asks the store again.
+    let in_process = |labels: &[&str]| {
+        metric_in(
+            &hipobj::gateway::metrics::render(None),
+            "hipobj_s3_cache_requests_total",
+            labels,
+        )
+    };
+    let room = gw.rdma.room();
+    let taken = room.hold(room.limit() - (2 << 20)).expect("the budget's room");
+    let no_memory = in_process(&["outcome=\"no_memory\""]);
+    // A plain GET: an RDMA one would find no room for its own buffers.
+    let plain = runtime().block_on(async {
+        let got = c.get_object().bucket(BUCKET).key("charged").send().await;
+        got.expect("a GET with the budget held")
+            .body
+            .collect()
+            .await
+            .unwrap()
+            .into_bytes()
+    });
+    same_bytes(&plain, &data, "a GET whose fill found no room");
+    assert_eq!(in_process(&["outcome=\"no_memory\""]) - no_memory, 1);
+    drop(taken);
+    settles_at(0, "nothing kept while the budget was held");
+    let before = upstream_gets(&up_metrics);
+    get("after the budget came back");
+    settles_at(data.len() as u64, "kept once there was room");
+    assert_eq!(
+        upstream_gets(&up_metrics) - before,
+        1,
+        "nothing had been kept: the store was asked again"
+    );
+
+    // The cache may not take the room of the last transfer: 24 MiB of
+    // budget, 4 buffers of 1 MiB per transfer, a 21 MiB cache.
+    let parsed = hipobj::gateway::cli::parse(
+        &[
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--listen",
+            "127.0.0.1:0",
+            "--access-key",
+            ACCESS_KEY,
+            "--secret-key",
+            SECRET_KEY,
+            "--cache-bytes",
+            "22020096",
+        ]
+        .map(str::to_owned),
+    )
+    .expect("the options")
+    .expect("not --help");
+    let settings = parsed.upstream.unwrap().cache.unwrap();
+    let local = hipobj::gateway::local::Local::open(&gateway::Gateway::fresh_root()).unwrap();
+    let refused = hipobj::gateway::cache::Cached::new(Arc::new(local), settings, Some(room))
+        .err()
+        .expect("a cache that leaves no room for a transfer is refused");
+    assert!(
+        refused.contains("raise --rdma-memory-bytes to 26214400 or more"),
+        "{refused}"
+    );
+}
+
 #[test]
 fn rdma_gets_through_the_cache_land_byte_exact_the_store_asked_once() {
     let (up, up_metrics) = counted_upstream();

@@ -231,7 +231,7 @@ echo "== gateway checks passed"
 
 echo "== 3. the benchmark: RDMA GETs through gateway 2 (no cache) and hits of gateway 3 (cached) against Garage's own HTTP GETs from node 1"
 start_gateway "${garage_endpoints[1]}" 9103
-start_gateway "${garage_endpoints[1]}" 9104 --cache-bytes 1073741824 --cache-max-object-bytes 536870912 --cache-validate ttl=3600
+start_gateway "${garage_endpoints[1]}" 9104 --cache-bytes 805306368 --cache-max-object-bytes 536870912 --cache-validate ttl=3600
 c=http://192.0.2.1:9103
 cached=http://192.0.2.1:9104
 # The gateway's time to first byte is its own histogram's
@@ -342,8 +342,8 @@ done
 size=$HIPOBJ_CACHE_MIB
 echo "== 4. the cache: $size MiB"
 upstream_timeout_ms=5000
-start_gateway "${garage_endpoints[1]}" 9105 --cache-bytes $((4 * size << 20)) --cache-max-object-bytes $((2 * size << 20))
-start_gateway "${garage_endpoints[1]}" 9106 --cache-bytes $((4 * size << 20)) --cache-max-object-bytes $((2 * size << 20)) --cache-validate ttl=3600
+start_gateway "${garage_endpoints[1]}" 9105 --cache-bytes $((3 * size << 20)) --cache-max-object-bytes $((2 * size << 20))
+start_gateway "${garage_endpoints[1]}" 9106 --cache-bytes $((3 * size << 20)) --cache-max-object-bytes $((2 * size << 20)) --cache-validate ttl=3600
 always=http://192.0.2.1:9105 trusting=http://192.0.2.1:9106
 mkdir -p "$work/local/$bucket"
 "$server_bin" --root "$work/local" --listen 192.0.2.1:9107 --device rxe0 \

@@ -16,12 +16,12 @@
 //! | `hipobj_s3_requests_in_progress` | | S3 requests being answered |
 //! | `hipobj_s3_errors_total` | `op`, `status`, `code` | answers of 400 or more, by S3 error code |
 //! | `hipobj_s3_rdma_refusals_total` | `op`, `reason` | tokens not served by RDMA: `declined` (501: RDMA off, a token it cannot use), `busy` (503), `failed` (500), `bad_digest` (400), `s3_error` (the S3 error of the request itself: the backend's answer, whatever its status) |
-//! | `hipobj_s3_rdma_memory_in_use_bytes` | | registered memory that transfers hold ([`Rdma::memory_in_use`]) |
+//! | `hipobj_s3_rdma_memory_in_use_bytes` | | the memory budget that transfers and the cache's objects hold ([`Rdma::memory_in_use`]) |
 //! | `hipobj_s3_rdma_requests_in_progress` | | RDMA requests admitted ([`Rdma::requests_in_progress`]) |
 //! | `hipobj_s3_rdma_budget_waiting`, `hipobj_s3_rdma_budget_waits_total` | | RDMA transfers waiting their turn for room in the memory budget now, and those that have waited ([`Rdma::budget_waits`]) |
 //! | `hipobj_s3_rdma_memory_limit_bytes`, `hipobj_s3_rdma_requests_limit` | | `--rdma-memory-bytes` and `--rdma-max-requests` (0 with RDMA off) |
 //! | `hipobj_s3_upstream_request_duration_seconds` | `op`, `outcome` | requests to the store behind the server ([`upstream_observed`]) |
-//! | `hipobj_s3_cache_requests_total` | `outcome` | GETs and HEADs the cache saw (`--cache-bytes`): `hit`, `miss`, `head_hit` (a HEAD answered from a fresh entry under `ttl`), `bypass` (a GET it does not answer: a version, a part, conditions, overridden headers), `too_large` (an object not kept), `corrupt` (a fill whose bytes failed the store's checksum), `disk_corrupt` (a file of the disk tier that failed its checks, deleted) |
+//! | `hipobj_s3_cache_requests_total` | `outcome` | GETs and HEADs the cache saw (`--cache-bytes`): `hit`, `miss`, `head_hit` (a HEAD answered from a fresh entry under `ttl`), `bypass` (a GET it does not answer: a version, a part, conditions, overridden headers), `too_large` (an object not kept), `corrupt` (a fill whose bytes failed the store's checksum), `no_memory` (a fill not kept: transfers held the RDMA memory budget), `disk_corrupt` (a file of the disk tier that failed its checks, deleted) |
 //! | `hipobj_s3_cache_bytes_total` | `source` | object bytes sent to clients from the cache's memory (`cache`: hits, and readers of a fill), and read into it from the store (`upstream`) or from the disk tier's files (`disk`) |
 //! | `hipobj_s3_cache_coalesced_readers_total` | | GETs that joined a fill in progress instead of asking the store |
 //! | `hipobj_s3_cache_fills_in_progress` | | whole-object GETs to the store whose bytes are being kept |
@@ -30,7 +30,7 @@
 //! | `hipobj_s3_cache_in_use_bytes`, `hipobj_s3_cache_limit_bytes` | | the bytes of the entries and fills in progress; `--cache-bytes` |
 //! | `hipobj_s3_cache_disk_in_use_bytes`, `hipobj_s3_cache_disk_limit_bytes` | | the bytes of the disk tier's files; `--cache-dir-bytes` |
 //! | `hipobj_s3_cache_rdma_in_place_bytes_total` | | bytes of hits WRITTEN by RDMA from the cache's own memory, no copy ([`cache_in_place`]) |
-//! | `hipobj_s3_cache_registered_bytes` | | cached objects' bytes registered with the RDMA device now (outside `--rdma-memory-bytes`) |
+//! | `hipobj_s3_cache_registered_bytes` | | cached objects' bytes registered with the RDMA device now (inside `--rdma-memory-bytes`) |
 //! | `hipobj_s3_build_info` | `version` | 1 |
 //!
 //! `path` is `rdma` (the payload went by RDMA: `x-amz-rdma-reply` 200 or
@@ -96,7 +96,7 @@ pub fn rdma_first_byte(seconds: f64) {
 }
 
 /// A GET or HEAD the cache saw, by outcome (`hit`, `miss`, `head_hit`,
-/// `bypass`, `too_large`, `corrupt`).
+/// `bypass`, `too_large`, `corrupt`, `no_memory`, `disk_corrupt`).
 pub fn cache_request(outcome: &'static str) {
     METRICS
         .cache_requests
@@ -742,7 +742,7 @@ impl Metrics {
         );
         registry.register(
             "cache_requests",
-            "GETs and HEADs the cache saw, by outcome (hit, miss, head_hit, bypass, too_large, corrupt)",
+            "GETs and HEADs the cache saw, by outcome (hit, miss, head_hit, bypass, too_large, corrupt, no_memory, disk_corrupt)",
             m.cache_requests.clone(),
         );
         registry.register(

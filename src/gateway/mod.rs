@@ -464,6 +464,7 @@ async fn serve(
         (Some(settings), _) => cache::Cached::over(
             Arc::new(upstream::Upstream::connect(settings).await?),
             settings.cache.as_ref(),
+            rdma.as_ref().ok().map(|r| r.room()),
         )?,
         (None, Some(root)) => Arc::new(local::Local::open(root)?),
         (None, None) => return Err("--root or --upstream is required".into()),

@@ -164,6 +164,17 @@ impl Budget {
         served.then(|| self.charged(bytes))
     }
 
+    /// `bytes` of the budget at once, or `None`: never ahead of a
+    /// reservation waiting, never beyond the limit.
+    fn try_charge(self: &Arc<Budget>, bytes: u64) -> Option<Charge> {
+        let mut ledger = self.state.lock();
+        let fits = ledger.in_use.saturating_add(bytes) <= self.limit;
+        (ledger.queue.is_empty() && fits).then(|| {
+            ledger.in_use += bytes;
+            self.charged(bytes)
+        })
+    }
+
     fn charged(self: &Arc<Budget>, bytes: u64) -> Charge {
         Charge {
             budget: Arc::clone(self),
@@ -207,6 +218,43 @@ impl Drop for Charge {
         drop(ledger);
         self.budget.returned.notify_all();
     }
+}
+
+/// The memory budget as what the server keeps besides its transfers (the
+/// cache's objects) sees it: shares taken only where they fit at once
+/// ([`Room::hold`]), with a floor the keeper must leave to transfers.
+#[derive(Clone)]
+pub struct Room {
+    budget: Arc<Budget>,
+    floor: u64,
+}
+
+impl Room {
+    /// `bytes` of the budget now, if they fit and no transfer waits for
+    /// its window; `None` otherwise (never waits).
+    pub fn hold(&self, bytes: u64) -> Option<Held> {
+        self.budget
+            .try_charge(bytes)
+            .map(|charge| Held { _charge: charge })
+    }
+
+    /// The whole budget (`--rdma-memory-bytes`).
+    pub fn limit(&self) -> u64 {
+        self.budget.limit
+    }
+
+    /// One transfer's room (`--rdma-chunks` buffers of
+    /// `--rdma-chunk-bytes`): what a keeper bounded below the budget by
+    /// at least this never takes from transfers.
+    pub fn floor(&self) -> u64 {
+        self.floor
+    }
+}
+
+/// A share of the budget held by a keeper ([`Room::hold`]), given back
+/// when dropped.
+pub struct Held {
+    _charge: Charge,
 }
 
 /// What a transfer may hold of the memory budget, reserved whole before
@@ -282,8 +330,8 @@ impl RegBuf {
 
 /// Bytes kept elsewhere (a cached object's) that the server's WRITEs read
 /// in place: registered (local access only) for as long as this lives, so
-/// that a GET of them copies nothing. Outside the memory budget: their
-/// owner accounts for them.
+/// that a GET of them copies nothing. Charged to the budget by their
+/// owner ([`Room`]), not again here.
 pub struct Pinned {
     // Declared first, so deregistered before the bytes may be freed.
     mr: Arc<dyn Mr>,
@@ -624,7 +672,15 @@ impl Rdma {
         drop(charge);
     }
 
-    /// Bytes of the budget that transfers hold now.
+    /// The budget, for a keeper of memory besides the transfers.
+    pub fn room(&self) -> Room {
+        Room {
+            budget: Arc::clone(&self.budget),
+            floor: (self.chunks as u64).saturating_mul(self.chunk_bytes as u64),
+        }
+    }
+
+    /// Bytes of the budget that transfers and keepers ([`Room`]) hold now.
     pub fn memory_in_use(&self) -> u64 {
         self.budget.in_use()
     }

@@ -150,6 +150,7 @@ impl Gateway {
                         .expect("the upstream's client"),
                 ),
                 settings.cache.as_ref(),
+                Some(rdma.room()),
             )
             .expect("the cache"),
             (Backing::Options(_), None, Some(root)) => Arc::new(Local::open(root).unwrap()),

@@ -57,7 +57,7 @@ use tokio::sync::watch;
 
 use super::backend::{delegate_s3, sibling, Backend};
 use super::metrics;
-use super::rdma::Pinned;
+use super::rdma::{Held, Pinned, Room};
 use super::s3::Stored;
 use super::stream::ChunkStream;
 
@@ -357,6 +357,9 @@ struct Store {
     /// or after it, whole.
     generations: Box<[Mutex<u64>]>,
     disk: Option<Disk>,
+    /// The RDMA memory budget, which the entries and fills are charged to
+    /// when the gateway has one.
+    room: Option<Room>,
 }
 
 impl Store {
@@ -421,10 +424,13 @@ impl Store {
     }
 
     /// Takes `len` bytes for a fill, if fills in progress leave room
-    /// (half the capacity in all).
-    fn reserve(&self, len: u64) -> bool {
+    /// (half the capacity in all), and their share of the RDMA memory
+    /// budget, if the gateway has one and it has room now (transfers
+    /// first: a fill never waits for it). Why not (the outcome counted),
+    /// with nothing taken.
+    fn reserve(&self, len: u64) -> Result<Option<Held>, &'static str> {
         if len > self.settings.max_object_bytes || len > self.settings.bytes {
-            return false;
+            return Err("too_large");
         }
         let limit =
             (self.settings.bytes / 2).max(self.settings.max_object_bytes.min(self.settings.bytes));
@@ -432,7 +438,14 @@ impl Store {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
                 (held + len <= limit).then_some(held + len)
             })
-            .is_ok()
+            .map_err(|_| "too_large")?;
+        match &self.room {
+            None => Ok(None),
+            Some(room) => room.hold(len).map(Some).ok_or_else(|| {
+                self.filling.fetch_sub(len, Ordering::AcqRel);
+                "no_memory"
+            }),
+        }
     }
 
     fn bytes_in_use(&self) -> u64 {
@@ -452,8 +465,27 @@ pub struct Cached {
 }
 
 impl Cached {
-    /// The cache of `settings` in front of `inner`.
-    pub fn new(inner: Arc<dyn Backend>, settings: Settings) -> Result<Cached, String> {
+    /// The cache of `settings` in front of `inner`, its bytes charged to
+    /// `room` (the gateway's RDMA memory budget) when given: then
+    /// `--cache-bytes` must leave one transfer's room in it.
+    pub fn new(
+        inner: Arc<dyn Backend>,
+        settings: Settings,
+        room: Option<Room>,
+    ) -> Result<Cached, String> {
+        if let Some(room) = &room {
+            let need = settings.bytes.saturating_add(room.floor());
+            if need > room.limit() {
+                return Err(format!(
+                    "--cache-bytes {} must leave one transfer's room ({} bytes: --rdma-chunks \
+                     buffers of --rdma-chunk-bytes) in --rdma-memory-bytes {}, which holds the \
+                     cache too: raise --rdma-memory-bytes to {need} or more, or lower --cache-bytes",
+                    settings.bytes,
+                    room.floor(),
+                    room.limit()
+                ));
+            }
+        }
         let disk = match &settings.disk {
             Some(d) => Some(
                 Disk::open(d.clone())
@@ -483,6 +515,7 @@ impl Cached {
                 filling: AtomicU64::new(0),
                 generations: (0..GENERATIONS).map(|_| Mutex::new(0)).collect(),
                 disk,
+                room,
             }),
         })
     }
@@ -492,9 +525,10 @@ impl Cached {
     pub fn over(
         store: Arc<dyn Backend>,
         settings: Option<&Settings>,
+        room: Option<Room>,
     ) -> Result<Arc<dyn Backend>, String> {
         Ok(match settings {
-            Some(settings) => Arc::new(Cached::new(store, settings.clone())?),
+            Some(settings) => Arc::new(Cached::new(store, settings.clone(), room)?),
             None => store,
         })
     }
@@ -905,10 +939,13 @@ async fn fill_bytes(
     else {
         return Ok(None);
     };
-    if !store.reserve(len) {
-        metrics::cache_request("too_large");
-        return Ok(None);
-    }
+    let held = match store.reserve(len) {
+        Ok(held) => held,
+        Err(outcome) => {
+            metrics::cache_request(outcome);
+            return Ok(None);
+        }
+    };
     let head = Arc::new(Head::of(&answer.output, len));
     fill.progress.send_modify(|p| {
         p.head = Some(Arc::clone(&head));
@@ -986,7 +1023,7 @@ async fn fill_bytes(
     Ok(Some((
         Entry {
             head,
-            bytes,
+            bytes: charged(bytes, held),
             crc64nvme,
             checked: Mutex::new(Some(Instant::now())),
             pinned: Arc::default(),
@@ -1038,15 +1075,15 @@ async fn from_disk(
         }
     }
     let len = stored.head.len;
-    if !store.reserve(len) {
+    let Ok(held) = store.reserve(len) else {
         return Ok(None);
-    }
+    };
     let reading = Arc::clone(&stored);
     let read = tokio::task::spawn_blocking(move || Disk::read(&reading))
         .await
         .unwrap_or_else(|e| Err(format!("the read stopped: {e}")));
     let bytes = match read {
-        Ok(bytes) => bytes,
+        Ok(bytes) => charged(bytes, held),
         Err(why) => {
             eprintln!(
                 "hipobj-s3-server: cache: {} ({}/{}): {why}: deleted, the store asked",
@@ -1079,6 +1116,27 @@ async fn from_disk(
         len,
         Source::Disk,
     )))
+}
+
+/// `bytes` carrying `held` (their share of the memory budget), given back
+/// when the last of them (the entry's, a reader's slice) is dropped.
+fn charged(bytes: Bytes, held: Option<Held>) -> Bytes {
+    match held {
+        Some(held) => Bytes::from_owner(Charged { bytes, _held: held }),
+        None => bytes,
+    }
+}
+
+/// Bytes and their share of the budget ([`charged`]).
+struct Charged {
+    bytes: Bytes,
+    _held: Held,
+}
+
+impl AsRef<[u8]> for Charged {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
 }
 
 /// Whether an entry (`head`, last `checked`) of `key` may be served now:
