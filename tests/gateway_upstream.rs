@@ -2814,7 +2814,9 @@ fn the_cache_s_bytes_are_charged_to_the_rdma_memory_budget() {
         )
     };
     let room = gw.rdma.room();
-    let taken = room.hold(room.limit() - (2 << 20)).expect("the budget's room");
+    let taken = room
+        .hold(room.limit() - (2 << 20))
+        .expect("the budget's room");
     let no_memory = in_process(&["outcome=\"no_memory\""]);
     // A plain GET: an RDMA one would find no room for its own buffers.
     let plain = runtime().block_on(async {

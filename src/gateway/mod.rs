@@ -44,6 +44,7 @@
 
 pub mod backend;
 pub mod cache;
+pub mod checksum;
 pub mod cli;
 pub mod local;
 pub mod metrics;

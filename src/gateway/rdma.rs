@@ -365,11 +365,11 @@ impl Pinned {
         self.bytes.is_empty()
     }
 
-    /// The CRC64/NVME (base64, as S3 writes it) of `len` bytes from `at`.
+    /// The CRC64/NVME (as S3's header carries it) of `len` bytes from
+    /// `at`, computed where they lie.
     pub fn crc64nvme(&self, at: usize, len: usize) -> String {
-        use base64::Engine as _;
-        let crc = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64Nvme, &self.bytes[at..at + len]);
-        base64::engine::general_purpose::STANDARD.encode(crc.to_be_bytes())
+        use crate::gateway::checksum::{crc64nvme, crc64nvme_header};
+        crc64nvme_header(crc64nvme(&self.bytes[at..at + len]))
     }
 }
 

@@ -60,6 +60,14 @@ pub enum Chunk {
     Done,
 }
 
+/// What holds a chunk's bytes while they are WRITTEN.
+enum Holder {
+    /// A buffer of the budget, handed back after.
+    Buf(RegBuf),
+    /// Kept bytes, registered where they lie.
+    Pinned(Arc<Pinned>),
+}
+
 /// The GET's writer, on a blocking thread: proves the token, WRITEs each
 /// chunk as it comes (handing its buffer back through `free`), and after
 /// [`Chunk::Done`] with exactly `len` bytes written, sends the final
@@ -80,64 +88,17 @@ pub fn write_chunks(
         let proven = session.proven();
         let mut written = 0u64;
         loop {
-            // The backend's next chunk gets the backend's time: a store
-            // that pauses is not a client that stopped.
-            match chunks.recv_timeout(rdma.backend_timeout()) {
-                Ok(Chunk::Data { buf, offset, len }) => {
-                    let n = len as u64;
-                    // Each chunk has the whole RDMA timeout: a long object
-                    // fails only where it stops moving.
-                    session.set_deadline(Instant::now() + rdma.timeout());
-                    match session.write(&buf.local(), 0, offset, n) {
-                        Ok(()) => {
-                            if written == 0 {
-                                crate::gateway::metrics::rdma_first_byte(
-                                    label.arrived.elapsed().as_secs_f64(),
-                                );
-                            }
-                            written += n;
-                            if let Err(back) = free.send(buf) {
-                                rdma.give_back(back.0);
-                            }
-                        }
-                        Err(failure) => {
-                            rdma.release(buf, failure.local_quiet);
-                            return Err(failure);
-                        }
-                    }
-                }
+            // What to WRITE, and what holds its bytes meanwhile. The
+            // backend's next chunk gets the backend's time: a store that
+            // pauses is not a client that stopped.
+            let (held, at, offset, n) = match chunks.recv_timeout(rdma.backend_timeout()) {
+                Ok(Chunk::Data { buf, offset, len }) => (Holder::Buf(buf), 0, offset, len),
                 Ok(Chunk::Pinned {
                     pinned,
                     at,
                     offset,
                     len,
-                }) => {
-                    let n = len as u64;
-                    session.set_deadline(Instant::now() + rdma.timeout());
-                    match session.write(&pinned.local(), at as u64, offset, n) {
-                        Ok(()) => {
-                            if written == 0 {
-                                crate::gateway::metrics::rdma_first_byte(
-                                    label.arrived.elapsed().as_secs_f64(),
-                                );
-                            }
-                            written += n;
-                        }
-                        Err(failure) => {
-                            if !failure.local_quiet {
-                                // The NIC may still read them: never
-                                // deregistered, never freed.
-                                eprintln!(
-                                    "hipobj-s3-server: a cached object's {} registered bytes \
-                                     are leaked (the NIC may still use them)",
-                                    pinned.len()
-                                );
-                                std::mem::forget(pinned);
-                            }
-                            return Err(failure);
-                        }
-                    }
-                }
+                }) => (Holder::Pinned(pinned), at, offset, len),
                 Ok(Chunk::Done) if written == len => {
                     session.set_deadline(Instant::now() + rdma.timeout());
                     return session.finish().map(|()| proven);
@@ -157,6 +118,40 @@ pub fn write_chunks(
                     return Err(TransferFailure::quiet(crate::core::Error::Rdma(
                         "the object's bytes stopped coming from the backend".into(),
                     )))
+                }
+            };
+            let local = match &held {
+                Holder::Buf(buf) => buf.local(),
+                Holder::Pinned(pinned) => pinned.local(),
+            };
+            // Each chunk has the whole RDMA timeout: a long object fails
+            // only where it stops moving.
+            session.set_deadline(Instant::now() + rdma.timeout());
+            if let Err(failure) = session.write(&local, at as u64, offset, n as u64) {
+                match held {
+                    Holder::Buf(buf) => rdma.release(buf, failure.local_quiet),
+                    Holder::Pinned(pinned) if !failure.local_quiet => {
+                        // The NIC may still read them: never deregistered,
+                        // never freed.
+                        eprintln!(
+                            "hipobj-s3-server: a cached object's {} registered bytes \
+                             are leaked (the NIC may still use them)",
+                            pinned.len()
+                        );
+                        std::mem::forget(pinned);
+                    }
+                    Holder::Pinned(_) => {}
+                }
+                return Err(failure);
+            }
+            if written == 0 {
+                crate::gateway::metrics::rdma_first_byte(label.arrived.elapsed().as_secs_f64());
+            }
+            written += n as u64;
+            // A buffer of the budget goes back for the next chunk.
+            if let Holder::Buf(buf) = held {
+                if let Err(back) = free.send(buf) {
+                    rdma.give_back(back.0);
                 }
             }
         }

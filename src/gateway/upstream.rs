@@ -74,6 +74,7 @@ use s3s::{s3_error, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, StdEr
 use s3s_aws::Proxy;
 
 use super::backend::Backend;
+use super::checksum::crc64nvme_header;
 
 tokio::task_local! {
     /// Set around a GetObject call whose request asked for the store's
@@ -606,7 +607,7 @@ impl Upstream {
         loop {
             let number = i32::try_from(done.len() + 1)
                 .map_err(|_| s3_error!(InternalError, "more parts than an i32 counts"))?;
-            let crc = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64Nvme, &current);
+            let crc = super::checksum::crc64nvme(&current);
             let len = current.len() as u64;
             whole = Some(match whole {
                 None => (crc, len),
@@ -652,7 +653,7 @@ impl Upstream {
         }
         parts.finish()?;
         let (crc, total) = whole.unwrap_or((0, 0));
-        let crc = base64::engine::general_purpose::STANDARD.encode(crc.to_be_bytes());
+        let crc = crc64nvme_header(crc);
         if let Some(claimed) = &input.checksum_crc64nvme {
             if *claimed != crc {
                 return Err(bad_digest("CRC64NVME", claimed, &crc));
@@ -723,7 +724,7 @@ impl Upstream {
             None,
             Arc::clone(&tracker),
         );
-        let checksum = base64::engine::general_purpose::STANDARD.encode(crc.to_be_bytes());
+        let checksum = crc64nvme_header(crc);
         let part = UploadPartInput {
             body: Some(StreamingBlob::new(body)),
             bucket: input.bucket.clone(),
@@ -1824,7 +1825,7 @@ mod tests {
         s3s.update(&data);
         assert_eq!(
             s3s.finalize().checksum_crc64nvme.unwrap(),
-            base64::engine::general_purpose::STANDARD.encode(combined.to_be_bytes())
+            crate::gateway::checksum::crc64nvme_header(combined)
         );
     }
 

@@ -30,6 +30,7 @@ use bytes::Bytes;
 use s3s::dto::{ETag, StorageClass, Timestamp};
 
 use super::{Head, Key};
+use crate::gateway::checksum::{crc64nvme, crc64nvme_header};
 use crate::gateway::metrics;
 
 const MAGIC: &[u8; 8] = b"hipobjc1";
@@ -198,7 +199,7 @@ impl Disk {
                     .map_err(std::io::Error::other)?
                     .to_le_bytes(),
             )?;
-            file.write_all(&crc64(&header).to_le_bytes())?;
+            file.write_all(&crate::gateway::checksum::crc64nvme(&header).to_le_bytes())?;
             file.write_all(&header)?;
             file.write_all(bytes)?;
             std::fs::rename(&temporary, &path)
@@ -223,9 +224,15 @@ impl Disk {
         );
     }
 
-    /// The bytes of `stored`, checked against its CRC64/NVME. Blocking.
-    pub(super) fn read(stored: &Stored) -> Result<Bytes, String> {
-        let mut file = File::open(&stored.path).map_err(|e| format!("open: {e}"))?;
+    /// The bytes of `stored`, checked against its CRC64/NVME; `None` when
+    /// its file is gone (deleted since it was found). Blocking.
+    pub(super) fn read(stored: &Stored) -> Result<Option<Bytes>, String> {
+        let mut file = match File::open(&stored.path) {
+            Ok(file) => file,
+            // Deleted since it was found: invalidated or evicted.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("open: {e}")),
+        };
         let header_len = preamble(&mut file)?.0;
         let len = usize::try_from(stored.head.len).map_err(|_| "too large".to_owned())?;
         let size = file.metadata().map_err(|e| format!("stat: {e}"))?.len();
@@ -243,24 +250,20 @@ impl Disk {
         let mut bytes = vec![0u8; len];
         file.read_exact(&mut bytes)
             .map_err(|e| format!("read: {e}"))?;
-        let crc = super::crc64nvme_base64(crc64(&bytes));
+        let crc = crc64nvme_header(crc64nvme(&bytes));
         if crc != stored.crc64nvme {
             return Err(format!(
                 "its bytes' CRC64NVME is {crc}, its header's {}",
                 stored.crc64nvme
             ));
         }
-        Ok(Bytes::from(bytes))
+        Ok(Some(Bytes::from(bytes)))
     }
 
     /// The files' bytes, in use and the limit.
     fn gauge(&self) {
         metrics::cache_disk_in_use(self.files.weight(), self.settings.bytes);
     }
-}
-
-fn crc64(bytes: &[u8]) -> u64 {
-    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64Nvme, bytes)
 }
 
 fn remove(path: &Path) {
@@ -320,7 +323,7 @@ fn read_header(path: &Path) -> Result<(Key, Stored, SystemTime), String> {
     let mut header = vec![0u8; len];
     file.read_exact(&mut header)
         .map_err(|e| format!("its header: {e}"))?;
-    if crc64(&header) != crc {
+    if crc64nvme(&header) != crc {
         return Err("its header does not match its CRC".to_owned());
     }
     let h: serde_json::Value =
@@ -390,4 +393,47 @@ fn read_header(path: &Path) -> Result<(Key, Stored, SystemTime), String> {
         },
         filled,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file deleted after it was found (a write's invalidation, an
+    /// eviction) is gone, not corrupt: no error, so no `disk_corrupt`.
+    #[test]
+    fn a_file_deleted_after_it_was_found_reads_as_gone_not_bad() {
+        let dir = std::env::temp_dir().join(format!("hipobj-disk-gone-{}", std::process::id()));
+        let disk = Disk::open(DiskSettings {
+            dir: dir.clone(),
+            bytes: 1 << 20,
+        })
+        .unwrap();
+        let key: Key = ("bucket".to_owned(), "key".to_owned());
+        let bytes = b"kept bytes".to_vec();
+        let head = Arc::new(Head::of(
+            &s3s::dto::GetObjectOutput::default(),
+            bytes.len() as u64,
+        ));
+        let crc = crc64nvme_header(crc64nvme(&bytes));
+        let path = disk.write(&key, &head, &crc, &bytes).unwrap();
+        disk.commit(key.clone(), path, head, crc);
+        let stored = disk.get(&key).expect("the file kept");
+        assert_eq!(Disk::read(&stored).unwrap().as_deref(), Some(&bytes[..]));
+        disk.remove(&key);
+        assert_eq!(Disk::read(&stored), Ok(None));
+        // A file whose bytes changed is bad.
+        let path = disk
+            .write(&key, &stored.head, &stored.crc64nvme, b"other byte")
+            .unwrap();
+        disk.commit(
+            key.clone(),
+            path,
+            Arc::clone(&stored.head),
+            stored.crc64nvme.clone(),
+        );
+        let bad = disk.get(&key).unwrap();
+        assert!(Disk::read(&bad).is_err());
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

@@ -48,7 +48,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use s3s::dto::*;
@@ -111,6 +110,35 @@ pub struct Settings {
 /// An object's bucket and key.
 type Key = (String, String);
 
+/// A GET's or a HEAD's answer (`$output`) from the [`Head`] `$head`: its
+/// `$length` bytes, the CRC64/NVME `$crc` of the whole object when given,
+/// the object's own headers, and the answer's own `{ field: value }`. The
+/// one list of the headers a kept object answers with.
+macro_rules! answer {
+    ($output:ident, $head:expr, $length:expr, $crc:expr, { $($field:ident: $value:expr),* $(,)? }) => {{
+        let head: &Head = $head;
+        let crc: Option<&str> = $crc;
+        $output {
+            accept_ranges: Some("bytes".to_owned()),
+            content_length: i64::try_from($length).ok(),
+            e_tag: head.e_tag.clone(),
+            last_modified: head.last_modified.clone(),
+            content_type: head.content_type.clone(),
+            content_encoding: head.content_encoding.clone(),
+            content_disposition: head.content_disposition.clone(),
+            content_language: head.content_language.clone(),
+            cache_control: head.cache_control.clone(),
+            expires: head.expires.clone(),
+            metadata: head.metadata.clone(),
+            storage_class: head.storage_class.clone(),
+            checksum_type: crc.map(|_| ChecksumType::from_static(ChecksumType::FULL_OBJECT)),
+            checksum_crc64nvme: crc.map(str::to_owned),
+            $($field: $value,)*
+            ..$output::default()
+        }
+    }};
+}
+
 /// What a GET's answer says of an object besides its bytes.
 struct Head {
     len: u64,
@@ -170,48 +198,15 @@ impl Head {
             ),
             None => (self.len, None, crc.map(str::to_owned)),
         };
-        GetObjectOutput {
+        answer!(GetObjectOutput, self, length, checksum.as_deref(), {
             body: Some(body),
-            accept_ranges: Some("bytes".to_owned()),
-            content_length: i64::try_from(length).ok(),
-            content_range,
-            e_tag: self.e_tag.clone(),
-            last_modified: self.last_modified.clone(),
-            content_type: self.content_type.clone(),
-            content_encoding: self.content_encoding.clone(),
-            content_disposition: self.content_disposition.clone(),
-            content_language: self.content_language.clone(),
-            cache_control: self.cache_control.clone(),
-            expires: self.expires.clone(),
-            metadata: self.metadata.clone(),
-            storage_class: self.storage_class.clone(),
-            checksum_type: checksum
-                .as_ref()
-                .map(|_| ChecksumType::from_static(ChecksumType::FULL_OBJECT)),
-            checksum_crc64nvme: checksum,
-            ..GetObjectOutput::default()
-        }
+            content_range: content_range,
+        })
     }
 
     /// A HEAD's answer, as [`Head::answer`] for the whole object.
     fn head_answer(&self, crc: Option<&str>) -> HeadObjectOutput {
-        HeadObjectOutput {
-            accept_ranges: Some("bytes".to_owned()),
-            content_length: i64::try_from(self.len).ok(),
-            e_tag: self.e_tag.clone(),
-            last_modified: self.last_modified.clone(),
-            content_type: self.content_type.clone(),
-            content_encoding: self.content_encoding.clone(),
-            content_disposition: self.content_disposition.clone(),
-            content_language: self.content_language.clone(),
-            cache_control: self.cache_control.clone(),
-            expires: self.expires.clone(),
-            metadata: self.metadata.clone(),
-            storage_class: self.storage_class.clone(),
-            checksum_type: crc.map(|_| ChecksumType::from_static(ChecksumType::FULL_OBJECT)),
-            checksum_crc64nvme: crc.map(str::to_owned),
-            ..HeadObjectOutput::default()
-        }
+        answer!(HeadObjectOutput, self, self.len, crc, {})
     }
 
     /// The bytes `range` selects of the object, `None` for all of it; 416
@@ -1083,7 +1078,12 @@ async fn from_disk(
         .await
         .unwrap_or_else(|e| Err(format!("the read stopped: {e}")));
     let bytes = match read {
-        Ok(bytes) => charged(bytes, held),
+        Ok(Some(bytes)) => charged(bytes, held),
+        Ok(None) => {
+            // Invalidated or evicted since it was found: not a bad file.
+            store.filling.fetch_sub(len, Ordering::AcqRel);
+            return Ok(None);
+        }
         Err(why) => {
             eprintln!(
                 "hipobj-s3-server: cache: {} ({}/{}): {why}: deleted, the store asked",
@@ -1188,11 +1188,6 @@ async fn holds<T>(
 /// Whether an entry last `checked` is younger than `ttl`.
 fn fresh(checked: &Mutex<Option<Instant>>, ttl: Duration) -> bool {
     lock(checked).is_some_and(|at| at.elapsed() < ttl)
-}
-
-/// A CRC64/NVME as S3's headers carry it.
-fn crc64nvme_base64(crc: u64) -> String {
-    base64::engine::general_purpose::STANDARD.encode(crc.to_be_bytes())
 }
 
 /// A reader of a fill: hands the bytes `[from, to)` to its client's body
