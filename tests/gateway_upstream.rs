@@ -2741,6 +2741,99 @@ fn concurrent_rdma_readers_of_a_cold_object_land_byte_exact_the_store_asked_once
     );
 }
 
+/// An object the cache does not keep (larger than
+/// `--cache-max-object-bytes`) costs the store one GET per whole-object
+/// read, by HTTP or by RDMA: the fill's answer goes to its reader, not
+/// asked again; a range is still served right.
+#[test]
+fn a_read_of_an_object_too_large_to_keep_costs_the_store_one_get() {
+    let (up, up_metrics) = counted_upstream();
+    let world = hipobj::testing::world::World::new();
+    let gw = gateway_in_front(
+        &world,
+        &up.endpoint,
+        &["--cache-bytes", "4194304", "--cache-validate", "ttl=3600"],
+    );
+    let data = pattern(3 << 20, 29);
+    let c = client(&gw.endpoint);
+    // Into the store itself, with its CRC64/NVME.
+    runtime().block_on(async {
+        let store = aws_sdk_s3::Client::from_conf(
+            aws_sdk_s3::Config::builder()
+                .behavior_version(BehaviorVersion::latest())
+                .endpoint_url(&up.endpoint)
+                .region(Region::new("us-east-1"))
+                .credentials_provider(Credentials::new(
+                    UPSTREAM_KEY,
+                    UPSTREAM_SECRET,
+                    None,
+                    None,
+                    "test",
+                ))
+                .force_path_style(true)
+                .build(),
+        );
+        store
+            .put_object()
+            .bucket(BUCKET)
+            .key("large")
+            .body(ByteStream::from(data.clone()))
+            .checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Crc64Nvme)
+            .send()
+            .await
+            .expect("PUT with its CRC64/NVME");
+    });
+    // A GET that asks for the store's checksum gets it.
+    let asked = runtime().block_on(async {
+        c.get_object()
+            .bucket(BUCKET)
+            .key("large")
+            .checksum_mode(ChecksumMode::Enabled)
+            .send()
+            .await
+            .expect("a GET asking for the checksum")
+    });
+    assert!(
+        asked.checksum_crc64_nvme().is_some(),
+        "the store's checksum"
+    );
+    drop(asked);
+    let before = upstream_gets(&up_metrics);
+    let got = runtime().block_on(async {
+        let got = c.get_object().bucket(BUCKET).key("large").send().await;
+        let got = got.expect("a GET through the cache");
+        let sums = [
+            got.checksum_crc32(),
+            got.checksum_crc32_c(),
+            got.checksum_crc64_nvme(),
+            got.checksum_sha1(),
+            got.checksum_sha256(),
+        ];
+        assert!(
+            sums.iter().all(Option::is_none),
+            "no checksum asked, none sent: {sums:?}"
+        );
+        got.body.collect().await.unwrap().into_bytes()
+    });
+    same_bytes(&got, &data, "a plain GET of an object not kept");
+    assert_eq!(upstream_gets(&up_metrics) - before, 1, "a plain GET");
+    let client = rdma_client(&world);
+    let s3 = gateway_s3(&gw);
+    let before = upstream_gets(&up_metrics);
+    same_bytes(
+        &rdma_get(&client, &s3, "large", 0..data.len()),
+        &data,
+        "an RDMA GET of an object not kept",
+    );
+    assert_eq!(upstream_gets(&up_metrics) - before, 1, "an RDMA GET");
+    let range = 1000..(2 << 20);
+    same_bytes(
+        &rdma_get(&client, &s3, "large", range.clone()),
+        &data[range],
+        "a range of an object not kept",
+    );
+}
+
 /// The cache's bytes are the gateway's RDMA memory budget's: a kept
 /// object holds its share until it is dropped; a fill that finds the
 /// budget held by transfers serves its readers and keeps nothing; and a

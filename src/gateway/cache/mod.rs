@@ -311,6 +311,10 @@ struct Fill {
     pieces: Mutex<Vec<(u64, Bytes)>>,
     /// The store's error answer, when that is how it ended.
     error: Mutex<Option<S3Error>>,
+    /// The store's answer to a fill that keeps nothing ([`Stage::Passed`]),
+    /// for the first reader it serves as it came (a GET of the whole
+    /// object): that reader costs the store no second GET.
+    passed: Mutex<Option<S3Response<GetObjectOutput>>>,
 }
 
 impl Fill {
@@ -588,7 +592,12 @@ impl Cached {
                         .as_ref()
                         .map_or_else(|| s3_error!(InternalError), copy_error));
                 }
-                (None, Stage::Passed) => return self.inner.get_object(req).await,
+                (None, Stage::Passed) => {
+                    return match passed_answer(&fill, &req.input) {
+                        Some(answer) => Ok(answer),
+                        None => self.inner.get_object(req).await,
+                    };
+                }
                 _ => {}
             }
             if watching.changed().await.is_err() {
@@ -626,6 +635,7 @@ impl Cached {
             progress,
             pieces: Mutex::new(Vec::new()),
             error: Mutex::new(None),
+            passed: Mutex::new(None),
         });
         fills.insert(key.clone(), Arc::clone(&fill));
         let generation = *self.store.generation(key);
@@ -836,6 +846,27 @@ fn wants_checksum(mode: Option<&ChecksumMode>) -> bool {
     mode.is_some_and(|m| m.as_str() == ChecksumMode::ENABLED)
 }
 
+/// The answer of a fill that keeps nothing, for a reader that asks what
+/// the fill asked (the whole object, no condition; the store's checksums
+/// left out unless it asks for them too): `None` for another reader, or
+/// once a reader took it.
+fn passed_answer(fill: &Fill, input: &GetObjectInput) -> Option<S3Response<GetObjectOutput>> {
+    if input.range.is_some() || input.if_match.is_some() {
+        return None;
+    }
+    let mut answer = lock(&fill.passed).take()?;
+    if !wants_checksum(input.checksum_mode.as_ref()) {
+        let o = &mut answer.output;
+        o.checksum_crc32 = None;
+        o.checksum_crc32c = None;
+        o.checksum_crc64nvme = None;
+        o.checksum_sha1 = None;
+        o.checksum_sha256 = None;
+        o.checksum_type = None;
+    }
+    Some(answer)
+}
+
 /// A hit's answer: the entry's bytes (a slice for a range, no copy).
 fn serve_entry(entry: &Entry, input: &GetObjectInput) -> S3Result<S3Response<GetObjectOutput>> {
     if let Some(failed) = precondition(&entry.head, input) {
@@ -932,12 +963,14 @@ async fn fill_bytes(
         .content_length
         .and_then(|n| u64::try_from(n).ok())
     else {
+        *lock(&fill.passed) = Some(answer);
         return Ok(None);
     };
     let held = match store.reserve(len) {
         Ok(held) => held,
         Err(outcome) => {
             metrics::cache_request(outcome);
+            *lock(&fill.passed) = Some(answer);
             return Ok(None);
         }
     };
