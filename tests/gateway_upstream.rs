@@ -2758,21 +2758,7 @@ fn a_read_of_an_object_too_large_to_keep_costs_the_store_one_get() {
     let c = client(&gw.endpoint);
     // Into the store itself, with its CRC64/NVME.
     runtime().block_on(async {
-        let store = aws_sdk_s3::Client::from_conf(
-            aws_sdk_s3::Config::builder()
-                .behavior_version(BehaviorVersion::latest())
-                .endpoint_url(&up.endpoint)
-                .region(Region::new("us-east-1"))
-                .credentials_provider(Credentials::new(
-                    UPSTREAM_KEY,
-                    UPSTREAM_SECRET,
-                    None,
-                    None,
-                    "test",
-                ))
-                .force_path_style(true)
-                .build(),
-        );
+        let store = behind(&up);
         store
             .put_object()
             .bucket(BUCKET)

@@ -31,7 +31,9 @@
 #      gateway (the store must serve it once, every client byte-exact);
 #      cached GETs against a local-backend server's RDMA GETs of the same
 #      object; Garage's node SIGSTOPped under a trusting and a validating
-#      gateway.
+#      gateway; an application's GETs (its buffer registered once: `hipobj
+#      bench`) by RDMA against the same gateway's plain HTTP, uncached and
+#      cached.
 #
 #   gateway-guest.sh SERVER_BINARY HIPOBJ_BINARY [MIB [BENCH_MIB...]]
 #
@@ -406,3 +408,29 @@ kill -CONT "$node"
 grep -q 503 <<<"$out" || fail "always, the store stopped: not a 503: $out"
 echo "   Garage's node stopped: ttl served the object in $served s; always answered 503 in $refused s (--upstream-timeout-ms 5000): $(tail -1 <<<"$out")"
 
+# d. An application's GETs, its buffer registered once (as a model loader's
+# or a data loader's, unlike the command's GETs above, each of which
+# registers fresh memory): `hipobj bench`, one stream, by RDMA and by plain
+# HTTP (--http: the same tool without the library), through gateway 2
+# (uncached) and the trusting gateway (hits); the median GET of each.
+warm() { # endpoint, label, extra bench options...
+    local out
+    out=$("$work/via" "$1" bench "s3://$bucket/gw/warm" --sizes 16MiB,64MiB --streams-list 1 --count 3 \
+        --ops get --no-verify --json "${@:3}" 2>/dev/null) || fail "hipobj bench through $1 ($2) failed"
+    python3 -c '
+import json, sys
+for c in json.load(sys.stdin)["cells"]:
+    print(sys.argv[1], c["size"] >> 20, round((c["size"] >> 20) / (c["p50_us"] / 1e6), 1))' "$2" <<<"$out"
+}
+{
+    warm "$c" rdma
+    warm "$c" http --http
+    warm "$trusting" hit_rdma
+    warm "$trusting" hit_http --http
+} >"$work/warm"
+for mib in 16 64; do
+    awk -v mib="$mib" '$2 == mib { r[$1] = $3 } END {
+        printf "   %d MiB, warm buffers (median GET): uncached RDMA %.1f MiB/s, its plain HTTP %.1f MiB/s: %.3f; hits RDMA %.1f, HTTP %.1f: %.3f\n",
+            mib, r["rdma"], r["http"], r["rdma"] / r["http"], r["hit_rdma"], r["hit_http"], r["hit_rdma"] / r["hit_http"]
+    }' "$work/warm"
+done
