@@ -263,6 +263,14 @@ rdma_rate() {
     cmp -s "$work/bench" "$work/bench.rdma" || fail "RDMA GET of $2 through $1: bytes differ"
     python3 -c 'import json, sys; s = json.load(sys.stdin); print(s["mib_per_s"])' <<<"$out"
 }
+# rdma_rate through the gateway at $2 (its pid $1) of the key $3: the rate
+# in $rate, the gateway's CPU ticks it took in $spent.
+timed_rdma_rate() {
+    local t0
+    t0=$(ticks "$1")
+    rate=$(rdma_rate "$2" "$3")
+    spent=$(($(ticks "$1") - t0))
+}
 for size in "${bench[@]}"; do
     key="gw/bench-$size"
     head -c $((size << 20)) /dev/urandom >"$work/bench"
@@ -292,15 +300,13 @@ for size in "${bench[@]}"; do
                 ;;
             1)
                 read -r sum0 count0 < <(first_byte)
-                t0=$(ticks "${pids[2]}")
-                rate=$(rdma_rate "$c" "$key")
-                t1=$(ticks "${pids[2]}")
+                timed_rdma_rate "${pids[2]}" "$c" "$key"
                 read -r sum1 count1 < <(first_byte)
                 ((count1 == count0 + 1)) || fail "gateway 2 recorded $((count1 - count0)) first bytes for one GET"
                 ((round == 0)) && continue
                 gw_first+=("$(awk -v a="$sum0" -v b="$sum1" 'BEGIN { print b - a }')")
                 gw_rate+=("$rate")
-                gw_ticks=$((gw_ticks + t1 - t0)) counted=$((counted + 1))
+                gw_ticks=$((gw_ticks + spent)) counted=$((counted + 1))
                 ;;
             3)
                 # The same gateway's own plain HTTP GET (curl, SigV4).
@@ -313,12 +319,10 @@ for size in "${bench[@]}"; do
                 plain_rate+=("$(awk -v m="$size" -v t="$out" 'BEGIN { print m / t }')")
                 ;;
             2)
-                t0=$(ticks "${pids[3]}")
-                rate=$(rdma_rate "$cached" "$key")
-                t1=$(ticks "${pids[3]}")
+                timed_rdma_rate "${pids[3]}" "$cached" "$key"
                 ((round == 0)) && continue
                 hit_rate+=("$rate")
-                hit_ticks=$((hit_ticks + t1 - t0))
+                hit_ticks=$((hit_ticks + spent))
                 ;;
             esac
         done
@@ -390,33 +394,17 @@ hit=$(median "${hit_rate[@]}") here=$(median "${local_rate[@]}")
 awk -v size="$size" -v hit="$hit" -v here="$here" 'BEGIN {
     printf "   %d MiB by RDMA: cached hit %.1f MiB/s, the local backend %.1f MiB/s, ratio %.3f\n", size, hit, here, hit / here
 }'
-# c. Garage's node 1 (both gateways' store) stopped.
-node=$(cat "$HIPOBJ_GARAGE_DIR/node1/pid")
-rdma_rate "$always" "$key" >/dev/null
-kill -STOP "$node"
-started=$EPOCHREALTIME
-out=$(timeout 120 "$work/via" "$trusting" get "s3://$bucket/$key" "$work/bench.rdma" --no-fallback --retries 0 2>&1) ||
-    { kill -CONT "$node"; fail "ttl, the store stopped: $out"; }
-cmp -s "$work/bench" "$work/bench.rdma" || { kill -CONT "$node"; fail "ttl, the store stopped: bytes differ"; }
-served=$(awk -v a="$started" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
-started=$EPOCHREALTIME
-status=0
-out=$(timeout 120 "$work/via" "$always" get "s3://$bucket/$key" "$work/bench.rdma" --no-fallback --retries 0 2>&1) || status=$?
-refused=$(awk -v a="$started" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
-kill -CONT "$node"
-((status != 0 && status != 124)) || fail "always, the store stopped: status $status (124: it hung): $out"
-grep -q 503 <<<"$out" || fail "always, the store stopped: not a 503: $out"
-echo "   Garage's node stopped: ttl served the object in $served s; always answered 503 in $refused s (--upstream-timeout-ms 5000): $(tail -1 <<<"$out")"
-
-# d. An application's GETs, its buffer registered once (as a model loader's
+# c. An application's GETs, its buffer registered once (as a model loader's
 # or a data loader's, unlike the command's GETs above, each of which
 # registers fresh memory): `hipobj bench`, one stream, by RDMA and by plain
 # HTTP (--http: the same tool without the library), through gateway 2
 # (uncached) and the trusting gateway (hits); the median GET of each.
 warm() { # endpoint, label, extra bench options...
     local out
-    out=$("$work/via" "$1" bench "s3://$bucket/gw/warm" --sizes 16MiB,64MiB --streams-list 1 --count 3 \
-        --ops get --no-verify --json "${@:3}" 2>/dev/null) || fail "hipobj bench through $1 ($2) failed"
+    out=$(AWS_ACCESS_KEY_ID=$client_key AWS_SECRET_ACCESS_KEY=$client_secret AWS_REGION=us-east-1 \
+        AWS_ENDPOINT_URL="$1" "$hipobj" bench "s3://$bucket/gw/warm" --sizes 16MiB,64MiB \
+        --streams-list 1 --count 3 --ops get --no-verify --json "${@:3}" 2>"$work/warm.err") ||
+        fail "hipobj bench through $1 ($2): $(tail -3 "$work/warm.err")"
     python3 -c '
 import json, sys
 for c in json.load(sys.stdin)["cells"]:
@@ -434,3 +422,21 @@ for mib in 16 64; do
             mib, r["rdma"], r["http"], r["rdma"] / r["http"], r["hit_rdma"], r["hit_http"], r["hit_rdma"] / r["hit_http"]
     }' "$work/warm"
 done
+# d. Garage's node 1 (both gateways' store) stopped.
+node=$(cat "$HIPOBJ_GARAGE_DIR/node1/pid")
+rdma_rate "$always" "$key" >/dev/null
+kill -STOP "$node"
+started=$EPOCHREALTIME
+out=$(timeout 120 "$work/via" "$trusting" get "s3://$bucket/$key" "$work/bench.rdma" --no-fallback --retries 0 2>&1) ||
+    { kill -CONT "$node"; fail "ttl, the store stopped: $out"; }
+cmp -s "$work/bench" "$work/bench.rdma" || { kill -CONT "$node"; fail "ttl, the store stopped: bytes differ"; }
+served=$(awk -v a="$started" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+started=$EPOCHREALTIME
+status=0
+out=$(timeout 120 "$work/via" "$always" get "s3://$bucket/$key" "$work/bench.rdma" --no-fallback --retries 0 2>&1) || status=$?
+refused=$(awk -v a="$started" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+kill -CONT "$node"
+((status != 0 && status != 124)) || fail "always, the store stopped: status $status (124: it hung): $out"
+grep -q 503 <<<"$out" || fail "always, the store stopped: not a 503: $out"
+echo "   Garage's node stopped: ttl served the object in $served s; always answered 503 in $refused s (--upstream-timeout-ms 5000): $(tail -1 <<<"$out")"
+
