@@ -2928,24 +2928,12 @@ fn the_cache_s_bytes_are_charged_to_the_rdma_memory_budget() {
 
     // The cache may not take the room of the last transfer: 24 MiB of
     // budget, 4 buffers of 1 MiB per transfer, a 21 MiB cache.
-    let parsed = hipobj::gateway::cli::parse(
-        &[
-            "--upstream",
-            "http://127.0.0.1:1",
-            "--listen",
-            "127.0.0.1:0",
-            "--access-key",
-            ACCESS_KEY,
-            "--secret-key",
-            SECRET_KEY,
-            "--cache-bytes",
-            "22020096",
-        ]
-        .map(str::to_owned),
-    )
-    .expect("the options")
-    .expect("not --help");
-    let settings = parsed.upstream.unwrap().cache.unwrap();
+    let settings = hipobj::gateway::cache::Settings {
+        bytes: 21 << 20,
+        max_object_bytes: 1 << 20,
+        validate: hipobj::gateway::cache::Validate::Always,
+        disk: None,
+    };
     let local = hipobj::gateway::local::Local::open(&gateway::Gateway::fresh_root()).unwrap();
     let refused = hipobj::gateway::cache::Cached::new(Arc::new(local), settings, Some(room))
         .err()
