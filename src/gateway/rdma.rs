@@ -137,11 +137,10 @@ impl Budget {
     /// when there was none by then. Holds nothing while it waits.
     fn charge(self: &Arc<Budget>, bytes: u64, deadline: Instant) -> Option<Charge> {
         let mut ledger = self.state.lock();
-        let fits = |l: &Ledger| l.in_use.saturating_add(bytes) <= self.limit;
-        if ledger.queue.is_empty() && fits(&ledger) {
-            ledger.in_use += bytes;
-            return Some(self.charged(bytes));
+        if let Some(charge) = self.take_now(&mut ledger, bytes) {
+            return Some(charge);
         }
+        let fits = |l: &Ledger| l.in_use.saturating_add(bytes) <= self.limit;
         let me = ledger.next;
         ledger.next += 1;
         ledger.waited += 1;
@@ -167,7 +166,11 @@ impl Budget {
     /// `bytes` of the budget at once, or `None`: never ahead of a
     /// reservation waiting, never beyond the limit.
     fn try_charge(self: &Arc<Budget>, bytes: u64) -> Option<Charge> {
-        let mut ledger = self.state.lock();
+        self.take_now(&mut self.state.lock(), bytes)
+    }
+
+    /// [`Budget::try_charge`] under the lock `ledger` already is.
+    fn take_now(self: &Arc<Budget>, ledger: &mut Ledger, bytes: u64) -> Option<Charge> {
         let fits = ledger.in_use.saturating_add(bytes) <= self.limit;
         (ledger.queue.is_empty() && fits).then(|| {
             ledger.in_use += bytes;

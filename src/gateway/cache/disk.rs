@@ -182,10 +182,10 @@ impl Disk {
         &self,
         key: &Key,
         head: &Head,
-        crc64nvme: &str,
+        crc: &str,
         bytes: &[u8],
     ) -> std::io::Result<PathBuf> {
-        let header = header_json(key, head, crc64nvme)?;
+        let header = header_json(key, head, crc)?;
         let mut random = [0u8; 16];
         getrandom::fill(&mut random).map_err(|e| std::io::Error::other(e.to_string()))?;
         let name = hex::encode(random);
@@ -199,7 +199,7 @@ impl Disk {
                     .map_err(std::io::Error::other)?
                     .to_le_bytes(),
             )?;
-            file.write_all(&crate::gateway::checksum::crc64nvme(&header).to_le_bytes())?;
+            file.write_all(&crc64nvme(&header).to_le_bytes())?;
             file.write_all(&header)?;
             file.write_all(bytes)?;
             std::fs::rename(&temporary, &path)
