@@ -9,8 +9,8 @@
 #
 #   bash scripts/gateway-cpu.sh [MIB [ROUNDS]]     (default 256 and 8)
 #
-# The store is another hipobj-s3-server (its local backend, which hands
-# its bytes on in 4 KiB pieces), or, run inside scripts/vm/garage-guest.sh
+# The store is another hipobj-s3-server (its local backend, which reads
+# its files in 1 MiB blocks), or, run inside scripts/vm/garage-guest.sh
 # (on the host too: HIPOBJ_GARAGE names the binary), Garage's node 0 (1 MiB
 # blocks), as a deployment would have it.
 #

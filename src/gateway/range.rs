@@ -9,7 +9,7 @@
 //!
 //! Also compiled into the `range` fuzz target (`fuzz/`).
 
-use s3s::dto::Range;
+use s3s::dto::{GetObjectOutput, Range};
 
 /// The range the backend is given for `range` of an object of `len`
 /// bytes, or `None` if `range` selects none of it (416 Range Not
@@ -25,6 +25,18 @@ pub fn for_backend(range: Range, len: u64) -> Option<Range> {
         Range::Int { first, .. } if first >= len => None,
         int @ Range::Int { .. } => Some(int),
     }
+}
+
+/// Where a GetObject answer's bytes start in the object, and the object's
+/// whole length: from its `Content-Range` (`bytes FIRST-LAST/TOTAL`), or
+/// the whole object of `length` bytes without one.
+pub fn span(output: &GetObjectOutput, length: u64) -> (u64, u64) {
+    let parsed = output.content_range.as_deref().and_then(|r| {
+        let (range, total) = r.strip_prefix("bytes ")?.split_once('/')?;
+        let first = range.split_once('-')?.0.parse().ok()?;
+        Some((first, total.parse().ok()?))
+    });
+    parsed.unwrap_or((0, length))
 }
 
 #[cfg(test)]
@@ -89,5 +101,21 @@ mod tests {
             ),
             int(99, Some(200))
         );
+    }
+
+    #[test]
+    fn an_answer_s_bytes_start_where_its_content_range_says() {
+        let whole = GetObjectOutput::default();
+        assert_eq!(span(&whole, 100), (0, 100));
+        let ranged = GetObjectOutput {
+            content_range: Some("bytes 10-19/100".to_owned()),
+            ..GetObjectOutput::default()
+        };
+        assert_eq!(span(&ranged, 10), (10, 100));
+        let odd = GetObjectOutput {
+            content_range: Some("items 1-2/3".to_owned()),
+            ..GetObjectOutput::default()
+        };
+        assert_eq!(span(&odd, 7), (0, 7), "not a byte range: the whole answer");
     }
 }

@@ -52,6 +52,7 @@ use s3s::{s3_error, S3Error, S3Request, S3Response, S3Result, S3};
 
 use crate::gateway::backend::Backend;
 use crate::gateway::local::ObjectFile;
+use crate::gateway::range;
 use crate::gateway::rdma::{Admission, Failure, Label, Rdma, RegBuf, TakeError, Window};
 use crate::gateway::stream::{self, ReadFailure};
 
@@ -321,15 +322,15 @@ impl RdmaS3 {
         }
         let want = usize::try_from(len)
             .map_err(|_| failed(format!("{len} bytes do not fit this machine's memory")))?;
-        let (first, total) = span(&resp.output, length);
+        let (first, total) = range::span(&resp.output, length);
         let whole = first == 0 && len == total;
         let stored = Stored::of(&resp.output, whole);
-        // The backend's body comes in 4 KiB reads, each a trip through the
-        // runtime's blocking pool: under load, seconds for a few MiB. A
-        // backend that keeps the object in a file of its own hands over the
-        // file it answered from, read in chunk-sized blocking calls instead,
-        // where its answer (length, range) says which bytes it holds: the
-        // version answered for, never a path opened again.
+        // A backend that keeps the object in a file of its own hands over
+        // the file it answered from, read straight into the registered
+        // chunks in chunk-sized blocking calls (its body would be read into
+        // memory of its own first), where its answer (length, range) says
+        // which bytes it holds: the version answered for, never a path
+        // opened again.
         let bytes_from = match (file, resp.output.body.take()) {
             (Some(ObjectFile(file)), _) => Source::File {
                 file,
@@ -948,18 +949,6 @@ where
         .map_err(|e| format!("the transfer's thread failed: {e}"))
 }
 
-/// Where a GetObject answer's bytes start in the object, and the object's
-/// whole length: from its `Content-Range` (`bytes FIRST-LAST/TOTAL`), or
-/// the whole object of `length` bytes without one.
-fn span(output: &GetObjectOutput, length: u64) -> (u64, u64) {
-    let parsed = output.content_range.as_deref().and_then(|r| {
-        let (range, total) = r.strip_prefix("bytes ")?.split_once('/')?;
-        let first = range.split_once('-')?.0.parse().ok()?;
-        Some((first, total.parse().ok()?))
-    });
-    parsed.unwrap_or((0, length))
-}
-
 /// Reads `out.len()` bytes at `first + offset` of `file`, which must be
 /// `total` bytes long (looked at unless `checked`: a file changed in place
 /// behind the backend's back fails the request).
@@ -1158,22 +1147,6 @@ mod tests {
 
     use super::*;
     use crate::gateway::rdma::Limits;
-
-    #[test]
-    fn an_answer_s_bytes_start_where_its_content_range_says() {
-        let whole = GetObjectOutput::default();
-        assert_eq!(span(&whole, 100), (0, 100));
-        let ranged = GetObjectOutput {
-            content_range: Some("bytes 10-19/100".to_owned()),
-            ..GetObjectOutput::default()
-        };
-        assert_eq!(span(&ranged, 10), (10, 100));
-        let odd = GetObjectOutput {
-            content_range: Some("items 1-2/3".to_owned()),
-            ..GetObjectOutput::default()
-        };
-        assert_eq!(span(&odd, 7), (0, 7), "not a byte range: the whole answer");
-    }
 
     #[test]
     fn a_file_is_read_at_its_offset_and_refused_once_it_changed() {
