@@ -63,7 +63,7 @@
 //!   would delete another bucket's object, an info file or an upload's
 //!   part).
 //! - **A GET's body is read in 1 MiB blocks** from the file it answered
-//!   from ([`file_body`]); s3s-fs reads 4 KiB at a time, each a trip
+//!   from (`file_body`); s3s-fs reads 4 KiB at a time, each a trip
 //!   through the runtime's blocking pool and a piece for a gateway in front
 //!   to receive and send on (twelve times the CPU time per byte there).
 
