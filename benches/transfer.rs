@@ -11,6 +11,10 @@
 //! sleeping (`HIPOBJ_POLL_US`'s default); the "no polling" case is the same
 //! fabric as a software NIC, where neither side polls.
 //!
+//! Then the reused transfers again, polling and not, with a thread spinning
+//! on every core of the host: polling adapts (`core::polling`), so it must
+//! not be slower there than sleeping.
+//!
 //! With `HIPOBJ_BENCH_TRANSFERS=N` it runs N reused transfers (after one
 //! that connects) on the world `HIPOBJ_BENCH_WORLD` names (`polling`, the
 //! default, or `sleeping`) and exits: for `scripts/callgrind-transfer.sh`,
@@ -24,7 +28,8 @@ use hipobj::core::args::Slice;
 use hipobj::core::transfer::Direction;
 use hipobj::core::Options;
 use hipobj::server::Op;
-use hipobj::testing::world::{HostClient, World, WorldSpec};
+use hipobj::testing::fabric::Traffic;
+use hipobj::testing::world::{HostClient, World, WorldSpec, CLIENT_NIC, SERVER_NIC};
 
 struct Setup {
     world: World,
@@ -91,14 +96,100 @@ fn transfers(c: &mut Criterion) {
     wakeups_per_transfer("polling", &polling);
     wakeups_per_transfer("no polling", &sleeping);
     calls_per_transfer(&sleeping);
+    // The same reused transfers on a host whose cores are all busy: a
+    // thread that spins on every core, as a data loader's workers would.
+    // Criterion's samples there spread over a factor of three, one run to
+    // the next: the two worlds run in turns instead, in blocks, and the
+    // medians of the blocks are compared.
+    let hogs = Hogs::start();
+    let (with, without) = in_turns(&polling, &sleeping);
+    println!(
+        "8-byte GET, reused connection, every core busy (median of {BLOCKS} blocks of \
+         {BLOCK} in turns): polling {with:.1} µs, no polling {without:.1} µs, ratio {:.2}",
+        with / without
+    );
+    wakeups_per_transfer("polling, every core busy", &polling);
+    wakeups_per_transfer("no polling, every core busy", &sleeping);
+    drop(hogs);
+    let (with, without) = in_turns(&polling, &sleeping);
+    println!(
+        "8-byte GET, reused connection, cores idle (the same blocks): polling {with:.1} µs, \
+         no polling {without:.1} µs"
+    );
 }
 
-/// Prints the wake-ups per reused transfer: the library's threads (the
-/// calling thread and the connection driver) that slept and were woken,
-/// and apart from them the in-process test server's sleeps.
+/// Blocks of transfers each world runs in [`in_turns`], and their size.
+const BLOCKS: usize = 25;
+const BLOCK: u32 = 200;
+
+/// The median time per transfer of `BLOCKS` blocks of `BLOCK` reused
+/// transfers on each of two worlds, the blocks run in turns (µs).
+fn in_turns(a: &Setup, b: &Setup) -> (f64, f64) {
+    let block = |s: &Setup| {
+        let started = std::time::Instant::now();
+        for _ in 0..BLOCK {
+            s.get();
+        }
+        started.elapsed().as_secs_f64() * 1e6 / f64::from(BLOCK)
+    };
+    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    for _ in 0..BLOCKS {
+        xs.push(block(a));
+        ys.push(block(b));
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (median(&mut xs), median(&mut ys))
+}
+
+/// A thread that spins on each of the host's cores until dropped.
+struct Hogs {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Hogs {
+    fn start() -> Hogs {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let threads = (0..cores)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        Hogs { stop, threads }
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Prints, per reused transfer and per side, what it cost beyond its
+/// bytes: the messages sent (SENDs and WRITEs with immediate), the send
+/// work requests posted and the `ibv_post_send` calls that carried them,
+/// the signaled ones, the receives posted and the completions the side's
+/// CQs were given (the fake fabric's [`Traffic`]); and the sleeps that
+/// something ended: the library's threads (the calling thread and the
+/// connection driver) on the client, the test server's on the server.
 fn wakeups_per_transfer(name: &str, setup: &Setup) {
     const N: u64 = 2000;
     setup.get();
+    let fabric = &setup.world.platform.fabric;
+    fabric.reset_traffic();
     let before = setup.client.instance.stats().wakeups;
     let server_before = setup.world.server.side().sleeps();
     for _ in 0..N {
@@ -106,11 +197,25 @@ fn wakeups_per_transfer(name: &str, setup: &Setup) {
     }
     let woken = setup.client.instance.stats().wakeups - before;
     let server = setup.world.server.side().sleeps() - server_before;
-    println!(
-        "wake-ups per reused 8-byte GET, {name} (mean of {N}): library {:.3}, test server {:.3}",
-        woken as f64 / N as f64,
-        server as f64 / N as f64
-    );
+    println!("per reused 8-byte GET, {name} (mean of {N}):");
+    for (side, nic, sleeps) in [
+        ("client", CLIENT_NIC, woken),
+        ("server", SERVER_NIC, server),
+    ] {
+        let t: Traffic = fabric.traffic(nic).expect("the world's device");
+        let per = |n: u64| n as f64 / N as f64;
+        println!(
+            "  {side}: messages {:.2}, send work requests {:.2} in {:.2} posts, signaled {:.2}, \
+             receives {:.2}, completions {:.2}, wake-ups {:.3}",
+            per(t.messages),
+            per(t.send_wrs),
+            per(t.post_sends),
+            per(t.signaled),
+            per(t.recvs),
+            per(t.completions),
+            per(sleeps)
+        );
+    }
 }
 
 /// Prints the fake platform's calls per reused transfer, by function (the

@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RawMutex};
 
 use crate::core::nic::ip_of;
+use crate::core::polling::Polling;
 use crate::core::protocol::{
     decode_stripes, encode_connect, encode_connect_v3, encode_proof, encode_proof_v3, final_imm,
     grant_imm, is_refusal, Share, MAX_STRIPES, STRIPES_MAX_LEN, VERSION, VERSION_3,
@@ -128,8 +129,8 @@ pub struct ServerConn {
     next_wr: u64,
     /// When its last transfer ended.
     pub last_used: Instant,
-    /// How long it polls for a completion before it sleeps.
-    poll: Duration,
+    /// How long it polls for a completion before it sleeps (the side's).
+    polling: Arc<Steps>,
     /// The side's count of sleeps.
     sleeps: Arc<AtomicU64>,
 }
@@ -369,8 +370,9 @@ pub struct ServerSide {
     last_sweep: Mutex<Instant>,
     /// The device's `max_msg_sz` (port 1), at most 1 GiB.
     max_msg_sz: u64,
-    /// How long a transfer polls for a completion before it sleeps.
-    poll: Duration,
+    /// How long a transfer polls for a completion before it sleeps, while
+    /// such polls pay (by step).
+    polling: Arc<Steps>,
     /// Times a transfer slept for a completion ([`ServerSide::sleeps`]).
     sleeps: Arc<AtomicU64>,
     /// Clients (GID, listener port) that refused a version-3 connect
@@ -495,7 +497,11 @@ impl ServerSide {
             closed: AtomicBool::new(false),
             last_sweep: Mutex::new(Instant::now()),
             max_msg_sz,
-            poll,
+            polling: Arc::new(Steps {
+                grant: Polling::new(poll),
+                data: Polling::new(poll),
+                last: Polling::new(poll),
+            }),
             sleeps: Arc::default(),
             version_2: Mutex::new(std::collections::HashSet::new()),
             config,
@@ -994,7 +1000,7 @@ impl ServerSide {
                     grant_mr,
                     next_wr: 0,
                     last_used: Instant::now(),
-                    poll: self.poll,
+                    polling: self.polling.clone(),
                     sleeps: self.sleeps.clone(),
                 }))
             }
@@ -1276,7 +1282,10 @@ fn wait_grant(conn: &ServerConn, until: Instant) -> Result<(u32, usize)> {
     let mut sent = false;
     let mut grant = None;
     while !(sent && grant.is_some()) {
-        let Some(c) = next_completion(conn, until)? else {
+        // The proof's own send completes first, as soon as the NIC has
+        // sent it; the grant waits for the client.
+        let step = if sent { Step::Grant } else { Step::Data };
+        let Some(c) = next_completion(conn, step, until)? else {
             return Err(Error::Rdma(
                 "no grant from the client before the deadline".into(),
             ));
@@ -1308,19 +1317,58 @@ fn wait_grant(conn: &ServerConn, until: Instant) -> Result<(u32, usize)> {
     grant.ok_or_else(|| Error::Internal("no grant".into()))
 }
 
-/// The next completion on `conn`'s CQ, waiting until `until`: polled for
-/// up to its poll first, then slept for on the completion channel.
-fn next_completion(conn: &ServerConn, until: Instant) -> Result<Option<Completion>> {
+/// A server side's gauges of whether its polls pay ([`Polling`]), one
+/// for each step a transfer waits for: the grant comes when the client's
+/// driver has run, the data's and the final message's completions when the
+/// NIC has, and on a busy host the first may be late where the others are
+/// not.
+#[derive(Debug)]
+struct Steps {
+    grant: Polling,
+    data: Polling,
+    last: Polling,
+}
+
+/// What a transfer's wait for a completion waits for ([`Steps`]).
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// The client's grant, once the proof is sent.
+    Grant,
+    /// A completion of the server's own work: the proof's send, a WRITE, a
+    /// READ.
+    Data,
+    /// The final message's.
+    Last,
+}
+
+/// The next completion on `conn`'s CQ for `step`, waiting until `until`:
+/// polled for up to its poll first (while such polls pay), then slept for
+/// on the completion channel.
+fn next_completion(conn: &ServerConn, step: Step, until: Instant) -> Result<Option<Completion>> {
     let cq = &*conn.cq;
-    let spin_until = Instant::now() + conn.poll;
+    let gauge = match step {
+        Step::Grant => &conn.polling.grant,
+        Step::Data => &conn.polling.data,
+        Step::Last => &conn.polling.last,
+    };
+    let window = gauge.window();
+    let spin_until = Instant::now() + window;
+    let mut polling = !window.is_zero();
     loop {
         if let Some(c) = cq.poll(1)?.into_iter().next() {
+            if polling {
+                gauge.found(true);
+            }
             return Ok(Some(c));
         }
         let now = Instant::now();
-        if now < spin_until && now < until {
+        if polling && now < spin_until && now < until {
             crate::platform::pause();
             continue;
+        }
+        if polling {
+            gauge.found(false);
+            polling = false;
         }
         if now >= until {
             return Ok(cq.poll(1)?.into_iter().next());
@@ -1519,7 +1567,7 @@ impl Session<'_> {
                 return Ok(());
             };
             let waited = match self.conn_at(c) {
-                Some(conn) => next_completion(conn, deadline),
+                Some(conn) => next_completion(conn, Step::Data, deadline),
                 None => Err(Error::Internal("a share without its connection".into())),
             };
             let error = match waited {
@@ -1576,7 +1624,7 @@ impl Session<'_> {
             let Some(conn) = self.conn_at(c) else {
                 continue;
             };
-            let outcome = match next_completion(conn, deadline) {
+            let outcome = match next_completion(conn, Step::Last, deadline) {
                 Ok(Some(done)) if done.status == WcStatus::Success => Ok(()),
                 Ok(Some(done)) => Err(Error::Rdma(format!("the final message: {:?}", done.status))),
                 Ok(None) => Err(Error::Rdma(
@@ -1640,7 +1688,7 @@ impl Session<'_> {
                 continue;
             };
             while left.len > 0 {
-                match next_completion(guard, until) {
+                match next_completion(guard, Step::Data, until) {
                     Ok(Some(done)) => left.remove(done.wr_id),
                     _ => break,
                 }

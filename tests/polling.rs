@@ -49,14 +49,14 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 #[test]
 fn a_hardware_nic_polls_by_default_and_a_software_one_does_not() {
     assert_eq!(
-        Up::new(None).client.instance.poll,
+        Up::new(None).client.instance.polling.limit(),
         Duration::from_micros(50)
     );
     let up = Up::new(Some(Duration::from_micros(7)));
-    assert_eq!(up.client.instance.poll, Duration::from_micros(7));
+    assert_eq!(up.client.instance.polling.limit(), Duration::from_micros(7));
     let world = World::new();
     let soft = HostClient::new(&world, Options::default(), 8).unwrap();
-    assert_eq!(soft.instance.poll, Duration::ZERO);
+    assert_eq!(soft.instance.polling.limit(), Duration::ZERO);
 }
 
 #[test]

@@ -18,6 +18,7 @@ use super::buffers::BufferMap;
 use super::connections::{Connections, Mode, Pool, Settings, Striping};
 use super::nic::{self, GpuPlace, NicChoice};
 use super::options::{poll_for, stripes_for, Options};
+use super::polling::Polling;
 use super::stats::{Snapshot, Stats};
 use super::tokens::TokenBook;
 use crate::error::{Error, Result, HIP_ERROR_NO_DEVICE};
@@ -106,9 +107,9 @@ pub struct Instance {
     pub(crate) connections: Connections,
     /// What moved the bytes, and what failed ([`Instance::stats`]).
     pub(crate) stats: Arc<Stats>,
-    /// How long a thread polls for a transfer's next step before it
-    /// sleeps (`HIPOBJ_POLL_US`, by device).
-    pub poll: std::time::Duration,
+    /// How long a calling thread polls for its transfer's outcome before
+    /// it sleeps (`HIPOBJ_POLL_US`, by device, while such polls pay).
+    pub polling: Polling,
     pub(crate) tokens: Arc<TokenBook>,
     timers_pending: Arc<std::sync::atomic::AtomicUsize>,
     /// The process that built it: a forked child must not use (nor tear
@@ -230,7 +231,7 @@ impl Instance {
             timers_pending: Arc::default(),
         };
         let stats = settings.stats.clone();
-        let poll = settings.poll;
+        let polling = Polling::new(settings.poll);
         let tokens = settings.tokens.clone();
         let timers_pending = settings.timers_pending.clone();
         let listener_port = listener.port();
@@ -245,7 +246,7 @@ impl Instance {
             mode,
             connections,
             stats,
-            poll,
+            polling,
             tokens,
             timers_pending,
             pid: std::process::id(),

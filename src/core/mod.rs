@@ -12,6 +12,7 @@ pub mod instance;
 pub mod mailbox;
 pub mod nic;
 pub mod options;
+pub mod polling;
 pub mod protocol;
 pub mod reply;
 pub mod stats;

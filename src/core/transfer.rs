@@ -461,10 +461,15 @@ impl Instance {
         let talk = self.converse(&token, s3);
         // The server sends its reply only after its final message, so the
         // outcome is usually in by now, or about to be: the driver may be
-        // revoking the access. After a success, poll for it a while before
-        // telling the driver and sleeping until it answers.
+        // revoking the access. After a success, poll for it a while (while
+        // such polls pay) before telling the driver and sleeping until it
+        // answers.
         if talk.is_ok() {
-            mailbox.poll_until(Instant::now() + self.poll);
+            let window = self.polling.window();
+            if !window.is_zero() {
+                let found = mailbox.poll_until(Instant::now() + window);
+                self.polling.found(found);
+            }
         }
         let outcome = match mailbox.peek() {
             Some(outcome) => Some(outcome),

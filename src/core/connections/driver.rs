@@ -33,6 +33,7 @@ use super::conn::{
 };
 use super::pool::Pool;
 use crate::core::mailbox::Mailbox;
+use crate::core::polling::Polling;
 use crate::core::protocol::decode_connect_up_to;
 use crate::error::{Error, Result};
 use crate::platform::{wait_readable, AsyncKind, CmEvent, CmListener, Context, Cq, Mw, Pd, Waker};
@@ -343,6 +344,7 @@ impl Driver {
         settings: Settings,
     ) -> Result<Driver> {
         let by_name = parts.conns.iter().map(|c| (c.name, c.index)).collect();
+        let polling = Polling::new(settings.poll);
         let mut state = State {
             conns: parts.conns,
             shared: Shared {
@@ -365,6 +367,7 @@ impl Driver {
                 closing: false,
                 forward: Vec::new(),
             },
+            polling,
         };
         let thread = std::thread::Builder::new()
             .name("hipobj-driver".into())
@@ -513,6 +516,8 @@ impl Shared {
 struct State {
     conns: Vec<Conn>,
     shared: Shared,
+    /// Whether the driver's polls after a round of work pay.
+    polling: Polling,
 }
 
 impl State {
@@ -707,16 +712,23 @@ impl State {
         relay(conns, shared);
     }
 
-    /// Polls the CQ and the command queue for up to `HIPOBJ_POLL_US`
-    /// without sleeping; `true` once something came (completions are
-    /// filed, commands left for the loop), `false` if nothing did.
+    /// Polls the CQ and the command queue without sleeping, for up to
+    /// `HIPOBJ_POLL_US` while such polls pay ([`Polling`]); `true` once
+    /// something came (completions are filed, commands left for the
+    /// loop), `false` if nothing did (or the poll was skipped).
     fn spin(&mut self) -> Result<bool> {
-        let until = Instant::now() + self.shared.settings.poll;
+        let window = self.polling.window();
+        if window.is_zero() {
+            return Ok(false);
+        }
+        let until = Instant::now() + window;
         loop {
             if self.shared.commands.pending() || self.poll_once()? {
+                self.polling.found(true);
                 return Ok(true);
             }
             if Instant::now() >= until {
+                self.polling.found(false);
                 return Ok(false);
             }
             crate::platform::pause();

@@ -56,6 +56,9 @@ impl State {
     /// [`State::push`] of a completion of simulated time `at`.
     pub(super) fn push_at(&mut self, cq: u64, c: Completion, at: u64) {
         let device = self.cqs.get(&cq).map(|c| c.device);
+        if let Some(d) = device.and_then(|d| self.devices.get_mut(d)) {
+            d.traffic.completions += 1;
+        }
         if device.is_some_and(|d| self.hold.contains(&d)) {
             self.held.push((cq, c));
         } else {

@@ -155,6 +155,25 @@ pub(crate) type QpKey = (usize, u32);
 
 // ---------------------------------------------------------------- public
 
+/// What one device's QPs posted and its CQs were given
+/// ([`Fabric::traffic`]): the fixed cost of a transfer, counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// `ibv_post_send` calls that were taken.
+    pub post_sends: u64,
+    /// Send work requests in them.
+    pub send_wrs: u64,
+    /// Of those, messages to the peer: SENDs and WRITEs with immediate,
+    /// each consuming a receive there.
+    pub messages: u64,
+    /// Of those, signaled ones.
+    pub signaled: u64,
+    /// Receives posted (`ibv_post_recv` calls that were taken).
+    pub recvs: u64,
+    /// Completions queued to its CQs (held ones when queued).
+    pub completions: u64,
+}
+
 /// One fake RDMA device: a single RoCE v2 port with an IPv4 address.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceSpec {
@@ -297,6 +316,7 @@ impl Fabric {
             spec,
             next_qpn: FIRST_QPN,
             next_key_index: 1,
+            traffic: Traffic::default(),
         });
         Ok(())
     }
@@ -348,6 +368,23 @@ impl Fabric {
         st.hold.retain(|&d| d != device);
         if hold {
             st.hold.push(device);
+        }
+    }
+
+    /// What device `name`'s QPs posted and its CQs were given since the
+    /// last [`Fabric::reset_traffic`] (`None`: no such device).
+    pub fn traffic(&self, name: &str) -> Option<Traffic> {
+        let st = self.state.lock();
+        st.devices
+            .iter()
+            .find(|d| d.spec.name == name)
+            .map(|d| d.traffic)
+    }
+
+    /// Zeroes every device's [`Traffic`].
+    pub fn reset_traffic(&self) {
+        for d in &mut self.state.lock().devices {
+            d.traffic = Traffic::default();
         }
     }
 
@@ -563,6 +600,8 @@ struct State {
 
 struct Device {
     spec: DeviceSpec,
+    /// What its QPs and CQs did since the last [`Fabric::reset_traffic`].
+    traffic: Traffic,
     /// Port 1's GID table: at least [`GID_TABLE_LEN`] entries.
     gids: Vec<Gid>,
     next_qpn: u32,
@@ -702,5 +741,41 @@ mod tests {
         );
         drop((mw, a, b));
         assert!(counters.snapshot().is_empty(), "{:?}", counters.snapshot());
+    }
+
+    #[test]
+    fn traffic_counts_each_device_s_posts_messages_and_completions() {
+        let (fabric, a, b) = pair();
+        connect(&a, &b, Link::default());
+        fabric.reset_traffic();
+        b.recv(1, None);
+        let mut unsignaled = write(&a, 0, 8, b.addr(0), b.mr.rkey());
+        unsignaled.signaled = false;
+        a.qp.post_send(&[unsignaled, write_imm(&a, 0, 0, 0, 1)])
+            .expect("post");
+        a.qp.post_send(&[read(&a, 64, 8, b.addr(0), b.mr.rkey())])
+            .expect("post");
+        assert_eq!(statuses(&a.poll()), [WcStatus::Success; 2]);
+        assert_eq!(statuses(&b.poll()), [WcStatus::Success]);
+        assert_eq!(
+            fabric.traffic("a"),
+            Some(Traffic {
+                post_sends: 2,
+                send_wrs: 3,
+                messages: 1,
+                signaled: 2,
+                recvs: 0,
+                completions: 2,
+            })
+        );
+        let b_side = Traffic {
+            recvs: 1,
+            completions: 1,
+            ..Traffic::default()
+        };
+        assert_eq!(fabric.traffic("b"), Some(b_side));
+        assert_eq!(fabric.traffic("c"), None);
+        fabric.reset_traffic();
+        assert_eq!(fabric.traffic("a"), Some(Traffic::default()));
     }
 }

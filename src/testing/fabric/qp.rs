@@ -634,6 +634,9 @@ impl Qp for FakeQp {
             )));
         }
         qp.recvs.push_back(wr);
+        if let Some(d) = st.devices.get_mut(self.key.0) {
+            d.traffic.recvs += 1;
+        }
         st.progress();
         drop(st);
         self.fabric.completions.notify_all();
@@ -683,6 +686,18 @@ impl Qp for FakeQp {
             let thread = super::model::now(self.fabric.id, t.span_id(), t.began());
             t.posted(self.key, thread)
         });
+        if let Some(d) = st.devices.get_mut(self.key.0) {
+            let t = &mut d.traffic;
+            t.post_sends += 1;
+            for wr in wrs {
+                t.send_wrs += 1;
+                t.messages += u64::from(matches!(
+                    wr.op,
+                    SendOp::Send | SendOp::SendImm { .. } | SendOp::WriteImm { .. }
+                ));
+                t.signaled += u64::from(wr.signaled);
+            }
+        }
         let qp = st.qps.get_mut(&self.key).ok_or_else(gone)?;
         for wr in converted {
             let seq = qp.next_seq;
