@@ -1723,17 +1723,7 @@ fn put_request(
         body: Some(StreamingBlob::wrap(futures::stream::iter(items))),
         ..PutObjectInput::default()
     };
-    s3s::S3Request {
-        input,
-        method: http::Method::PUT,
-        uri: http::Uri::from_static("/"),
-        headers: http::HeaderMap::new(),
-        extensions: http::Extensions::new(),
-        credentials: None,
-        region: None,
-        service: None,
-        trailing_headers: None,
-    }
+    hipobj::gateway::backend::alone(input)
 }
 
 fn chunks(data: &[u8], size: usize) -> Vec<Bytes> {

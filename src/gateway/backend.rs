@@ -19,6 +19,22 @@ pub trait Backend: S3 {
     fn describe(&self) -> String;
 }
 
+/// An S3 request carrying `input` alone, for a backend that reads nothing
+/// else (the upstream's proxy).
+pub fn alone<T>(input: T) -> s3s::S3Request<T> {
+    s3s::S3Request {
+        input,
+        method: http::Method::PUT,
+        uri: http::Uri::from_static("/"),
+        headers: http::HeaderMap::new(),
+        extensions: http::Extensions::new(),
+        credentials: None,
+        region: None,
+        service: None,
+        trailing_headers: None,
+    }
+}
+
 /// A request for another operation (`input`) in the context of `req`:
 /// its method, URI, headers, credentials and region, without its
 /// extensions or trailers. For a wrapper that asks its backend something

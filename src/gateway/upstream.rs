@@ -73,7 +73,7 @@ use s3s::stream::{ByteStream, RemainingLength};
 use s3s::{s3_error, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, StdError, S3};
 use s3s_aws::Proxy;
 
-use super::backend::Backend;
+use super::backend::{alone, Backend};
 use super::checksum::crc64nvme_header;
 
 tokio::task_local! {
@@ -446,7 +446,7 @@ impl Upstream {
                 "HeadBucket",
                 false,
                 None,
-                self.proxy.head_bucket(request(head)),
+                self.proxy.head_bucket(alone(head)),
             )
             .await;
         if let Err(mut e) = found {
@@ -558,7 +558,7 @@ impl Upstream {
                 "CreateMultipartUpload",
                 false,
                 None,
-                self.proxy.create_multipart_upload(request(create)),
+                self.proxy.create_multipart_upload(alone(create)),
             )
             .await?;
         let upload_id = created.output.upload_id.ok_or_else(|| {
@@ -681,7 +681,7 @@ impl Upstream {
                 "CompleteMultipartUpload",
                 true,
                 None,
-                self.proxy.complete_multipart_upload(request(complete)),
+                self.proxy.complete_multipart_upload(alone(complete)),
             )
             .await?;
         let headers = completed.headers;
@@ -746,7 +746,7 @@ impl Upstream {
                 &what,
                 false,
                 Some(&tracker),
-                self.proxy.upload_part(request(part)),
+                self.proxy.upload_part(alone(part)),
             )
             .await?;
         Ok(CompletedPart {
@@ -842,21 +842,6 @@ fn part_size(len: Option<u64>, configured: u64) -> S3Result<usize> {
     }
     usize::try_from(size.min(MAX_PART_BYTES))
         .map_err(|_| s3_error!(InternalError, "a part of {size} bytes does not fit memory"))
-}
-
-/// An S3 request carrying `input` alone (the proxy reads nothing else).
-fn request<T>(input: T) -> S3Request<T> {
-    S3Request {
-        input,
-        method: http::Method::PUT,
-        uri: http::Uri::from_static("/"),
-        headers: http::HeaderMap::new(),
-        extensions: http::Extensions::new(),
-        credentials: None,
-        region: None,
-        service: None,
-        trailing_headers: None,
-    }
 }
 
 fn blob(data: Bytes) -> StreamingBlob {
