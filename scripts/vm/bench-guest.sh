@@ -137,19 +137,26 @@ bw() {
 }
 
 # The library's bench: library SUFFIX ARGS... Its figures go to
-# library.txt, their names ending in SUFFIX.
+# library.txt, their names ending in SUFFIX. A run that fails keeps the
+# figures it printed, is recorded in failed.txt (library_ARGS_SUFFIX, its
+# status and its last words) and the others go on: the table shows what
+# is missing as failed.
 library() {
     local suffix=$1
     shift
     echo "bench-guest: the library: $* $suffix" >&2
-    local status=0
-    "$bench" "$@" --volume-mib "$volume_mib" >"$raw/library.out" 2>>"$raw/library.stderr" || status=$?
+    local status=0 err="$raw/library.stderr.last"
+    "$bench" "$@" --volume-mib "$volume_mib" >"$raw/library.out" 2>"$err" || status=$?
+    cat "$err" >>"$raw/library.stderr"
     awk -v suffix="$suffix" 'NF == 3 { print $1 suffix, $2, $3 }' "$raw/library.out" >>"$out/library.txt"
     if ((status != 0)); then
-        echo "bench-guest: the library bench failed ($status)" >&2
-        cat "$raw/library.stderr" >&2
-        exit 1
+        local name why
+        name="library_$(IFS=_; echo "$*")$suffix"
+        why=$(grep -m1 'bench: FAILED' "$err" || tail -1 "$err")
+        echo "bench-guest: $name failed (status $status): $why" >&2
+        echo "$name status $status: ${why:-no message}" >>"$out/failed.txt"
     fi
+    return 0
 }
 
 # The emulated CPUs' time by kind (`/proc/stat`'s cpu line: user, nice,

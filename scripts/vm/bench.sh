@@ -17,7 +17,8 @@
 # against 16 threads with one transfer each, and both against perftest
 # -q 16, at 64 KiB and 1 MiB.
 # Outputs under target/vm/out/bench: machine.txt, perftest.txt, library.txt
-# (`name value unit` lines), failed.txt (perftest runs that failed),
+# (`name value unit` lines), failed.txt (perftest and library runs that
+# failed, and why),
 # host-load.txt, table.md, console.log, raw/ (each tool's output and the
 # device's counters).
 set -euo pipefail
@@ -115,7 +116,10 @@ print(f"Soft-RoCE benchmark, {machine.get('date', '?')}: {machine.get('cpus', '?
 print(f"Bandwidths: median of {repeats} runs (lowest–highest); each ratio is taken within a "
       f"run, between the library and the perftest run just before it.")
 if failed:
-    print(f"perftest runs that failed or timed out: {', '.join(failed)}")
+    print(f"runs that failed or timed out: {', '.join(failed)}")
+    for line in open(f"{out}/failed.txt"):
+        if line.startswith("library_"):
+            print(f"- {line.strip()}")
 print()
 if machine.get("sections") == "cpu":
     cpus = float(machine.get("cpus", "2"))
@@ -206,7 +210,7 @@ for op, tool in (("get", "write_bw"), ("put", "read_bw")) if everything else ():
                   for r in range(1, repeats + 1)
                   if n == 1 and f"{name}_r{r}" in lib
                   and f"perftest_{tool}_{size}_x1_depth1_r{r}" in perf]
-            print(f"| {op.upper()} {size} | {n} | {spread(mine, 1)} | {shown} | "
+            print(f"| {op.upper()} {size} | {n} | {spread(mine, 1) if mine else 'failed'} | {shown} | "
                   f"{ratio} | {goal} | {spread(d1, 2) if d1 else ''} |")
 
 print()
@@ -257,40 +261,43 @@ for op in ("get", "put"):
 if not everything:
     sys.exit(0)
 print()
-total = lib["latency_get_8B_median"]
-callbacks = lib["latency_get_8B_callbacks_median"]
-own = lib["latency_get_8B_library_median"]
-wlat = perf.get("perftest_write_lat_8B_typical")
-print("| 8-byte GET, reused connection | µs |")
-print("|---|---|")
-print(f"| library, whole call (median; p99 {lib['latency_get_8B_p99']:.0f}) | {total:.1f} |")
-print(f"| of which in the callbacks (the server side's WRITE and final SEND) | {callbacks:.1f} |")
-print(f"| library's own: call minus callbacks (median) | {own:.1f} |")
-print(f"| of which before `sendRequest` (median) | {lib['latency_get_8B_library_before_median']:.1f} |")
-print(f"| of which after `recvReply` (median) | {lib['latency_get_8B_library_after_median']:.1f} |")
-if wlat is None:
-    print("| ib_write_lat | did not finish |")
+if "latency_get_8B_median" not in lib:
+    print("| 8-byte GET, reused connection; fresh handshake; verbs | failed (failed.txt) |")
 else:
-    print(f"| ib_write_lat, typical (p99 {perf['perftest_write_lat_8B_p99']:.0f}) | {wlat:.1f} |")
-    print(f"| goal: call ≤ 2 × ib_write_lat + callbacks, i.e. own ≤ 2 × ib_write_lat = "
-          f"{2 * wlat:.1f} | {verdict(own <= 2 * wlat)} (own / ib_write_lat = {own / wlat:.2f}) |")
-print()
-print("| fresh handshake (8-byte GET) | µs |")
-print("|---|---|")
-print(f"| whole call (median) | {lib['handshake_get_8B_median']:.1f} |")
-print(f"| of which the server side's connect (median) | {lib['handshake_get_8B_connect_median']:.1f} |")
-print(f"| more than on a reused connection | {lib['handshake_get_8B_extra_median']:.1f} |")
-print(f"| disconnect and the library's reset before it (median, not in the call) | "
-      f"{lib['handshake_get_8B_teardown_median']:.1f} |")
-print()
-print("| verbs of the reused path, on the server side's QP (median) | µs |")
-print("|---|---|")
-print(f"| RTS->RTS modify of the access flags | {lib['verbs_modify_access_median']:.1f} |")
-for what in ("bind", "invalidate"):
-    for how, text in (("library", "waited for as the library waits"),
-                      ("channel", "on the completion channel alone"),
-                      ("spin", "CQ polled until it completes")):
-        print(f"| window {what}, {text} | {lib[f'verbs_{what}_{how}_median']:.1f} |")
+    total = lib["latency_get_8B_median"]
+    callbacks = lib["latency_get_8B_callbacks_median"]
+    own = lib["latency_get_8B_library_median"]
+    wlat = perf.get("perftest_write_lat_8B_typical")
+    print("| 8-byte GET, reused connection | µs |")
+    print("|---|---|")
+    print(f"| library, whole call (median; p99 {lib['latency_get_8B_p99']:.0f}) | {total:.1f} |")
+    print(f"| of which in the callbacks (the server side's WRITE and final SEND) | {callbacks:.1f} |")
+    print(f"| library's own: call minus callbacks (median) | {own:.1f} |")
+    print(f"| of which before `sendRequest` (median) | {lib['latency_get_8B_library_before_median']:.1f} |")
+    print(f"| of which after `recvReply` (median) | {lib['latency_get_8B_library_after_median']:.1f} |")
+    if wlat is None:
+        print("| ib_write_lat | did not finish |")
+    else:
+        print(f"| ib_write_lat, typical (p99 {perf['perftest_write_lat_8B_p99']:.0f}) | {wlat:.1f} |")
+        print(f"| goal: call ≤ 2 × ib_write_lat + callbacks, i.e. own ≤ 2 × ib_write_lat = "
+              f"{2 * wlat:.1f} | {verdict(own <= 2 * wlat)} (own / ib_write_lat = {own / wlat:.2f}) |")
+    print()
+    print("| fresh handshake (8-byte GET) | µs |")
+    print("|---|---|")
+    print(f"| whole call (median) | {lib['handshake_get_8B_median']:.1f} |")
+    print(f"| of which the server side's connect (median) | {lib['handshake_get_8B_connect_median']:.1f} |")
+    print(f"| more than on a reused connection | {lib['handshake_get_8B_extra_median']:.1f} |")
+    print(f"| disconnect and the library's reset before it (median, not in the call) | "
+          f"{lib['handshake_get_8B_teardown_median']:.1f} |")
+    print()
+    print("| verbs of the reused path, on the server side's QP (median) | µs |")
+    print("|---|---|")
+    print(f"| RTS->RTS modify of the access flags | {lib['verbs_modify_access_median']:.1f} |")
+    for what in ("bind", "invalidate"):
+        for how, text in (("library", "waited for as the library waits"),
+                          ("channel", "on the completion channel alone"),
+                          ("spin", "CQ polled until it completes")):
+            print(f"| window {what}, {text} | {lib[f'verbs_{what}_{how}_median']:.1f} |")
 print()
 print("| mean per transfer, µs (median of the runs) | whole call | server side | library's own | "
       "before `sendRequest` | after `recvReply` | calling threads on a CPU | "
@@ -300,6 +307,9 @@ for op in ("get", "put"):
     for size in ("64KiB", "1MiB", "16MiB"):
         for n in (1, 16):
             k = f"{op}_{size}_x{n}"
+            if not runs(lib, k + "_transfer_mean"):
+                print(f"| {op.upper()} {size} x{n} | failed | | | | | | |")
+                continue
             print(f"| {op.upper()} {size} x{n} | {median(runs(lib, k + '_transfer_mean')):.0f} | "
                   f"{median(runs(lib, k + '_server_side_mean')):.0f} | "
                   f"{median(runs(lib, k + '_library_mean')):.0f} | "
