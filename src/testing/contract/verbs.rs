@@ -203,7 +203,9 @@ pub fn write_with_imm_without_a_receive_is_rnr(env: &Env) {
     a.post(&[write_imm(&a, 2, 256, b.addr(0), b.mr.rkey(), 0xc0ffee)]);
     let done = a.next("a WRITE with immediate without a receive");
     assert_eq!((done.wr_id, done.status), (2, WcStatus::RnrRetryExcErr));
-    assert_eq!(a.state(), QpState::Err, "the requester goes to ERR");
+    // rxe's completer delivers the error completion, then moves the QP to
+    // ERR: a query right after the completion may still see RTS.
+    reaches_err(&a, "the requester of an RNR");
     b.quiet("the responder of an RNR");
     assert!(b.buf[..256].iter().all(|&x| x == 0), "nothing landed");
     assert_eq!(b.state(), QpState::Rts, "RNR leaves the responder alone");
@@ -219,7 +221,9 @@ pub fn write_to_a_qp_in_init_is_dropped_and_the_requester_gives_up(env: &Env) {
     a.post(&[write(&a, 1, 0, 4096, b.addr(0), b.mr.rkey())]);
     let done = a.next("a WRITE to a QP in INIT");
     assert_eq!((done.wr_id, done.status), (1, WcStatus::RetryExcErr));
-    assert_eq!(a.state(), QpState::Err);
+    // As above: the completion may come before the QP is in ERR (seen once
+    // on rxe: RTS right after the RETRY_EXC_ERR completion).
+    reaches_err(&a, "the requester of a WRITE to a QP in INIT");
     assert_eq!(b.state(), QpState::Init);
     b.quiet("a QP in INIT");
     assert!(b.buf[..4096].iter().all(|&x| x == 0), "nothing landed");
