@@ -941,8 +941,6 @@ fn to_second(at: &Timestamp) -> Option<Timestamp> {
     Timestamp::parse(TimestampFormat::HttpDate, std::str::from_utf8(&text).ok()?).ok()
 }
 
-/// The object file at `path`, opened; `None` if it cannot be (there is
-/// none, or a directory: s3s-fs answers for it).
 /// How much of an object's file one read of a GET's body takes.
 const BODY_BLOCK: usize = 1 << 20;
 
@@ -972,6 +970,8 @@ fn file_body(file: Arc<std::fs::File>, first: u64, len: u64) -> StreamingBlob {
     StreamingBlob::wrap(blocks)
 }
 
+/// The object file at `path`, opened; `None` if it cannot be (there is
+/// none, or a directory: s3s-fs answers for it).
 async fn open(path: &Path) -> Option<std::fs::File> {
     Some(tokio::fs::File::open(path).await.ok()?.into_std().await)
 }
