@@ -152,7 +152,13 @@ impl Error {
     /// declined or failed the transfer), for an error that is one.
     pub fn declined(&self) -> Option<u16> {
         match self {
-            Error::S3(why) => why.strip_prefix(DECLINED)?.parse().ok(),
+            Error::S3(why) => {
+                let status = why.strip_prefix(DECLINED)?;
+                let end = status
+                    .find(|c: char| !c.is_ascii_digit())
+                    .unwrap_or(status.len());
+                status[..end].parse().ok()
+            }
             _ => None,
         }
     }
@@ -208,3 +214,20 @@ impl Error {
 
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_declined_reply_s_status_survives_the_cause_appended_to_it() {
+        let plain = Error::S3(format!("{DECLINED}503"));
+        assert_eq!(plain.declined(), Some(503));
+        let caused = Error::S3(format!(
+            "{DECLINED}500 (on this side: RDMA: a Bind completed with MwBindErr)"
+        ));
+        assert_eq!(caused.declined(), Some(500));
+        assert_eq!(Error::S3("a callback failed".into()).declined(), None);
+        assert_eq!(Error::S3(DECLINED.to_string()).declined(), None);
+    }
+}

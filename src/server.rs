@@ -468,6 +468,9 @@ impl InFlight {
 struct Lane {
     left: Piece,
     flight: InFlight,
+    /// The final message's work request, once posted on this lane's
+    /// connection (a GET's, right behind its last WRITE).
+    last: Option<u64>,
 }
 
 impl ServerSide {
@@ -575,10 +578,13 @@ impl ServerSide {
         let mut session = self.begin_for(token, requester, deadline)?;
         let proven = session.proven();
         match op {
-            Op::Get => session.write(local, 0, 0, len)?,
-            Op::Put => session.read(local, 0, 0, len)?,
+            Op::Get => session.write_and_finish(local, 0, 0, len)?,
+            Op::Put => {
+                session.read(local, 0, 0, len)?;
+                session.finish()?;
+            }
         }
-        session.finish().map(|()| proven)
+        Ok(proven)
     }
 
     /// Starts a transfer for `token`, for an S3 request from `source`, of
@@ -1264,57 +1270,61 @@ pub fn send_proof_share(conn: &mut ServerConn, token: &Token, share: u16) -> Res
         len: u32::try_from(bytes.len()).unwrap_or(u32::MAX),
         lkey: conn.proof_mr.lkey(),
     };
+    // Unsignaled: the grant says the proof arrived (and its buffer was
+    // read); a failed SEND completes anyway, with its error; the final
+    // message's completion, signaled, retires it.
     conn.qp.post_send(&[SendWr {
         wr_id: send_wr,
         op: SendOp::Send,
         sge: Some(sge),
-        signaled: true,
+        signaled: false,
     }])?;
     Ok(())
+}
+
+/// The final message: a zero-length SEND with `imm` (signaled: its
+/// completion says the client has everything before it).
+fn final_wr(wr_id: u64, imm: u32) -> SendWr {
+    SendWr {
+        wr_id,
+        op: SendOp::SendImm { imm },
+        sge: None,
+        signaled: true,
+    }
 }
 
 /// Receives of grants are tagged, to tell them from send completions.
 const GRANT_TAG: u64 = 1 << 63;
 
-/// Waits until `until` for the proof's completion and the client's grant;
-/// returns the grant's immediate and the bytes it carried.
+/// Waits until `until` for the client's grant; returns the grant's
+/// immediate and the bytes it carried. The proof's SEND is unsignaled:
+/// only its failure completes.
 fn wait_grant(conn: &ServerConn, until: Instant) -> Result<(u32, usize)> {
-    let mut sent = false;
-    let mut grant = None;
-    while !(sent && grant.is_some()) {
-        // The proof's own send completes first, as soon as the NIC has
-        // sent it; the grant waits for the client.
-        let step = if sent { Step::Grant } else { Step::Data };
-        let Some(c) = next_completion(conn, step, until)? else {
+    loop {
+        let Some(c) = next_completion(conn, Step::Grant, until)? else {
             return Err(Error::Rdma(
                 "no grant from the client before the deadline".into(),
             ));
         };
+        let grant = c.wr_id & GRANT_TAG != 0;
         if c.status != WcStatus::Success {
             return Err(Error::Rdma(format!(
                 "the proof's {} completed with {:?}",
-                if c.wr_id & GRANT_TAG != 0 {
-                    "receive"
-                } else {
-                    "SEND"
-                },
+                if grant { "receive" } else { "SEND" },
                 c.status
             )));
         }
-        if c.wr_id & GRANT_TAG != 0 {
-            if c.opcode != WcOpcode::Recv {
-                return Err(Error::Rdma("the client's grant is not a SEND".into()));
-            }
-            grant = Some((
-                c.imm
-                    .ok_or_else(|| Error::Rdma("a grant without immediate".into()))?,
-                usize::try_from(c.byte_len).unwrap_or(usize::MAX),
-            ));
-        } else {
-            sent = true;
+        if !grant {
+            continue;
         }
+        if c.opcode != WcOpcode::Recv {
+            return Err(Error::Rdma("the client's grant is not a SEND".into()));
+        }
+        let imm = c
+            .imm
+            .ok_or_else(|| Error::Rdma("a grant without immediate".into()))?;
+        return Ok((imm, usize::try_from(c.byte_len).unwrap_or(usize::MAX)));
     }
-    grant.ok_or_else(|| Error::Internal("no grant".into()))
 }
 
 /// A server side's gauges of whether its polls pay ([`Polling`]), one
@@ -1334,8 +1344,7 @@ struct Steps {
 enum Step {
     /// The client's grant, once the proof is sent.
     Grant,
-    /// A completion of the server's own work: the proof's send, a WRITE, a
-    /// READ.
+    /// A completion of the server's own work: a WRITE, a READ.
     Data,
     /// The final message's.
     Last,
@@ -1426,7 +1435,7 @@ impl Session<'_> {
         remote_offset: u64,
         len: u64,
     ) -> std::result::Result<(), TransferFailure> {
-        self.data(Op::Get, local, local_offset, remote_offset, len)
+        self.data(Op::Get, local, local_offset, remote_offset, len, None)
     }
 
     /// READs `len` bytes of the client's range at `remote_offset` into
@@ -1438,7 +1447,33 @@ impl Session<'_> {
         remote_offset: u64,
         len: u64,
     ) -> std::result::Result<(), TransferFailure> {
-        self.data(Op::Put, local, local_offset, remote_offset, len)
+        self.data(Op::Put, local, local_offset, remote_offset, len, None)
+    }
+
+    /// WRITEs `len` bytes from `local` at `local_offset` to the client's
+    /// range at `remote_offset`, and the final message right behind the
+    /// last WRITE on each connection, in the same post: the whole GET in
+    /// one wait, for the final messages' completions. A reliable
+    /// connection's responder places a WRITE's bytes before it takes the
+    /// SEND behind it, so the client's buffer holds them when the final
+    /// message arrives; the last WRITE is unsignaled (the final message's
+    /// completion retires it; its failure completes anyway). Only after
+    /// `Ok` may the S3 reply be sent.
+    pub fn write_and_finish(
+        mut self,
+        local: &LocalBuf,
+        local_offset: u64,
+        remote_offset: u64,
+        len: u64,
+    ) -> std::result::Result<(), TransferFailure> {
+        if !self.side.config.delay_before_final.is_zero() {
+            self.write(local, local_offset, remote_offset, len)?;
+            return self.finish();
+        }
+        let last = Some(final_imm(self.token.secret));
+        self.data(Op::Get, local, local_offset, remote_offset, len, last)?;
+        self.ended();
+        Ok(())
     }
 
     fn data(
@@ -1448,6 +1483,7 @@ impl Session<'_> {
         local_offset: u64,
         remote_offset: u64,
         len: u64,
+        last: Option<u32>,
     ) -> std::result::Result<(), TransferFailure> {
         let inside = remote_offset
             .checked_add(len)
@@ -1480,7 +1516,7 @@ impl Session<'_> {
                 };
             }
         }
-        self.move_lanes(op, local, &mut lanes[..conns])
+        self.move_lanes(op, local, &mut lanes[..conns], last)
     }
 
     /// Moves `len` bytes between `local` and the client's `remote_addr`
@@ -1505,8 +1541,9 @@ impl Session<'_> {
                 len,
             },
             flight: InFlight::default(),
+            last: None,
         };
-        self.move_lanes(op, local, std::slice::from_mut(&mut lane))
+        self.move_lanes(op, local, std::slice::from_mut(&mut lane), None)
     }
 
     /// The session's connection `conn` (0 the token's own, `i` share `i`).
@@ -1520,17 +1557,37 @@ impl Session<'_> {
     /// Moves each lane's piece on its connection (lane 0 the token's own,
     /// `i` share `i`) in work requests of at most `max_msg_sz`, up to
     /// [`DATA_IN_FLIGHT`] in flight on each connection at once: the
-    /// connections move their shares side by side.
+    /// connections move their shares side by side. With `last`, each
+    /// connection's final message (a SEND with that immediate) goes in the
+    /// post of its last work request, or alone where it has none; only
+    /// WRITEs may have it behind them ([`Session::write_and_finish`]).
     fn move_lanes(
         &mut self,
         op: Op,
         local: &LocalBuf,
         lanes: &mut [Lane],
+        last: Option<u32>,
     ) -> std::result::Result<(), TransferFailure> {
         let max = self.side.max_msg_sz;
         let deadline = self.deadline;
+        if last.is_some() && op != Op::Get {
+            let why = Error::Internal("a final message behind READs".into());
+            return Err(self.fail_all(why, lanes));
+        }
         loop {
             for c in 0..lanes.len() {
+                if let (Some(imm), None, 0) = (last, lanes[c].last, lanes[c].left.len) {
+                    let Some(conn) = self.conn_at(c) else {
+                        let why = Error::Internal("a share without its connection".into());
+                        return Err(self.fail_all(why, lanes));
+                    };
+                    let id = conn.next_wr();
+                    if let Err(e) = conn.qp.post_send(&[final_wr(id, imm)]) {
+                        return Err(self.fail_all(e, lanes));
+                    }
+                    lanes[c].last = Some(id);
+                    lanes[c].flight.push(id);
+                }
                 while lanes[c].left.len > 0 && !lanes[c].flight.is_full() {
                     let Some(conn) = self.conn_at(c) else {
                         let why = Error::Internal("a share without its connection".into());
@@ -1553,13 +1610,37 @@ impl Session<'_> {
                         }),
                         signaled: true,
                     };
-                    if let Err(e) = conn.qp.post_send(&[wr]) {
+                    // The last WRITE carries the final message behind it.
+                    let behind = last.filter(|_| n == left.len).map(|imm| {
+                        let id = conn.next_wr();
+                        (
+                            id,
+                            [
+                                SendWr {
+                                    signaled: false,
+                                    ..wr.clone()
+                                },
+                                final_wr(id, imm),
+                            ],
+                        )
+                    });
+                    let posted = match &behind {
+                        Some((_, both)) => conn.qp.post_send(both),
+                        None => conn.qp.post_send(&[wr]),
+                    };
+                    if let Err(e) = posted {
                         return Err(self.fail_all(e, lanes));
                     }
                     left.remote_addr += n;
                     left.local_offset += n;
                     left.len -= n;
-                    lanes[c].flight.push(id);
+                    match behind {
+                        Some((last_id, _)) => {
+                            lanes[c].last = Some(last_id);
+                            lanes[c].flight.push(last_id);
+                        }
+                        None => lanes[c].flight.push(id),
+                    }
                 }
             }
             // The first connection with work out: its next completion.
@@ -1574,6 +1655,10 @@ impl Session<'_> {
                 Ok(Some(done)) if done.status == WcStatus::Success => {
                     lanes[c].flight.remove(done.wr_id);
                     continue;
+                }
+                Ok(Some(done)) if lanes[c].last == Some(done.wr_id) => {
+                    lanes[c].flight.remove(done.wr_id);
+                    Error::Rdma(format!("the final message: {:?}", done.status))
                 }
                 Ok(Some(done)) => {
                     lanes[c].flight.remove(done.wr_id);
@@ -1609,12 +1694,7 @@ impl Session<'_> {
                 return Err(self.fail_all(why, &[]));
             };
             let id = conn.next_wr();
-            let posted = conn.qp.post_send(&[SendWr {
-                wr_id: id,
-                op: SendOp::SendImm { imm },
-                sge: None,
-                signaled: true,
-            }]);
+            let posted = conn.qp.post_send(&[final_wr(id, imm)]);
             if let Err(e) = posted {
                 // The final messages carry no data: the buffer is quiet.
                 return Err(self.fail_all(e, &[]));
@@ -1636,8 +1716,15 @@ impl Session<'_> {
                 return Err(self.fail_all(e, &[]));
             }
         }
+        self.ended();
+        Ok(())
+    }
+
+    /// The transfer ended well on every connection: they stay for the
+    /// next one.
+    fn ended(&mut self) {
         let now = Instant::now();
-        for c in 0..conns {
+        for c in 0..1 + self.shares.len() {
             if let Some(conn) = self.conn_at(c) {
                 conn.last_used = now;
             }
@@ -1646,7 +1733,6 @@ impl Session<'_> {
         for share in &mut self.shares {
             share.guard = None;
         }
-        Ok(())
     }
 
     /// Ends the session without the final message, keeping the

@@ -92,19 +92,19 @@ fn proof() -> Duration {
 }
 
 #[test]
-fn a_reused_get_is_its_bytes_at_the_queue_pairs_rate_and_three_round_trips() {
+fn a_reused_get_is_its_bytes_at_the_queue_pairs_rate_and_two_round_trips() {
     let up = Up::new(MIB);
     let (span, bytes) = up.span(1, MIB);
-    // The proof and the grant (one round trip), the WRITE and its ACK
-    // (one), the final message and its ACK (one).
-    let want = proof() + at(MIB, MODEL.qp_bytes_per_sec) + 3 * MODEL.rtt;
+    // The proof and the grant (one round trip); the WRITE with the final
+    // message right behind it, and the final message's ACK (one).
+    let want = proof() + at(MIB, MODEL.qp_bytes_per_sec) + 2 * MODEL.rtt;
     assert!(close(span, want), "{span:?}, not {want:?}");
     assert_eq!(bytes, (MIB + 52) as u64, "the data and the proof");
     let (small, _) = up.span(1, 8);
     assert!(
         close(
             small,
-            proof() + at(8, MODEL.qp_bytes_per_sec) + 3 * MODEL.rtt
+            proof() + at(8, MODEL.qp_bytes_per_sec) + 2 * MODEL.rtt
         ),
         "{small:?}"
     );
@@ -117,7 +117,7 @@ fn transfers_on_several_connections_share_the_link() {
     let (four, bytes) = up.span(4, MIB);
     // One queue pair: 2 GB/s. Four at once: the port's 4 GB/s, whose
     // slowest stream waits for the other three's bytes.
-    let want = proof() + at(4 * MIB, MODEL.qp_bytes_per_sec) + 3 * MODEL.rtt;
+    let want = proof() + at(4 * MIB, MODEL.qp_bytes_per_sec) + 2 * MODEL.rtt;
     assert!(close(one, want), "{one:?}, not {want:?}");
     let link = at(4 * MIB, MODEL.link_bytes_per_sec);
     assert!(

@@ -504,8 +504,18 @@ impl Instance {
                 .unwrap_or_else(|| late("the transfer"))),
         };
         drop(lease);
-        talk?;
-        outcome?;
+        // A server that failed a proved transfer may have failed because
+        // this side did: its reply's status says what it saw, this side's
+        // failure why.
+        match (talk, outcome) {
+            (Err(Error::S3(why)), Err(here)) if mailbox.proved() => {
+                return Err(Error::S3(format!("{why} (on this side: {here})")))
+            }
+            (talk, outcome) => {
+                talk?;
+                outcome?;
+            }
+        }
         remember_peer(mailbox.peer());
         match direction {
             Direction::Get if staged => {

@@ -1541,6 +1541,13 @@ impl Conn {
     /// Posts the bind of the job's window (and, for an in-band proof, the
     /// grant SEND behind it in the same chain: the server hears of the
     /// grant only after the bind is done, or never if it fails).
+    ///
+    /// Alone (a fresh connection's bind, which the accept waits for), the
+    /// bind is signaled. With the grant, neither is: a send queue executes
+    /// in order, so the grant leaves only behind a done bind; a failed bind
+    /// completes anyway (with its error, and the grant flushed behind it);
+    /// and the window's invalidation after the final message, signaled,
+    /// retires both. That saves the client two completions a transfer.
     #[allow(clippy::too_many_arguments)]
     fn post_bind(
         &mut self,
@@ -1573,7 +1580,7 @@ impl Conn {
                 access,
             },
             sge: None,
-            signaled: true,
+            signaled: grant.is_none(),
         }];
         if let Some((imm, payload)) = grant {
             let sge = match payload {
@@ -1589,7 +1596,7 @@ impl Conn {
                 wr_id: id,
                 op: SendOp::SendImm { imm },
                 sge,
-                signaled: true,
+                signaled: false,
             });
         }
         self.qp.post_send(&wrs)?;
@@ -1616,7 +1623,9 @@ impl Conn {
                 let Some(pos) = self.sends.iter().position(|&id| id == c.wr_id) else {
                     return;
                 };
-                self.sends.swap_remove(pos);
+                // A send queue completes in order: this completion retires
+                // the unsignaled work requests posted before it too.
+                self.sends.drain(..=pos);
                 if c.status != WcStatus::Success {
                     return self
                         .on_qp_failed(&format!("a {kind:?} completed with {:?}", c.status), env);
@@ -1709,8 +1718,9 @@ impl Conn {
             Grant::Window { mr, addr, len } => {
                 let len = plan.as_ref().map_or(*len, |shares| shares[0].len);
                 let (mr, addr, rkey) = (mr.clone(), *addr, key_of(&self.stripe, armed));
-                let until = Instant::now() + WINDOW_TIMEOUT;
-                *phase = Phase::Binding { until };
+                // Granted once posted: the grant leaves behind the bind,
+                // and a failed bind completes with its error.
+                *phase = Phase::Granted;
                 let payload = plan.map(|shares| encode_stripes(&shares));
                 self.post_bind(mr, addr, len, rkey, access, Some((imm, payload)), env)
             }

@@ -489,6 +489,13 @@ impl Fabric {
         self.state.lock().fail_deregistrations = fail;
     }
 
+    /// Makes the next `count` memory-window binds executed on the fabric
+    /// complete with `IBV_WC_MW_BIND_ERR`, as a device that refuses a bind
+    /// would (whether the bind was signaled or not).
+    pub fn fail_binds(&self, count: u32) {
+        self.state.lock().fail_binds = count;
+    }
+
     fn destroy_failed(&self, message: std::fmt::Arguments<'_>) {
         self.counters.created("destroy_failed");
         eprintln!("fake fabric: {message}; leaked");
@@ -591,6 +598,8 @@ struct State {
     leaked_reached: u64,
     /// Every deregistration fails ([`Fabric::fail_deregistrations`]).
     fail_deregistrations: bool,
+    /// Binds still to fail ([`Fabric::fail_binds`]).
+    fail_binds: u32,
     /// The modelled link, if any ([`Fabric::model_link`]).
     timeline: Option<model::Timeline>,
     /// The simulated time of the completion the work request being

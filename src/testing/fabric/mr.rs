@@ -186,6 +186,10 @@ impl State {
         else {
             return Outcome::Fail(WcStatus::MwBindErr);
         };
+        if self.fail_binds > 0 {
+            self.fail_binds -= 1;
+            return Outcome::Fail(WcStatus::MwBindErr);
+        }
         let checked = (|| {
             let qp = self.qps.get(&a)?;
             let (mw, mr) = (mw?, mr?);
