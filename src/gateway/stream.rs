@@ -84,9 +84,8 @@ pub fn write_chunks(
 ) -> Result<(), Failure> {
     let start = Instant::now();
     let outcome = (|| {
-        let begun = rdma.begin(token, label, start + rdma.timeout())?;
-        let proven = begun.proven();
-        let mut session = Some(begun);
+        let mut session = rdma.begin(token, label, start + rdma.timeout())?;
+        let proven = session.proven();
         let mut written = 0u64;
         loop {
             // What to WRITE, and what holds its bytes meanwhile. The
@@ -100,11 +99,11 @@ pub fn write_chunks(
                     offset,
                     len,
                 }) => (Holder::Pinned(pinned), at, offset, len),
+                // Not behind the last chunk's WRITEs
+                // (`Session::write_and_finish`): the verdict on the
+                // object's checksum comes after its last chunk, and a
+                // corrupt object must end without the final message.
                 Ok(Chunk::Done) if written == len => {
-                    let Some(mut session) = session.take() else {
-                        // The final message went with the last chunk.
-                        return Ok(proven);
-                    };
                     session.set_deadline(Instant::now() + rdma.timeout());
                     return session.finish().map(|()| proven);
                 }
@@ -129,24 +128,10 @@ pub fn write_chunks(
                 Holder::Buf(buf) => buf.local(),
                 Holder::Pinned(pinned) => pinned.local(),
             };
-            let Some(mut open) = session.take() else {
-                return Err(TransferFailure::quiet(crate::core::Error::Internal(
-                    format!("bytes past the object's {len}"),
-                )));
-            };
             // Each chunk has the whole RDMA timeout: a long object fails
             // only where it stops moving.
-            open.set_deadline(Instant::now() + rdma.timeout());
-            // The last chunk takes the final message behind its WRITEs, in
-            // one wait; the reply still waits for the backend's end.
-            let moved = if written + n as u64 == len {
-                open.write_and_finish(&local, at as u64, offset, n as u64)
-            } else {
-                let moved = open.write(&local, at as u64, offset, n as u64);
-                session = Some(open);
-                moved
-            };
-            if let Err(failure) = moved {
+            session.set_deadline(Instant::now() + rdma.timeout());
+            if let Err(failure) = session.write(&local, at as u64, offset, n as u64) {
                 match held {
                     Holder::Buf(buf) => rdma.release(buf, failure.local_quiet),
                     Holder::Pinned(pinned) if !failure.local_quiet => {
