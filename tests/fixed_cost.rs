@@ -66,45 +66,32 @@ fn counted(world: &World, client: &mut HostClient, direction: Direction) -> [[u6
     })
 }
 
+/// Holds each side of `N` transfers in `direction` to its (posts, send
+/// work requests, signaled, completions) per transfer.
+fn costs(direction: Direction, client_side: [u64; 4], server_side: [u64; 4]) {
+    let (world, mut client) = up();
+    let [c, s] = counted(&world, &mut client, direction);
+    let what = "posts, work requests, signaled, completions";
+    assert_eq!(c, client_side, "{direction:?}, client: {what}");
+    assert_eq!(s, server_side, "{direction:?}, server: {what}");
+}
+
 #[test]
 fn a_get_costs_the_client_one_completion_of_its_own_and_the_server_one() {
-    let (world, mut client) = up();
-    let [c, s] = counted(&world, &mut client, Direction::Get);
     // The client: bind and grant in one post, neither signaled; the
     // window's invalidation, signaled. Given: the proof, the final
-    // message, the invalidation.
-    assert_eq!(
-        c,
-        [2, 3, 1, 3],
-        "client: posts, work requests, signaled, completions"
-    );
-    // The server: the proof (unsignaled); the WRITE (unsignaled) and the
-    // final message behind it in one post. Given: the grant and the final
-    // message's completion.
-    assert_eq!(
-        s,
-        [2, 3, 1, 2],
-        "server: posts, work requests, signaled, completions"
-    );
+    // message, the invalidation. The server: the proof (unsignaled); the
+    // WRITE (unsignaled) and the final message behind it in one post.
+    // Given: the grant and the final message's completion.
+    costs(Direction::Get, [2, 3, 1, 3], [2, 3, 1, 2]);
 }
 
 #[test]
 fn a_put_waits_for_its_reads_before_the_final_message() {
-    let (world, mut client) = up();
-    let [c, s] = counted(&world, &mut client, Direction::Put);
-    assert_eq!(
-        c,
-        [2, 3, 1, 3],
-        "client: posts, work requests, signaled, completions"
-    );
     // A READ may be retried after its response is lost: the final message
     // follows only its completion, so that the client never revokes a
     // range a READ still needs.
-    assert_eq!(
-        s,
-        [3, 3, 2, 3],
-        "server: posts, work requests, signaled, completions"
-    );
+    costs(Direction::Put, [2, 3, 1, 3], [3, 3, 2, 3]);
 }
 
 #[test]
