@@ -1860,7 +1860,9 @@ impl Conn {
     }
 
     /// The job's window is bound: accept the connect request that proved
-    /// the token, or (in-band) the grant is on its way.
+    /// the token. Only that bind is signaled: an in-band proof's bind and
+    /// grant are posted unsignaled, and the job is granted from the post
+    /// ([`Conn::post_bind`]).
     fn on_bound(&mut self, env: &mut Env<'_>) {
         if let Link::Accepting { .. } = self.link {
             if let Link::Accepting {
