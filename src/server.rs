@@ -46,8 +46,9 @@ use parking_lot::{Mutex, RawMutex};
 use crate::core::nic::ip_of;
 use crate::core::polling::Polling;
 use crate::core::protocol::{
-    decode_stripes, encode_connect, encode_connect_v3, encode_proof, encode_proof_v3, final_imm,
-    grant_imm, is_refusal, Share, MAX_STRIPES, STRIPES_MAX_LEN, VERSION, VERSION_3,
+    decode_stripes, encode_connect, encode_connect_v, encode_proof, encode_proof_v, final_imm,
+    grant_imm, is_refusal, Share, FINAL_DATA_LEN, MAX_STRIPES, NEWEST, PROOF_LEN, STRIPES_MAX_LEN,
+    VERSION, VERSION_3, VERSION_4,
 };
 use crate::core::token::{Token, Transport};
 use crate::error::{Error, Result};
@@ -116,9 +117,9 @@ pub struct ServerConn {
     pub qp: Arc<dyn Qp>,
     /// Its completion queue.
     pub cq: Arc<dyn Cq>,
-    /// The protocol version its proofs are written in: the version of the
-    /// connect request that made it (a client that refused version 3 is
-    /// sent version 2).
+    /// The protocol version its proofs and final messages are written in:
+    /// the version of the connect request that made it (a client that
+    /// refused a version is sent the one below).
     pub version: u8,
     /// Where an in-band proof is written before it is sent (local only).
     proof: Box<[AtomicU8]>,
@@ -140,6 +141,38 @@ impl ServerConn {
     pub fn next_wr(&mut self) -> u64 {
         self.next_wr += 1;
         self.next_wr
+    }
+
+    /// The final message of a transfer through the client's window `rkey`,
+    /// signaled (its completion says the client has everything before
+    /// it). In version 4 a SEND with invalidate of that window, whose data
+    /// is `imm` (little-endian, written behind the proof in the proof's
+    /// buffer: a repeated proof still reads its own bytes); before, a
+    /// zero-length SEND with `imm`.
+    pub fn final_wr(&mut self, imm: u32, rkey: u32) -> SendWr {
+        let wr_id = self.next_wr();
+        if self.version < VERSION_4 {
+            return SendWr {
+                wr_id,
+                op: SendOp::SendImm { imm },
+                sge: None,
+                signaled: true,
+            };
+        }
+        let data = &self.proof[PROOF_LEN..PROOF_LEN + FINAL_DATA_LEN];
+        for (slot, b) in data.iter().zip(imm.to_le_bytes()) {
+            slot.store(b, Ordering::Release);
+        }
+        SendWr {
+            wr_id,
+            op: SendOp::SendInv { rkey },
+            sge: Some(Sge {
+                addr: data.as_ptr().expose_provenance() as u64,
+                len: u32::try_from(FINAL_DATA_LEN).unwrap_or(0),
+                lkey: self.proof_mr.lkey(),
+            }),
+            signaled: true,
+        }
     }
 }
 
@@ -232,9 +265,10 @@ pub struct ServerConfig {
     /// (`None`: by device, as the client library decides:
     /// `core::options::poll_for`).
     pub poll: Option<Duration>,
-    /// The highest protocol version it speaks: 3 offers clients striping
-    /// (a client that refuses version 3 is connected again with version 2
-    /// and remembered); 2 behaves as servers before it.
+    /// The highest protocol version it speaks: 4 ends transfers with a
+    /// SEND with invalidate, 3 offers clients striping (a client that
+    /// refuses a version is connected again with the one below and
+    /// remembered); 2 behaves as servers before them.
     pub protocol: u8,
 }
 
@@ -249,7 +283,7 @@ impl Default for ServerConfig {
             proof_timeout: Duration::from_secs(2),
             delay_before_final: Duration::ZERO,
             poll: None,
-            protocol: VERSION_3,
+            protocol: NEWEST,
         }
     }
 }
@@ -375,16 +409,16 @@ pub struct ServerSide {
     polling: Arc<Steps>,
     /// Times a transfer slept for a completion ([`ServerSide::sleeps`]).
     sleeps: Arc<AtomicU64>,
-    /// Clients (GID, listener port) that refused a version-3 connect
-    /// request and took version 2: sent version 2 from then on.
-    version_2: Mutex<std::collections::HashSet<(Gid, u16)>>,
+    /// Clients (GID, listener port) that refused a connect request's
+    /// version and took an older one: sent that one from then on.
+    older: Mutex<HashMap<(Gid, u16), u8>>,
     /// How it behaves.
     pub config: ServerConfig,
 }
 
-/// Clients remembered as speaking version 2 at most; past it the memory
-/// starts again (a client then costs one refused request more).
-const VERSION_2_MEMORY: usize = 4096;
+/// Clients remembered as speaking an older version; past it the memory
+/// starts again (a client then costs a refused request more).
+const OLDER_MEMORY: usize = 4096;
 
 /// A transfer in progress ([`ServerSide::begin`]): the connection is
 /// held, the token proved, the client's grant in. Dropped without
@@ -506,7 +540,7 @@ impl ServerSide {
                 last: Polling::new(poll),
             }),
             sleeps: Arc::default(),
-            version_2: Mutex::new(std::collections::HashSet::new()),
+            older: Mutex::new(HashMap::new()),
             config,
         }
     }
@@ -520,7 +554,17 @@ impl ServerSide {
     /// Clients remembered as speaking protocol version 2 (they refused a
     /// version-3 connect request).
     pub fn version_2_clients(&self) -> usize {
-        self.version_2.lock().len()
+        self.older
+            .lock()
+            .values()
+            .filter(|&&v| v == VERSION)
+            .count()
+    }
+
+    /// The version the client listening at `gid` and `port` is remembered
+    /// to speak at most, if it refused a newer one.
+    pub fn remembered_version(&self, gid: Gid, port: u16) -> Option<u8> {
+        self.older.lock().get(&(gid, port)).copied()
     }
 
     /// The protection domain, for registering the server's memory.
@@ -704,6 +748,12 @@ impl ServerSide {
             return Ok(session);
         };
         session.own_len = plan[0].len;
+        // The client speaks the primary's version on every connection.
+        let version = session
+            .guard
+            .as_ref()
+            .map_or(VERSION_3, |g| g.version)
+            .max(VERSION_3);
         let token = session.token;
         let deadline = session.deadline;
         let tenant = session.key.tenant.clone();
@@ -726,7 +776,7 @@ impl ServerSide {
                 .and_then(|conn| conn.try_lock_arc_until(deadline).map(|g| (conn, g)));
             match held {
                 Some((conn, mut guard)) => {
-                    guard.version = VERSION_3;
+                    guard.version = version;
                     if send_proof_share(&mut guard, &token, index(i)).is_ok() {
                         proving.push((i, *share, key, conn, guard));
                     } else {
@@ -829,10 +879,20 @@ impl ServerSide {
         let timeout = self.config.connect_timeout;
         let until = deadline.min(Instant::now() + timeout);
         let by = (token.gid, token.lid);
-        let v3 = self.config.protocol >= VERSION_3
-            && (share > 0 || !self.version_2.lock().contains(&by));
-        let attempt = |data: &[u8]| {
-            self.connect_or_refused(token, data, until)
+        // A share exists only from version 3 on.
+        let lowest = if share > 0 { VERSION_3 } else { VERSION };
+        let remembered = self.older.lock().get(&by).copied();
+        let first = self
+            .config
+            .protocol
+            .min(remembered.unwrap_or(NEWEST))
+            .max(lowest);
+        let attempt = |version: u8| {
+            let data = match version {
+                VERSION => encode_connect(token),
+                v => encode_connect_v(v, token, share, name),
+            };
+            self.connect_or_refused(token, &data, until)
                 .map_err(|e| match e {
                     Error::Rdma(why) if until < deadline && Instant::now() >= until => Error::Rdma(
                         format!("{why} (a dial may take {} ms)", timeout.as_millis()),
@@ -840,31 +900,30 @@ impl ServerSide {
                     e => e,
                 })
         };
-        let refused = || {
-            Error::Rdma(format!(
-                "the client at {} refused the connection",
-                SocketAddr::new(client, token.lid)
-            ))
-        };
-        let made = if v3 {
-            match attempt(&encode_connect_v3(token, share, name))? {
-                Some(made) => made,
-                None if share == 0 => {
-                    let made = attempt(&encode_connect(token))?.ok_or_else(refused)?;
-                    let mut v2 = self.version_2.lock();
-                    if v2.len() >= VERSION_2_MEMORY {
-                        v2.clear();
-                    }
-                    v2.insert(by);
-                    made
+        // A client refuses a version it does not speak (before it looks at
+        // the token): the one below is tried, and remembered once taken.
+        let mut version = first;
+        let made = loop {
+            match attempt(version)? {
+                Some(made) => break made,
+                None if version > lowest => version -= 1,
+                None => {
+                    return Err(Error::Rdma(format!(
+                        "the client at {} refused the connection",
+                        SocketAddr::new(client, token.lid)
+                    )))
                 }
-                None => return Err(refused()),
             }
-        } else {
-            attempt(&encode_connect(token))?.ok_or_else(refused)?
         };
+        if version < first {
+            let mut older = self.older.lock();
+            if older.len() >= OLDER_MEMORY {
+                older.clear();
+            }
+            older.insert(by, version);
+        }
         let plan = match (share, made.version) {
-            (0, VERSION_3) => plan_in(made.cm.reply_data(), token)?,
+            (0, v) if v >= VERSION_3 => plan_in(made.cm.reply_data(), token)?,
             _ => None,
         };
         let cm = made.cm.clone();
@@ -997,7 +1056,7 @@ impl ServerSide {
                     qp,
                     cq,
                     version: match private_data.get(4) {
-                        Some(&VERSION_3) => VERSION_3,
+                        Some(&v) if (VERSION_3..=NEWEST).contains(&v) => v,
                         _ => VERSION,
                     },
                     proof,
@@ -1175,7 +1234,7 @@ pub fn prove_share(
     }
     match (len, share, conn.version) {
         (0, ..) => Ok(None),
-        (len, 0, VERSION_3) => {
+        (len, 0, v) if v >= VERSION_3 => {
             let data: Vec<u8> = conn.grant[..len.min(STRIPES_MAX_LEN)]
                 .iter()
                 .map(|b| b.load(Ordering::Acquire))
@@ -1257,7 +1316,7 @@ pub fn send_proof_share(conn: &mut ServerConn, token: &Token, share: u16) -> Res
         }),
     })?;
     let bytes = if v3 {
-        encode_proof_v3(token, share)
+        encode_proof_v(conn.version, token, share)
     } else {
         encode_proof(token)
     };
@@ -1280,17 +1339,6 @@ pub fn send_proof_share(conn: &mut ServerConn, token: &Token, share: u16) -> Res
         signaled: false,
     }])?;
     Ok(())
-}
-
-/// The final message: a zero-length SEND with `imm` (signaled: its
-/// completion says the client has everything before it).
-fn final_wr(wr_id: u64, imm: u32) -> SendWr {
-    SendWr {
-        wr_id,
-        op: SendOp::SendImm { imm },
-        sge: None,
-        signaled: true,
-    }
 }
 
 /// Receives of grants are tagged, to tell them from send completions.
@@ -1577,12 +1625,14 @@ impl Session<'_> {
         loop {
             for c in 0..lanes.len() {
                 if let (Some(imm), None, 0) = (last, lanes[c].last, lanes[c].left.len) {
+                    let rkey = lanes[c].left.rkey;
                     let Some(conn) = self.conn_at(c) else {
                         let why = Error::Internal("a share without its connection".into());
                         return Err(self.fail_all(why, lanes));
                     };
-                    let id = conn.next_wr();
-                    if let Err(e) = conn.qp.post_send(&[final_wr(id, imm)]) {
+                    let wr = conn.final_wr(imm, rkey);
+                    let id = wr.wr_id;
+                    if let Err(e) = conn.qp.post_send(&[wr]) {
                         return Err(self.fail_all(e, lanes));
                     }
                     lanes[c].last = Some(id);
@@ -1612,15 +1662,15 @@ impl Session<'_> {
                     };
                     // The last WRITE carries the final message behind it.
                     let behind = last.filter(|_| n == left.len).map(|imm| {
-                        let id = conn.next_wr();
+                        let last = conn.final_wr(imm, rkey);
                         (
-                            id,
+                            last.wr_id,
                             [
                                 SendWr {
                                     signaled: false,
                                     ..wr.clone()
                                 },
-                                final_wr(id, imm),
+                                last,
                             ],
                         )
                     });
@@ -1681,7 +1731,15 @@ impl Session<'_> {
     }
 
     /// [`Session::finish`] with any immediate value (tests of a wrong one).
-    pub fn finish_with(mut self, imm: u32) -> std::result::Result<(), TransferFailure> {
+    pub fn finish_with(self, imm: u32) -> std::result::Result<(), TransferFailure> {
+        let rkey = self.token.rkey;
+        self.finish_as(imm, rkey)
+    }
+
+    /// [`Session::finish_with`] naming the window `rkey` on the token's own
+    /// connection (a version-4 final message invalidates it; tests of
+    /// another one).
+    pub fn finish_as(mut self, imm: u32, rkey: u32) -> std::result::Result<(), TransferFailure> {
         let delay = self.side.config.delay_before_final;
         if !delay.is_zero() {
             std::thread::sleep(delay.min(self.deadline.saturating_duration_since(Instant::now())));
@@ -1689,12 +1747,16 @@ impl Session<'_> {
         let deadline = self.deadline;
         let conns = 1 + self.shares.len();
         for c in 0..conns {
+            let rkey = match c {
+                0 => rkey,
+                i => self.shares[i - 1].share.rkey,
+            };
             let Some(conn) = self.conn_at(c) else {
                 let why = Error::Internal("a share without its connection".into());
                 return Err(self.fail_all(why, &[]));
             };
-            let id = conn.next_wr();
-            let posted = conn.qp.post_send(&[final_wr(id, imm)]);
+            let wr = conn.final_wr(imm, rkey);
+            let posted = conn.qp.post_send(&[wr]);
             if let Err(e) = posted {
                 // The final messages carry no data: the buffer is quiet.
                 return Err(self.fail_all(e, &[]));

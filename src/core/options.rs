@@ -48,8 +48,9 @@ pub struct Options {
     /// software one ([`poll_for`]).
     pub poll: Option<Duration>,
     /// `HIPOBJ_PROTOCOL`: the highest protocol version the client accepts
-    /// from a server, 3 (striping) or 2 (as clients before it: for a
-    /// server that mishandles version 3).
+    /// from a server: 4 (final messages that invalidate the window), 3
+    /// (striping) or 2 (as clients before them: for a server that
+    /// mishandles a later version).
     pub protocol: u8,
     /// `HIPOBJ_STRIPES`: connections a large transfer moves over at most
     /// (1 to 8; 1 never stripes). Unset: [`DEFAULT_STRIPES`] on a hardware
@@ -76,7 +77,7 @@ impl Default for Options {
             log: Level::Warn,
             stats: false,
             poll: None,
-            protocol: crate::core::protocol::VERSION_3,
+            protocol: crate::core::protocol::VERSION_4,
             stripes: None,
             stripe_min: DEFAULT_STRIPE_MIN,
         }
@@ -175,7 +176,7 @@ impl Options {
                 .and_then(|v| decimal_in(&v, 0, POLL_LIMIT_US))
                 .map(Duration::from_micros),
             protocol: value("HIPOBJ_PROTOCOL")
-                .and_then(|v| decimal_in(&v, 2, 3))
+                .and_then(|v| decimal_in(&v, 2, 4))
                 .and_then(|n| u8::try_from(n).ok())
                 .unwrap_or(defaults.protocol),
             stripes: value("HIPOBJ_STRIPES")
@@ -263,10 +264,11 @@ mod tests {
     #[test]
     fn striping_settings_take_their_ranges_and_default_by_device() {
         let o = |pairs: &[(&str, &str)]| with(pairs);
-        assert_eq!(o(&[]).protocol, 3);
+        assert_eq!(o(&[]).protocol, 4);
         assert_eq!(o(&[("HIPOBJ_PROTOCOL", "2")]).protocol, 2);
-        for bad in ["1", "4", "x", ""] {
-            assert_eq!(o(&[("HIPOBJ_PROTOCOL", bad)]).protocol, 3, "{bad}");
+        assert_eq!(o(&[("HIPOBJ_PROTOCOL", "3")]).protocol, 3);
+        for bad in ["1", "5", "x", ""] {
+            assert_eq!(o(&[("HIPOBJ_PROTOCOL", bad)]).protocol, 4, "{bad}");
         }
         assert_eq!(o(&[("HIPOBJ_STRIPES", "8")]).stripes, Some(8));
         assert_eq!(o(&[("HIPOBJ_STRIPES", "1")]).stripes, Some(1));

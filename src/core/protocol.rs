@@ -1,9 +1,10 @@
 //! The wire formats of the connection protocol that `docs/protocol.md`
-//! describes, versions 2 and 3: what a server puts in its RDMA CM connect
+//! describes, versions 2 to 4: what a server puts in its RDMA CM connect
 //! request, the in-band proof it SENDs on an established connection, the
 //! client's one rejection, the immediate values of the client's grant and
-//! the server's final message, and (version 3) the client's plan of a
-//! striped transfer.
+//! the server's final message, (version 3) the client's plan of a striped
+//! transfer, and (version 4) the data of a final message that invalidates
+//! the client's window.
 //!
 //! Every message starts with the same 8-byte header: magic `HOBJ`, the
 //! version, the message's kind, two bytes that are zero in version 2 and
@@ -25,6 +26,13 @@ pub const VERSION: u8 = 2;
 /// Version 3: version 2, and a transfer may be striped over several of the
 /// client's connections, each proving the token for its own share.
 pub const VERSION_3: u8 = 3;
+/// Version 4: version 3, and the final message may be a SEND with
+/// invalidate of the transfer's window, carrying [`final_data`].
+pub const VERSION_4: u8 = 4;
+/// The newest version this side speaks.
+pub const NEWEST: u8 = VERSION_4;
+/// Bytes of a version-4 final message's data: [`final_imm`], little-endian.
+pub const FINAL_DATA_LEN: usize = 4;
 /// Shares a striped transfer has at most (connections it moves over).
 pub const MAX_STRIPES: usize = 8;
 /// Bytes of one share's entry in a plan: name, rkey, length.
@@ -67,7 +75,7 @@ pub enum Malformed {
     #[error("not a hipobj message")]
     NotHipobj,
     /// A version this side does not speak.
-    #[error("protocol version {0}, this side speaks {VERSION} and {VERSION_3}")]
+    #[error("protocol version {0}, this side speaks {VERSION} to {NEWEST}")]
     Version(u8),
     /// Another kind of message than expected.
     #[error("a message of kind {0} where another was expected")]
@@ -113,16 +121,16 @@ fn check_header(data: &[u8], len: usize, kind: Kind) -> Result<&[u8], Malformed>
     Ok(data)
 }
 
-/// Checks the header of `data` (at least `len` bytes) for `kind` in either
-/// version: the data, the version, and the header's last two bytes (zero
-/// in version 2).
+/// Checks the header of `data` (at least `len` bytes) for `kind` in any
+/// version this side speaks: the data, the version, and the header's last
+/// two bytes (zero in version 2).
 fn check_header_v(data: &[u8], len: usize, kind: Kind) -> Result<(&[u8], u8, u16), Malformed> {
     let data = data.get(..len).ok_or(Malformed::NotHipobj)?;
     if data[0..4] != MAGIC.to_le_bytes() {
         return Err(Malformed::NotHipobj);
     }
     let version = data[4];
-    if version != VERSION && version != VERSION_3 {
+    if !(VERSION..=NEWEST).contains(&version) {
         return Err(Malformed::Version(version));
     }
     if data[5] != kind as u8 {
@@ -210,8 +218,18 @@ pub struct Presented {
 /// the client connection named `name` (the token's own for share 0): the
 /// header carries the share, the reserved bytes the name.
 pub fn encode_connect_v3(token: &Token, share: u16, name: u32) -> [u8; CONNECT_DATA_LEN] {
+    encode_connect_v(VERSION_3, token, share, name)
+}
+
+/// [`encode_connect_v3`] in `version` (3 or later).
+pub fn encode_connect_v(
+    version: u8,
+    token: &Token,
+    share: u16,
+    name: u32,
+) -> [u8; CONNECT_DATA_LEN] {
     let mut out = [0u8; CONNECT_DATA_LEN];
-    out[..HEADER_LEN].copy_from_slice(&header_v(VERSION_3, Kind::Connect, share));
+    out[..HEADER_LEN].copy_from_slice(&header_v(version, Kind::Connect, share));
     out[HEADER_LEN..HEADER_LEN + TOKEN_BYTES].copy_from_slice(&token.to_bytes());
     out[HEADER_LEN + TOKEN_BYTES..].copy_from_slice(&name.to_le_bytes());
     out
@@ -219,8 +237,13 @@ pub fn encode_connect_v3(token: &Token, share: u16, name: u32) -> [u8; CONNECT_D
 
 /// Version 3's in-band proof for `share` of the transfer of `token`.
 pub fn encode_proof_v3(token: &Token, share: u16) -> [u8; PROOF_LEN] {
+    encode_proof_v(VERSION_3, token, share)
+}
+
+/// [`encode_proof_v3`] in `version` (3 or later).
+pub fn encode_proof_v(version: u8, token: &Token, share: u16) -> [u8; PROOF_LEN] {
     let mut out = [0u8; PROOF_LEN];
-    out[..HEADER_LEN].copy_from_slice(&header_v(VERSION_3, Kind::Proof, share));
+    out[..HEADER_LEN].copy_from_slice(&header_v(version, Kind::Proof, share));
     out[HEADER_LEN..].copy_from_slice(&token.to_bytes());
     out
 }
@@ -243,7 +266,8 @@ fn presented(token: Token, version: u8, share: u16, name: u32) -> Result<Present
     })
 }
 
-/// Reads a connect request's (padded) private data, of version 2 or 3.
+/// Reads a connect request's (padded) private data, of any version this
+/// side speaks.
 pub fn decode_connect_any(data: &[u8]) -> Result<Presented, Malformed> {
     let (data, version, share) = check_header_v(data, CONNECT_DATA_LEN, Kind::Connect)?;
     let token = token_at(data)?;
@@ -258,7 +282,7 @@ pub fn decode_connect_any(data: &[u8]) -> Result<Presented, Malformed> {
     presented(token, version, share, u32::from_le_bytes(tail))
 }
 
-/// Reads an in-band proof of version 2 or 3, received on the connection
+/// Reads an in-band proof of any version this side speaks, received on the connection
 /// named `name`: exactly [`PROOF_LEN`] bytes.
 pub fn decode_proof_any(data: &[u8], name: u32) -> Result<Presented, Malformed> {
     if data.len() != PROOF_LEN {
@@ -278,10 +302,11 @@ pub fn decode_proof_any(data: &[u8], name: u32) -> Result<Presented, Malformed> 
 
 /// What a peer that speaks versions up to `highest` makes of a connect
 /// request: version 2 alone (as clients before version 3 read it) when
-/// `highest` is 2, either version otherwise.
+/// `highest` is 2, any version up to `highest` otherwise (a later one is
+/// refused at its version, as a client of `highest` refuses it).
 pub fn decode_connect_up_to(data: &[u8], highest: u8) -> Result<Presented, Malformed> {
     if highest >= VERSION_3 {
-        return decode_connect_any(data);
+        return decode_connect_any(data).and_then(|p| at_most(p, highest));
     }
     decode_connect(data).map(|token| Presented {
         token,
@@ -295,7 +320,7 @@ pub fn decode_connect_up_to(data: &[u8], highest: u8) -> Result<Presented, Malfo
 /// connection named `name`.
 pub fn decode_proof_up_to(data: &[u8], name: u32, highest: u8) -> Result<Presented, Malformed> {
     if highest >= VERSION_3 {
-        return decode_proof_any(data, name);
+        return decode_proof_any(data, name).and_then(|p| at_most(p, highest));
     }
     decode_proof(data).map(|token| Presented {
         token,
@@ -303,6 +328,13 @@ pub fn decode_proof_up_to(data: &[u8], name: u32, highest: u8) -> Result<Present
         share: 0,
         name,
     })
+}
+
+fn at_most(presented: Presented, highest: u8) -> Result<Presented, Malformed> {
+    if presented.version > highest {
+        return Err(Malformed::Version(presented.version));
+    }
+    Ok(presented)
 }
 
 /// One share of a striped transfer, as the plan gives it.
@@ -419,6 +451,12 @@ pub fn final_imm(secret: u32) -> u32 {
     derive(FINAL_DOMAIN, secret)
 }
 
+/// The data of a version-4 final message (a SEND with invalidate, which
+/// has no room for an immediate): [`final_imm`], little-endian.
+pub fn final_data(secret: u32) -> [u8; FINAL_DATA_LEN] {
+    final_imm(secret).to_le_bytes()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -527,6 +565,31 @@ mod tests {
     }
 
     #[test]
+    fn version_4_messages_are_refused_by_a_version_3_peer_and_the_final_data_is_the_final_imm() {
+        let t = token();
+        let connect = encode_connect_v(VERSION_4, &t, 0, t.qp_num);
+        assert_eq!(&connect[0..8], b"HOBJ\x04\x01\x00\x00");
+        let got = decode_connect_up_to(&connect, VERSION_4).unwrap();
+        assert_eq!((got.token, got.version, got.share), (t, 4, 0));
+        assert_eq!(
+            decode_connect_up_to(&connect, VERSION_3),
+            Err(Malformed::Version(4))
+        );
+        assert_eq!(decode_connect(&connect), Err(Malformed::Version(4)));
+        let proof = encode_proof_v(VERSION_4, &t, 1);
+        assert_eq!(
+            decode_proof_up_to(&proof, 55, VERSION_4).unwrap().version,
+            4
+        );
+        assert_eq!(
+            decode_proof_up_to(&proof, 55, VERSION_3),
+            Err(Malformed::Version(4))
+        );
+        // The example secret of docs/protocol.md: final_imm 0x7de12942.
+        assert_eq!(final_data(0x89ab_cdef), [0x42, 0x29, 0xe1, 0x7d]);
+    }
+
+    #[test]
     fn version_3_proofs_carry_their_share_and_version_2_peers_refuse_them() {
         let t = token();
         let connect = encode_connect_v3(&t, 2, 99);
@@ -558,8 +621,8 @@ mod tests {
         bad[6] = 1;
         assert_eq!(decode_proof_any(&bad, t.qp_num), Err(Malformed::NotZero));
         let mut bad = connect;
-        bad[4] = 4;
-        assert_eq!(decode_connect_any(&bad), Err(Malformed::Version(4)));
+        bad[4] = 5;
+        assert_eq!(decode_connect_any(&bad), Err(Malformed::Version(5)));
     }
 
     fn plan(t: &Token, lens: &[u64]) -> Vec<Share> {

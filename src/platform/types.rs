@@ -430,6 +430,14 @@ pub enum SendOp {
         /// Immediate data (host order; big-endian on the wire).
         imm: u32,
     },
+    /// `IBV_WR_SEND_WITH_INV`: consumes a receive at the peer, whose NIC
+    /// invalidates the memory window `rkey` (of the receiving QP's
+    /// protection domain) before the receive completes, with
+    /// `IBV_WC_WITH_INV` and the rkey. No room for an immediate.
+    SendInv {
+        /// The peer's window to invalidate.
+        rkey: u32,
+    },
     /// `IBV_WR_RDMA_READ`
     Read {
         /// Peer address.
@@ -477,6 +485,7 @@ impl std::fmt::Debug for SendOp {
             }
             SendOp::Send => write!(f, "Send"),
             SendOp::SendImm { imm } => write!(f, "SendImm(imm {imm:#x})"),
+            SendOp::SendInv { rkey } => write!(f, "SendInv(rkey {rkey:#x})"),
             SendOp::Read { remote_addr, rkey } => {
                 write!(f, "Read({remote_addr:#x}, rkey {rkey:#x})")
             }
@@ -605,6 +614,9 @@ pub struct Completion {
     pub byte_len: u32,
     /// Immediate data, for `RecvRdmaWithImm` (host order).
     pub imm: Option<u32>,
+    /// The rkey the NIC invalidated for a SEND with invalidate that
+    /// arrived (`IBV_WC_WITH_INV`).
+    pub invalidated: Option<u32>,
     /// The local QP the completion belongs to.
     pub qp_num: u32,
     /// The vendor's error code.

@@ -31,8 +31,8 @@ use crate::core::args::Direction;
 use crate::core::buffers::BufEntry;
 use crate::core::mailbox::Mailbox;
 use crate::core::protocol::{
-    self, decode_proof_up_to, encode_reject, encode_stripes, Presented, Share, PROOF_LEN,
-    STRIPES_MAX_LEN, VERSION_3,
+    self, decode_proof_up_to, encode_reject, encode_stripes, Presented, Share, FINAL_DATA_LEN,
+    PROOF_LEN, STRIPES_MAX_LEN, VERSION_3, VERSION_4,
 };
 use crate::core::stats::Stats;
 use crate::core::token::Token;
@@ -59,13 +59,23 @@ pub const RECV_BUF_LEN: usize = 64;
 /// Bytes of a connection's send buffer: room for a striped transfer's
 /// plan, which its grant carries.
 pub const SEND_BUF_LEN: usize = STRIPES_MAX_LEN;
+/// Unsignaled work requests a connection leaves on its send queue at most.
+/// A send queue's slots come free only at a signaled completion (a NIC
+/// such as mlx5 learns from it how far its queue has gone), and after a
+/// version-4 final message, which invalidates the window without a local
+/// invalidation, nothing signaled follows a transfer's bind and grant: a
+/// grant that would leave more than this many is signaled.
+pub const UNRETIRED_MAX: usize = 8;
 /// Receives posted on every connection whose QP is not in ERR: one for an
 /// in-band proof and one for the final message, whichever comes first.
 pub const RECVS: usize = 2;
-/// Queue capacities of a pool QP: a bind, a grant and an invalidation at
-/// most on the send queue, two receives.
+/// Queue capacities of a pool QP: on the send queue, a transfer's bind,
+/// grant and invalidation, behind the unsignaled binds and grants of
+/// earlier transfers that no signaled work request has retired yet (a
+/// version-4 final message leaves them there: [`UNRETIRED_MAX`]); two
+/// receives.
 pub const QP_CAPS: QpCaps = QpCaps {
-    max_send_wr: 8,
+    max_send_wr: 16,
     max_recv_wr: 4,
     max_send_sge: 1,
     max_recv_sge: 1,
@@ -445,8 +455,9 @@ pub struct Env<'a> {
 /// How transfers are striped over several connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Striping {
-    /// The highest protocol version the client accepts: 3, or 2 to behave
-    /// as a client before striping (`HIPOBJ_PROTOCOL`).
+    /// The highest protocol version the client accepts: 4, or 3 or 2 to
+    /// behave as a client of that version (`HIPOBJ_PROTOCOL`); 3 at most
+    /// without windows.
     pub protocol: u8,
     /// Connections a transfer moves over at most (`HIPOBJ_STRIPES`, by
     /// device): 1 never stripes.
@@ -1596,10 +1607,25 @@ impl Conn {
                 wr_id: id,
                 op: SendOp::SendImm { imm },
                 sge,
-                signaled: false,
+                signaled: self.sends.len() + 2 > UNRETIRED_MAX,
             });
         }
-        self.qp.post_send(&wrs)?;
+        self.post_sends(&wrs)
+    }
+
+    /// Posts `wrs` and files them for retirement. Refused when the send
+    /// queue could overflow on a NIC that frees slots only at signaled
+    /// completions.
+    fn post_sends(&mut self, wrs: &[SendWr]) -> Result<()> {
+        if self.sends.len() + wrs.len() > QP_CAPS.max_send_wr as usize {
+            return Err(Error::Internal(format!(
+                "QP {}: {} work requests not retired, {} more would overflow its send queue",
+                self.qp.qp_num(),
+                self.sends.len(),
+                wrs.len()
+            )));
+        }
+        self.qp.post_send(wrs)?;
         self.sends.extend(wrs.iter().map(|w| w.wr_id));
         Ok(())
     }
@@ -1642,19 +1668,39 @@ impl Conn {
     /// A SEND arrived in receive buffer `buf`: an in-band proof, a final
     /// message, or something that is neither.
     fn on_message(&mut self, c: &Completion, buf: usize, env: &mut Env<'_>) {
-        let kind = match (c.opcode, c.imm) {
-            (WcOpcode::Recv, None) if usize::try_from(c.byte_len) == Ok(PROOF_LEN) => {
-                let data = env.recv_bufs.read(self.index, buf, PROOF_LEN);
-                Some(decode_proof_up_to(&data, self.name, env.striping.protocol))
+        if let (Some(rkey), Some(w)) = (c.invalidated, &mut self.window) {
+            // The NIC has invalidated a window of this protection domain
+            // already: if this connection's, it is bound no more.
+            if w.bound && w.rkey == rkey {
+                w.bound = false;
             }
-            (WcOpcode::Recv, Some(_)) if c.byte_len == 0 => None,
+        }
+        let len = usize::try_from(c.byte_len).unwrap_or(usize::MAX);
+        let v4 = env.striping.protocol >= VERSION_4;
+        let message = match (c.opcode, c.imm, c.invalidated) {
+            (WcOpcode::Recv, None, None) if len == PROOF_LEN => {
+                let data = env.recv_bufs.read(self.index, buf, PROOF_LEN);
+                Message::Proof(decode_proof_up_to(&data, self.name, env.striping.protocol))
+            }
+            (WcOpcode::Recv, Some(imm), None) if len == 0 => Message::Final {
+                value: imm,
+                invalidated: None,
+            },
+            (WcOpcode::Recv, None, Some(rkey)) if v4 && len == FINAL_DATA_LEN => {
+                let data = env.recv_bufs.read(self.index, buf, FINAL_DATA_LEN);
+                Message::Final {
+                    value: u32::from_le_bytes([data[0], data[1], data[2], data[3]]),
+                    invalidated: Some(rkey),
+                }
+            }
             _ => {
                 return self.on_garbage(
                     &format!(
-                        "a {:?} of {} bytes (immediate: {})",
+                        "a {:?} of {} bytes (immediate: {}, invalidating: {})",
                         c.opcode,
                         c.byte_len,
-                        c.imm.is_some()
+                        c.imm.is_some(),
+                        c.invalidated.is_some()
                     ),
                     env,
                 )
@@ -1663,10 +1709,12 @@ impl Conn {
         if let Err(e) = self.post_recvs(env) {
             return self.on_qp_failed(&format!("posting a receive: {e}"), env);
         }
-        match kind {
-            Some(Ok(token)) => self.on_proof(&token, env),
-            Some(Err(e)) => self.on_garbage(&format!("a proof that does not decode ({e})"), env),
-            None => self.on_final(c.imm.unwrap_or_default(), env),
+        match message {
+            Message::Proof(Ok(token)) => self.on_proof(&token, env),
+            Message::Proof(Err(e)) => {
+                self.on_garbage(&format!("a proof that does not decode ({e})"), env)
+            }
+            Message::Final { value, invalidated } => self.on_final(value, invalidated, env),
         }
     }
 
@@ -1849,14 +1897,12 @@ impl Conn {
 
     fn post_grant(&mut self, imm: u32) -> Result<()> {
         let id = self.next_wr(WrKind::Grant);
-        self.qp.post_send(&[SendWr {
+        self.post_sends(&[SendWr {
             wr_id: id,
             op: SendOp::SendImm { imm },
             sge: None,
             signaled: true,
-        }])?;
-        self.sends.push(id);
-        Ok(())
+        }])
     }
 
     /// The job's window is bound: accept the connect request that proved
@@ -1879,8 +1925,9 @@ impl Conn {
         }
     }
 
-    /// The final message, with its immediate value.
-    fn on_final(&mut self, imm: u32, env: &mut Env<'_>) {
+    /// The final message, with its value, and the rkey of the window the
+    /// NIC invalidated as it arrived (a version-4 final message).
+    fn on_final(&mut self, imm: u32, invalidated: Option<u32>, env: &mut Env<'_>) {
         let Job::Armed(armed, phase) = &mut self.job else {
             return self.on_garbage("a final message with no transfer", env);
         };
@@ -1914,6 +1961,23 @@ impl Conn {
                 env,
             );
         }
+        let why = match (&armed.grant, invalidated) {
+            (Grant::Window { .. }, Some(rkey)) if rkey == key_of(&self.stripe, armed) => {
+                // Revoked already, by the NIC, before the message's
+                // receive completed: the transfer succeeded.
+                return self.succeed(env);
+            }
+            (Grant::Window { .. }, Some(_)) => {
+                "the final message invalidated another window than this transfer's"
+            }
+            (Grant::Region { .. }, Some(_)) => {
+                "a final message that invalidates, for a transfer without a window"
+            }
+            (_, None) => "",
+        };
+        if !why.is_empty() {
+            return self.finish(Err(Error::Rdma(why.into())), env);
+        }
         match &armed.grant {
             Grant::Window { .. } => {
                 // Revoke in place, keeping the connection: invalidate the
@@ -1922,16 +1986,15 @@ impl Conn {
                 *phase = Phase::Revoking { until };
                 let rkey = key_of(&self.stripe, armed);
                 let id = self.next_wr(WrKind::Invalidate);
-                let posted = self.qp.post_send(&[SendWr {
+                let posted = self.post_sends(&[SendWr {
                     wr_id: id,
                     op: SendOp::LocalInv { rkey },
                     sge: None,
                     signaled: true,
                 }]);
-                match posted {
-                    Ok(()) => self.sends.push(id),
+                if posted.is_err() {
                     // The data is in; the window goes with a reset.
-                    Err(_) => self.succeed_by_reset(env),
+                    self.succeed_by_reset(env);
                 }
             }
             Grant::Region { .. } => {
@@ -2062,6 +2125,18 @@ impl Conn {
 /// transfer): the same token (compared in constant time), for this
 /// connection's share: share 0 for a whole transfer (either version), the
 /// share it holds for a share of a striped one (version 3 only).
+/// What a SEND that arrived on a connection is.
+enum Message {
+    /// An in-band proof (or what failed to decode as one).
+    Proof(std::result::Result<Presented, protocol::Malformed>),
+    /// A final message: its value (the immediate, or a version-4 final
+    /// message's data) and the rkey the NIC invalidated with it.
+    Final {
+        value: u32,
+        invalidated: Option<u32>,
+    },
+}
+
 fn proves(stripe: &Stripe, armed: &Armed, presented: &Presented) -> bool {
     let share_ok = match stripe {
         Stripe::Share { share, .. } => presented.version >= VERSION_3 && presented.share == *share,

@@ -37,6 +37,7 @@ pub use driver::Settings;
 pub use pool::{remember_peer, AbortHandle, Lease, Pool, SlotInfo};
 
 use crate::core::mailbox::Mailbox;
+use crate::core::protocol::VERSION_3;
 use crate::error::Result;
 use crate::platform::{CmListener, Context, Pd};
 use driver::{Command, Commands, Driver};
@@ -65,6 +66,12 @@ impl Connections {
         let pool = Arc::new(Pool::new(count, commands.clone()));
         let parts = driver::build(&*ctx, pd, count, &pool, settings.clone())?;
         let mode = parts.mode();
+        let mut settings = settings;
+        if mode == Mode::Regions {
+            // Version 4's final message invalidates a window: without
+            // windows, this client speaks version 3 at most.
+            settings.striping.protocol = settings.striping.protocol.min(VERSION_3);
+        }
         let driver = Driver::start(parts, listener, ctx, pool.clone(), commands, settings)?;
         Ok(Connections { driver, pool, mode })
     }

@@ -343,12 +343,16 @@ pub(super) fn completion(wc: &ibv_wc) -> Completion {
         // are u32, so either reads any bit pattern validly.
         u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })
     });
+    // SAFETY: as above; `invalidated_rkey` is in host order.
+    let invalidated = (wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_INV != 0)
+        .then_some(unsafe { wc.__bindgen_anon_1.invalidated_rkey });
     Completion {
         wr_id: wc.wr_id,
         status: WcStatus::from_ibv(wc.status),
         opcode: wc_opcode_from_ibv(wc.opcode),
         byte_len: wc.byte_len,
         imm,
+        invalidated,
         qp_num: wc.qp_num,
         vendor_err: wc.vendor_err,
     }
@@ -421,6 +425,10 @@ pub(super) fn send_wr<E>(
         SendOp::SendImm { imm } => {
             out.opcode = ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
             out.__bindgen_anon_1.imm_data = imm.to_be();
+        }
+        SendOp::SendInv { rkey } => {
+            out.opcode = ibv_wr_opcode::IBV_WR_SEND_WITH_INV;
+            out.__bindgen_anon_1.invalidate_rkey = *rkey;
         }
         SendOp::Read { remote_addr, rkey } => {
             out.opcode = ibv_wr_opcode::IBV_WR_RDMA_READ;
@@ -661,10 +669,17 @@ mod tests {
                 opcode: WcOpcode::RecvRdmaWithImm,
                 byte_len: 4096,
                 imm: Some(0x1234_5678),
+                invalidated: None,
                 qp_num: 0x11,
                 vendor_err: 0,
             }
         );
+        // A SEND with invalidate: the rkey, in host order, and no immediate.
+        wc.opcode = ibv_wc_opcode::IBV_WC_RECV;
+        wc.wc_flags = ibv_wc_flags::IBV_WC_WITH_INV;
+        wc.__bindgen_anon_1.invalidated_rkey = 0x0002_51a7;
+        let c = completion(&wc);
+        assert_eq!((c.imm, c.invalidated), (None, Some(0x0002_51a7)));
         // Without the flag the union is not immediate data.
         wc.wc_flags = 0;
         wc.opcode = ibv_wc_opcode::IBV_WC_RDMA_WRITE;
@@ -800,6 +815,16 @@ mod tests {
         let w = send_wr(&wr(SendOp::SendImm { imm: 0xaabb_ccdd }, true), sg, no_bind).unwrap();
         assert_eq!(w.opcode, ibv_wr_opcode::IBV_WR_SEND_WITH_IMM);
         assert_eq!(u32::from_be(imm_or_rkey(&w)), 0xaabb_ccdd);
+
+        // The rkey to invalidate goes in host order (the union's other half).
+        let w = send_wr(
+            &wr(SendOp::SendInv { rkey: 0x0002_51a7 }, true),
+            sg,
+            no_bind,
+        )
+        .unwrap();
+        assert_eq!(w.opcode, ibv_wr_opcode::IBV_WR_SEND_WITH_INV);
+        assert_eq!(imm_or_rkey(&w), 0x0002_51a7);
 
         let w = send_wr(
             &wr(

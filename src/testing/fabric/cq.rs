@@ -41,6 +41,7 @@ pub(super) fn completion(qp: QpKey, wr_id: u64, status: WcStatus, opcode: WcOpco
         opcode,
         byte_len: 0,
         imm: None,
+        invalidated: None,
         qp_num: qp.1,
         vendor_err: 0,
     }

@@ -255,6 +255,31 @@ impl State {
     }
 }
 
+impl State {
+    /// A SEND with invalidate of `rkey` arrived at `b`: invalidates the
+    /// bound window with that rkey in `b`'s protection domain; whether
+    /// there was one. As rxe does (`rxe_check_invalidate_mw` checks the
+    /// window's state and type), not as the standard has it for type 2B
+    /// (only through the QP that bound it): the laxer rule, so that tests
+    /// face the worse fabric.
+    pub(super) fn remote_inv(&mut self, b: QpKey, rkey: u32) -> bool {
+        let Some(pd) = self.qps.get(&b).map(|q| q.pd) else {
+            return false;
+        };
+        let found = self
+            .mws
+            .values_mut()
+            .find(|w| w.device == b.0 && w.pd == pd && w.rkey == rkey && w.binding.is_some());
+        let Some(binding) = found.and_then(|w| w.binding.take()) else {
+            return false;
+        };
+        if let Some(m) = self.mrs.get_mut(&binding.mr) {
+            m.bound_windows = m.bound_windows.saturating_sub(1);
+        }
+        true
+    }
+}
+
 /// A protection domain.
 pub(crate) struct FakePd {
     pub(super) me: Weak<FakePd>,

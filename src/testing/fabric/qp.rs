@@ -94,9 +94,11 @@ pub(super) enum Kind {
         rkey: u32,
         imm: u32,
     },
-    /// A SEND, with immediate data when `imm` is set.
+    /// A SEND, with immediate data when `imm` is set, invalidating the
+    /// responder's window `inv` when that is set.
     Send {
         imm: Option<u32>,
+        inv: Option<u32>,
     },
     Read {
         remote_addr: u64,
@@ -545,8 +547,18 @@ impl FakeQp {
                 rkey: *rkey,
                 imm: *imm,
             },
-            SendOp::Send => Kind::Send { imm: None },
-            SendOp::SendImm { imm } => Kind::Send { imm: Some(*imm) },
+            SendOp::Send => Kind::Send {
+                imm: None,
+                inv: None,
+            },
+            SendOp::SendImm { imm } => Kind::Send {
+                imm: Some(*imm),
+                inv: None,
+            },
+            SendOp::SendInv { rkey } => Kind::Send {
+                imm: None,
+                inv: Some(*rkey),
+            },
             SendOp::Read { remote_addr, rkey } => Kind::Read {
                 remote_addr: *remote_addr,
                 rkey: *rkey,
@@ -693,7 +705,10 @@ impl Qp for FakeQp {
                 t.send_wrs += 1;
                 t.messages += u64::from(matches!(
                     wr.op,
-                    SendOp::Send | SendOp::SendImm { .. } | SendOp::WriteImm { .. }
+                    SendOp::Send
+                        | SendOp::SendImm { .. }
+                        | SendOp::SendInv { .. }
+                        | SendOp::WriteImm { .. }
                 ));
                 t.signaled += u64::from(wr.signaled);
             }

@@ -317,7 +317,7 @@ impl State {
                     st.push(b_cq, completion(b, recv_id, status, WcOpcode::Recv));
                     st.enter_error(b);
                 };
-                if len > 0 {
+                let placed = if len > 0 {
                     let Some(sge) = recv_sge.filter(|s| s.len >= len) else {
                         fail_recv(self, WcStatus::LocLenErr);
                         return Outcome::Fail(WcStatus::RemInvReqErr);
@@ -329,7 +329,23 @@ impl State {
                     transfer(self.device_memory.as_deref(), Some(dst), local, len)
                 } else {
                     true
+                };
+                // A SEND with invalidate: the responder's window goes after
+                // the data is placed (rxe_resp.c execute; class J when the
+                // rkey names no window this QP may invalidate).
+                if let (
+                    true,
+                    Kind::Send {
+                        inv: Some(rkey), ..
+                    },
+                ) = (placed, wr.kind)
+                {
+                    if !self.remote_inv(b, rkey) {
+                        fail_recv(self, WcStatus::RemInvReqErr);
+                        return Outcome::Fail(WcStatus::RemInvReqErr);
+                    }
                 }
+                placed
             }
             Kind::Bind { .. } | Kind::LocalInv { .. } => true,
         };
@@ -352,14 +368,15 @@ impl State {
             if let Some(q) = self.qps.get_mut(&b) {
                 q.recvs.pop_front();
             }
-            let (opcode, imm) = match wr.kind {
-                Kind::WriteImm { imm, .. } => (WcOpcode::RecvRdmaWithImm, Some(imm)),
-                Kind::Send { imm } => (WcOpcode::Recv, imm),
-                _ => (WcOpcode::Recv, None),
+            let (opcode, imm, invalidated) = match wr.kind {
+                Kind::WriteImm { imm, .. } => (WcOpcode::RecvRdmaWithImm, Some(imm), None),
+                Kind::Send { imm, inv } => (WcOpcode::Recv, imm, inv),
+                _ => (WcOpcode::Recv, None, None),
             };
             let c = Completion {
                 byte_len: len,
                 imm,
+                invalidated,
                 ..completion(b, recv.wr_id, WcStatus::Success, opcode)
             };
             self.push_at(b_cq, c, timing.map_or(0, |t| t.arrives));
