@@ -15,7 +15,7 @@ use hipobj::core::token::Token;
 use hipobj::core::transfer::Direction;
 use hipobj::core::{Code, Config, Current, Instance, Options};
 use hipobj::platform::{AsyncKind, ConnectOutcome, ConnectRequest, QpCaps, WcStatus};
-use hipobj::server::{ClientQp, Op};
+use hipobj::server::{ClientQp, Op, ServerConfig};
 use hipobj::testing::world::{
     Behaviour, Scripted, TestServer, World, WorldSpec, CLIENT_IP, CLIENT_NIC, SERVER_NIC,
 };
@@ -1066,6 +1066,73 @@ fn the_final_message_must_carry_this_transfers_secret() {
     let handshakes = up.inst.stats().handshakes;
     up.transfer(Op::Get, &server, HALF).unwrap();
     assert_eq!(up.inst.stats().handshakes, handshakes + 1);
+    // The transfer's own outcome, in both forms: version 4's final data
+    // (the window invalidated by it all the same) and an older server's
+    // immediate.
+    let config = ServerConfig {
+        protocol: 3,
+        ..TestServer::config()
+    };
+    let old = up
+        .world
+        .add_server_with("v3", Ipv4Addr::new(192, 0, 2, 41), 1 << 20, config);
+    for server in [server, old] {
+        server.set_object(&pattern(LEN, 13));
+        let previous = recorded(&up, &server, Op::Get, HALF);
+        let mut seen = None;
+        let mut s3 = Scripted::new(|t: &Token| {
+            seen = Some(*t);
+            let mut session = server.side().begin(t, None, deadline()).unwrap();
+            session.write(&server.local(), 0, 0, t.length).unwrap();
+            let _ = session.finish_with(final_imm(previous.secret));
+            b"200".to_vec()
+        });
+        let outcome = up.inst.transfer(Direction::Get, up.slice(HALF), &mut s3);
+        drop(s3);
+        let err = outcome.expect_err("a final message with another transfer's secret");
+        assert!(err.to_string().contains("wrong secret"), "{err}");
+        assert!(up.settle());
+        assert!(nothing_left(&server, &seen.unwrap()));
+    }
+}
+
+/// Version 4: a final message that invalidates another window of the
+/// client than its own transfer's (Soft-RoCE lets a SEND with invalidate
+/// reach any bound window of the receiving QP's protection domain, as the
+/// fake fabric does; hardware refuses one bound through another QP). Its
+/// own transfer fails and loses its access; the other loses its window,
+/// so its server's WRITEs fail and so does it: no transfer succeeds with
+/// its window still bound, and the client goes on.
+#[test]
+fn a_final_message_that_invalidates_another_window_fails_its_own_transfer() {
+    let up = Up::new();
+    let server = up.world.server.clone();
+    server.set_object(&pattern(LEN, 13));
+    let half = |at: i64| Slice::new(up.base(), HALF, at).unwrap();
+    let a = up.inst.mint_token(half(0), TokenOp::Get).unwrap();
+    let b = up
+        .inst
+        .mint_token(half(i64::try_from(HALF).unwrap()), TokenOp::Get)
+        .unwrap();
+    assert_ne!(a.qp_num, b.qp_num, "two connections");
+    let mut first = server.side().begin(&a, None, deadline()).unwrap();
+    let mut second = server.side().begin(&b, None, deadline()).unwrap();
+    second.write(&server.local(), 0, 0, HALF as u64).unwrap();
+    // B's server names A's window (the worst case: it guessed the rkey).
+    let _ = second.finish_as(final_imm(b.secret), a.rkey);
+    assert!(
+        first.write(&server.local(), 0, 0, HALF as u64).is_err(),
+        "A's window was invalidated"
+    );
+    assert!(up.settle(), "both tokens ended");
+    assert!(
+        nothing_left(&server, &b),
+        "B ended in failure, its window revoked"
+    );
+    assert!(nothing_left(&server, &a));
+    server.set_object(&pattern(LEN, 14));
+    up.transfer(Op::Get, &server, HALF).unwrap();
+    assert_eq!(&up.buf[..HALF], &pattern(LEN, 14)[..HALF]);
 }
 
 // ---------------------------------------------------------------- the fabric, no kinder than hardware

@@ -86,9 +86,10 @@ fn close(a: Duration, b: Duration) -> bool {
     a.abs_diff(b) < Duration::from_nanos(10)
 }
 
-/// The proof's 52 bytes on the queue pair.
+/// The proof's 52 bytes on the queue pair, and the final message's 4
+/// (version 4: its data is the final value).
 fn proof() -> Duration {
-    at(52, MODEL.qp_bytes_per_sec)
+    at(52 + 4, MODEL.qp_bytes_per_sec)
 }
 
 #[test]
@@ -99,7 +100,11 @@ fn a_reused_get_is_its_bytes_at_the_queue_pairs_rate_and_two_round_trips() {
     // message right behind it, and the final message's ACK (one).
     let want = proof() + at(MIB, MODEL.qp_bytes_per_sec) + 2 * MODEL.rtt;
     assert!(close(span, want), "{span:?}, not {want:?}");
-    assert_eq!(bytes, (MIB + 52) as u64, "the data and the proof");
+    assert_eq!(
+        bytes,
+        (MIB + 52 + 4) as u64,
+        "the data, the proof, the final message"
+    );
     let (small, _) = up.span(1, 8);
     assert!(
         close(
@@ -153,8 +158,9 @@ fn a_get_striped_over_four_queue_pairs_fills_the_link() {
         rate(span) >= 1.8 * rate(one),
         "striped {span:?}, one queue pair {one:?}"
     );
-    // The data, four proofs, and the plan in share 0's grant.
-    assert_eq!(bytes, (len + 4 * 52 + 8 + 4 * 16) as u64);
+    // The data, four proofs, the plan in share 0's grant, and four final
+    // messages of 4 bytes (version 4).
+    assert_eq!(bytes, (len + 4 * 52 + 8 + 4 * 16 + 4 * 4) as u64);
 }
 
 #[test]

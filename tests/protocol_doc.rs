@@ -7,8 +7,8 @@
 use hipobj::core::connections::MAX_WRONG_PROOFS;
 use hipobj::core::options::Options;
 use hipobj::core::protocol::{
-    decode_stripes, encode_connect, encode_connect_v3, encode_proof_v3, encode_stripes, final_imm,
-    grant_imm, Share,
+    decode_stripes, encode_connect, encode_connect_v, encode_connect_v3, encode_proof_v3,
+    encode_stripes, final_data, final_imm, grant_imm, Share, VERSION_4,
 };
 use hipobj::core::token::{Token, Transport};
 
@@ -62,6 +62,17 @@ fn the_documented_immediates_are_what_the_protocol_computes() {
             final_imm(secret)
         ));
     }
+}
+
+#[test]
+fn the_documented_version_4_messages_are_what_the_codec_writes() {
+    let t = example();
+    assert_documented(&hex::encode(encode_connect_v(VERSION_4, &t, 0, t.qp_num)));
+    assert_documented(&format!(
+        "For the example secret `0x{:08x}`:\n  `{}`",
+        t.secret,
+        hex::encode(final_data(t.secret))
+    ));
 }
 
 #[test]

@@ -155,6 +155,7 @@ macro_rules! __hipobj_contract_checks {
             // windows.rs
             memory_window_bind_and_invalidate,
             a_window_is_usable_only_through_the_qp_that_bound_it,
+            a_send_with_invalidate_revokes_the_receivers_window,
             a_posted_bind_carries_the_windows_current_rkey,
             a_region_without_remote_access_is_reached_only_through_a_window,
             // cm.rs

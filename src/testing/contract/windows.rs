@@ -157,6 +157,78 @@ pub fn memory_window_bind_and_invalidate(env: &Env) {
     );
 }
 
+/// A SEND with invalidate of a bound type-2 window in the receiving QP's
+/// PD invalidates it before the receive completes: the receive says so
+/// (`IBV_WC_WITH_INV`, the rkey, no immediate, the data placed), a WRITE
+/// with that rkey is refused afterwards, and the window binds again with
+/// its next key. An rkey that names no bound window fails the receive
+/// (rxe: class J, a remote invalid request) and the receiving QP. What
+/// protocol version 4's final message rests on.
+pub fn a_send_with_invalidate_revokes_the_receivers_window(env: &Env) {
+    let (mut a, b) = pair(env);
+    pattern(&mut a.buf[..64], 12);
+    let link = Link::default();
+    connect(env, &a, &b, link);
+    let mw = window(&b);
+    let rkey = next_rkey(mw.rkey());
+    let range = (b.addr(4096), 4096);
+    expect_bind(
+        &b,
+        bind(&mw, &b.mr, rkey, range.0, range.1, Access::REMOTE_WRITE),
+        "a bind",
+    );
+    a.post(&[write(&a, 1, 0, 16, range.0, rkey)]);
+    assert_eq!(
+        a.next("a WRITE through the window").status,
+        WcStatus::Success
+    );
+    let invalidating = |wr_id: u64, rkey: u32| SendWr {
+        wr_id,
+        op: SendOp::SendInv { rkey },
+        sge: a.sge(32, 4),
+        signaled: true,
+    };
+    b.recv(5, b.sge(0, 64));
+    a.post(&[invalidating(9, rkey)]);
+    let got = b.next("the receive of a SEND with invalidate");
+    assert_eq!(
+        (got.wr_id, got.status, got.opcode, got.byte_len),
+        (5, WcStatus::Success, WcOpcode::Recv, 4)
+    );
+    assert_eq!((got.imm, got.invalidated), (None, Some(rkey)));
+    assert_eq!(b.buf[..4], a.buf[32..36], "its data landed");
+    let sent = a.next("the SEND with invalidate");
+    assert_eq!(
+        (sent.status, sent.opcode),
+        (WcStatus::Success, WcOpcode::Send)
+    );
+    a.post(&[write(&a, 2, 0, 16, range.0, rkey)]);
+    assert_eq!(
+        a.next("a WRITE with the invalidated rkey").status,
+        WcStatus::RemAccessErr
+    );
+    reaches_err(&b, "a WRITE with the invalidated rkey");
+    reconnect(env, &a, &b, link);
+    let again = next_rkey(rkey);
+    expect_bind(
+        &b,
+        bind(&mw, &b.mr, again, range.0, range.1, Access::REMOTE_WRITE),
+        "binding the window again after a remote invalidation",
+    );
+    a.post(&[write(&a, 3, 0, 16, range.0, again)]);
+    assert_eq!(
+        a.next("a WRITE through the window bound again").status,
+        WcStatus::Success
+    );
+    // A key of the window's index that is not its bound one.
+    b.recv(6, b.sge(0, 64));
+    a.post(&[invalidating(10, next_rkey(again))]);
+    let failed = b.next("the receive of a SEND that invalidates no window");
+    assert_eq!(failed.wr_id, 6);
+    assert_ne!(failed.status, WcStatus::Success, "{failed:?}");
+    reaches_err(&b, "a SEND that invalidates no window");
+}
+
 /// A type-2 window is usable only through the QP that bound it: a peer
 /// connected to another QP of the same PD is refused.
 pub fn a_window_is_usable_only_through_the_qp_that_bound_it(env: &Env) {
