@@ -19,6 +19,10 @@
 //! that connects) on the world `HIPOBJ_BENCH_WORLD` names (`polling`, the
 //! default, or `sleeping`) and exits: for `scripts/callgrind-transfer.sh`,
 //! which counts instructions per transfer under callgrind.
+//!
+//! `HIPOBJ_PROTOCOL=3` makes the client one of protocol version 3 (the
+//! server then speaks 3 too): the same build, before and after version
+//! 4's final message.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -46,9 +50,11 @@ impl Setup {
         };
         spec.client.supports_mw = windows;
         let world = World::with(spec);
+        // `HIPOBJ_PROTOCOL=3`: the client of version 3, to compare with.
         let options = Options {
             completion_timeout: Duration::from_secs(5),
             max_transfers: 4,
+            protocol: Options::from_env().protocol,
             ..Options::default()
         };
         let client = HostClient::new(&world, options, 8).expect("a client");

@@ -240,24 +240,30 @@ fn the_old_server_of_a_reused_connection_gets_nothing_of_a_transfer_sent_elsewhe
 /// connection, as for a wrong proof, and the waiting transfer goes on.
 #[test]
 fn a_final_message_from_the_kept_server_does_not_end_a_transfer_sent_elsewhere() {
-    let up = Up::new();
-    let old = up.other_server("old0", 3);
-    old.set_object(&pattern(LEN, 0x11));
-    let first = recorded(&up, &old, Op::Get, HALF);
-    let new = up.world.server.clone();
-    new.set_object(&pattern(LEN, 0x22));
-    let mut sent = None;
-    let mut s3 = hooked(&new, Op::Get, |t: &Token| {
-        assert_eq!(t.qp_num, first.qp_num, "the reused slot");
-        // Whatever value it carries: the right one for this token, even.
-        sent = Some(old.send_final(&key(t), final_imm(t.secret), SHORT));
-    });
-    up.inst
-        .transfer(Direction::Get, up.slice(HALF), &mut s3)
-        .expect("the transfer its own server served");
-    drop(s3);
-    assert!(sent.is_some(), "the old server sent its final message");
-    assert_eq!(&up.buf[..HALF], &pattern(LEN, 0x22)[..HALF]);
+    // Either form: an immediate, or (version 4) a SEND with invalidate
+    // naming the window's rkey of the old server's own transfer (the
+    // window is bound to nothing while the new transfer waits).
+    for invalidating in [false, true] {
+        let up = Up::new();
+        let old = up.other_server("old0", 3);
+        old.set_object(&pattern(LEN, 0x11));
+        let first = recorded(&up, &old, Op::Get, HALF);
+        let new = up.world.server.clone();
+        new.set_object(&pattern(LEN, 0x22));
+        let mut sent = None;
+        let mut s3 = hooked(&new, Op::Get, |t: &Token| {
+            assert_eq!(t.qp_num, first.qp_num, "the reused slot");
+            // Whatever value it carries: the right one for this token, even.
+            let rkey = invalidating.then_some(first.rkey);
+            sent = Some(old.send_final_as(&key(t), final_imm(t.secret), rkey, SHORT));
+        });
+        up.inst
+            .transfer(Direction::Get, up.slice(HALF), &mut s3)
+            .expect("the transfer its own server served");
+        drop(s3);
+        assert!(sent.is_some(), "the old server sent its final message");
+        assert_eq!(&up.buf[..HALF], &pattern(LEN, 0x22)[..HALF]);
+    }
 }
 
 /// A second final message while the window is being invalidated: the

@@ -681,18 +681,39 @@ impl TestServer {
     /// connection kept to `client`, as a misbehaving server would at any
     /// moment; returns once it completed.
     pub fn send_final(&self, client: &ClientQp, imm: u32, within: Duration) -> Result<()> {
+        self.send_final_as(client, imm, None, within)
+    }
+
+    /// [`TestServer::send_final`], or with `Some(rkey)` a version-4 final
+    /// message: a SEND with invalidate of the client's window `rkey`,
+    /// carrying `imm` as its data.
+    pub fn send_final_as(
+        &self,
+        client: &ClientQp,
+        imm: u32,
+        rkey: Option<u32>,
+        within: Duration,
+    ) -> Result<()> {
         let conn = self
             .side
             .connection(client)
             .ok_or_else(|| Error::Rdma("no connection to that client QP".into()))?;
         let mut conn = conn.lock();
-        let id = conn.next_wr();
-        conn.qp.post_send(&[crate::platform::SendWr {
-            wr_id: id,
-            op: crate::platform::SendOp::SendImm { imm },
-            sge: None,
-            signaled: true,
-        }])?;
+        let wr = match rkey {
+            Some(rkey) => {
+                let version = std::mem::replace(&mut conn.version, crate::core::protocol::NEWEST);
+                let wr = conn.final_wr(imm, rkey);
+                conn.version = version;
+                wr
+            }
+            None => crate::platform::SendWr {
+                wr_id: conn.next_wr(),
+                op: crate::platform::SendOp::SendImm { imm },
+                sge: None,
+                signaled: true,
+            },
+        };
+        conn.qp.post_send(&[wr])?;
         let until = Instant::now() + within;
         loop {
             if let Some(c) = conn.cq.poll(1)?.into_iter().next() {

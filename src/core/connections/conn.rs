@@ -1961,21 +1961,20 @@ impl Conn {
                 env,
             );
         }
-        let why = match (&armed.grant, invalidated) {
-            (Grant::Window { .. }, Some(rkey)) if rkey == key_of(&self.stripe, armed) => {
-                // Revoked already, by the NIC, before the message's
-                // receive completed: the transfer succeeded.
-                return self.succeed(env);
-            }
-            (Grant::Window { .. }, Some(_)) => {
-                "the final message invalidated another window than this transfer's"
-            }
-            (Grant::Region { .. }, Some(_)) => {
-                "a final message that invalidates, for a transfer without a window"
-            }
-            (_, None) => "",
-        };
-        if !why.is_empty() {
+        if let Some(rkey) = invalidated {
+            let why = match &armed.grant {
+                Grant::Window { .. } if rkey == key_of(&self.stripe, armed) => {
+                    // Revoked already, by the NIC, before the message's
+                    // receive completed: the transfer succeeded.
+                    return self.succeed(env);
+                }
+                Grant::Window { .. } => {
+                    "the final message invalidated another window than this transfer's"
+                }
+                Grant::Region { .. } => {
+                    "a final message that invalidates, for a transfer without a window"
+                }
+            };
             return self.finish(Err(Error::Rdma(why.into())), env);
         }
         match &armed.grant {
@@ -2121,10 +2120,6 @@ impl Conn {
     }
 }
 
-/// Whether `presented` proves the job `armed` (part `stripe` of its
-/// transfer): the same token (compared in constant time), for this
-/// connection's share: share 0 for a whole transfer (either version), the
-/// share it holds for a share of a striped one (version 3 only).
 /// What a SEND that arrived on a connection is.
 enum Message {
     /// An in-band proof (or what failed to decode as one).
@@ -2137,6 +2132,10 @@ enum Message {
     },
 }
 
+/// Whether `presented` proves the job `armed` (part `stripe` of its
+/// transfer): the same token (compared in constant time), for this
+/// connection's share: share 0 for a whole transfer (either version), the
+/// share it holds for a share of a striped one (version 3 and later).
 fn proves(stripe: &Stripe, armed: &Armed, presented: &Presented) -> bool {
     let share_ok = match stripe {
         Stripe::Share { share, .. } => presented.version >= VERSION_3 && presented.share == *share,
