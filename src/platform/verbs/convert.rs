@@ -335,17 +335,30 @@ pub(super) fn wc_opcode_from_ibv(value: ibv_wc_opcode::Type) -> WcOpcode {
     }
 }
 
+/// The `wc_flags` bit of a receive whose SEND invalidated an rkey:
+/// `IBV_WC_WITH_INV`.
+pub(super) const WITH_INV: ibv_wc_flags::Type = ibv_wc_flags::IBV_WC_WITH_INV;
+/// The same on Soft-RoCE: also the kernel's `IB_WC_WITH_INVALIDATE`
+/// (`1 << 2`, where libibverbs has `IBV_WC_IP_CSUM_OK`). rxe's provider
+/// hands out the kernel's work completions as they are (its poll copies
+/// each `ib_uverbs_wc`), and the kernel's and libibverbs' flags part ways
+/// at that bit; rxe sets no checksum flag.
+pub(super) const RXE_WITH_INV: ibv_wc_flags::Type = WITH_INV | 1 << 2;
+/// rxe's `vendor_id` (`RXE_VENDOR_ID`).
+pub(super) const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
+
 /// One work completion. The immediate data, big-endian on the wire and in
-/// `imm_data`, is returned in host order, present when `IBV_WC_WITH_IMM` is.
-pub(super) fn completion(wc: &ibv_wc) -> Completion {
+/// `imm_data`, is returned in host order, present when `IBV_WC_WITH_IMM` is;
+/// an invalidated rkey, when one of the `with_inv` bits is.
+pub(super) fn completion(wc: &ibv_wc, with_inv: ibv_wc_flags::Type) -> Completion {
     let imm = (wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM != 0).then(|| {
         // SAFETY: both members of the union (imm_data, invalidated_rkey)
         // are u32, so either reads any bit pattern validly.
         u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })
     });
     // SAFETY: as above; `invalidated_rkey` is in host order.
-    let invalidated = (wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_INV != 0)
-        .then_some(unsafe { wc.__bindgen_anon_1.invalidated_rkey });
+    let invalidated =
+        (wc.wc_flags & with_inv != 0).then_some(unsafe { wc.__bindgen_anon_1.invalidated_rkey });
     Completion {
         wr_id: wc.wr_id,
         status: WcStatus::from_ibv(wc.status),
@@ -662,7 +675,7 @@ mod tests {
         wc.wc_flags = ibv_wc_flags::IBV_WC_WITH_IMM;
         wc.__bindgen_anon_1.imm_data = 0x1234_5678u32.to_be();
         assert_eq!(
-            completion(&wc),
+            completion(&wc, WITH_INV),
             Completion {
                 wr_id: 42,
                 status: WcStatus::Success,
@@ -678,14 +691,18 @@ mod tests {
         wc.opcode = ibv_wc_opcode::IBV_WC_RECV;
         wc.wc_flags = ibv_wc_flags::IBV_WC_WITH_INV;
         wc.__bindgen_anon_1.invalidated_rkey = 0x0002_51a7;
-        let c = completion(&wc);
+        let c = completion(&wc, WITH_INV);
         assert_eq!((c.imm, c.invalidated), (None, Some(0x0002_51a7)));
+        // rxe's: the kernel's bit, which elsewhere is a checksum's.
+        wc.wc_flags = 1 << 2;
+        assert_eq!(completion(&wc, WITH_INV).invalidated, None);
+        assert_eq!(completion(&wc, RXE_WITH_INV).invalidated, Some(0x0002_51a7));
         // Without the flag the union is not immediate data.
         wc.wc_flags = 0;
         wc.opcode = ibv_wc_opcode::IBV_WC_RDMA_WRITE;
         wc.status = ibv_wc_status::IBV_WC_REM_ACCESS_ERR;
         wc.vendor_err = 0x88;
-        let c = completion(&wc);
+        let c = completion(&wc, WITH_INV);
         assert_eq!(c.imm, None);
         assert_eq!(c.status, WcStatus::RemAccessErr);
         assert_eq!(c.opcode, WcOpcode::RdmaWrite);

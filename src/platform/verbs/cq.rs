@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use super::context::DeviceContext;
 use super::convert::{self, zeroed};
 use super::inline;
-use super::sys::{ibv_comp_channel, ibv_cq, ibv_wc};
+use super::sys::{ibv_comp_channel, ibv_cq, ibv_wc, ibv_wc_flags};
 use super::{check_rc, destroy_failed, null_error};
 use crate::error::{Error, Result};
 use crate::platform::{Completion, Context, Cq};
@@ -35,6 +35,9 @@ pub struct CompletionQueue {
     /// Completions `wait` polled while closing the arm/poll race, handed
     /// out first by the next `poll`.
     early: Mutex<VecDeque<Completion>>,
+    /// The `wc_flags` bits that say an rkey was invalidated, by device
+    /// ([`convert::RXE_WITH_INV`]).
+    with_inv: ibv_wc_flags::Type,
     ctx: Arc<DeviceContext>,
 }
 
@@ -117,11 +120,17 @@ impl CompletionQueue {
             destroy_channel();
             return Err(err);
         }
+        let with_inv = if ctx.vendor_id() == convert::RXE_VENDOR_ID {
+            convert::RXE_WITH_INV
+        } else {
+            convert::WITH_INV
+        };
         Ok(CompletionQueue {
             cq,
             channel,
             fd,
             early: Mutex::new(VecDeque::new()),
+            with_inv,
             ctx,
         })
     }
@@ -152,7 +161,12 @@ impl CompletionQueue {
                 self.ctx.name()
             )));
         };
-        Ok(wc.iter().take(got).map(convert::completion).collect())
+        let with_inv = self.with_inv;
+        Ok(wc
+            .iter()
+            .take(got)
+            .map(|wc| convert::completion(wc, with_inv))
+            .collect())
     }
 }
 
