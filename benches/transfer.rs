@@ -13,12 +13,15 @@
 //!
 //! Then the reused transfers again, polling and not, with a thread spinning
 //! on every core of the host: polling adapts (`core::polling`), so it must
-//! not be slower there than sleeping.
+//! not be slower there than sleeping. Last, fresh worlds one after another:
+//! whether each starts polling or in the sleeping mode.
 //!
 //! With `HIPOBJ_BENCH_TRANSFERS=N` it runs N reused transfers (after one
 //! that connects) on the world `HIPOBJ_BENCH_WORLD` names (`polling`, the
 //! default, or `sleeping`) and exits: for `scripts/callgrind-transfer.sh`,
 //! which counts instructions per transfer under callgrind.
+//!
+//! With `HIPOBJ_BENCH_FRESH_WORLDS=1` it runs the fresh worlds alone.
 //!
 //! `HIPOBJ_PROTOCOL=3` makes the client one of protocol version 3 (the
 //! server then speaks 3 too): the same build, before and after version
@@ -122,6 +125,56 @@ fn transfers(c: &mut Criterion) {
         "8-byte GET, reused connection, cores idle (the same blocks): polling {with:.1} µs, \
          no polling {without:.1} µs"
     );
+    fresh_worlds();
+}
+
+/// Fresh polling worlds with the cores idle, each started one of two ways
+/// that leave its gauges missing: the way the fresh-handshake case starts
+/// one (transfers whose connection the server then drops), or a spell of
+/// transfers with every core busy, which ends before the idle transfers.
+/// Then each world's wake-ups (both sides) and time per reused transfer,
+/// block by block: a world in the sleeping mode (every party's polls
+/// missing because every other party sleeps) shows a wake-up or more per
+/// transfer where one that polls shows almost none.
+fn fresh_worlds() {
+    const WORLDS: usize = 5;
+    const HANDSHAKES: usize = 20;
+    const BLOCKS: usize = 6;
+    for start in [
+        "after 20 fresh handshakes",
+        "after 2000 transfers with every core busy",
+    ] {
+        println!("fresh polling worlds, cores idle, {start}: wake-ups per reused 8-byte GET and µs, in blocks of {BLOCK}:");
+        for _ in 0..WORLDS {
+            let setup = Setup::new(true, true);
+            if start.contains("busy") {
+                let hogs = Hogs::start();
+                for _ in 0..2000 {
+                    setup.get();
+                }
+                drop(hogs);
+            } else {
+                for _ in 0..HANDSHAKES {
+                    setup.get();
+                    setup.world.server.side().disconnect_all();
+                }
+            }
+            let mut blocks = Vec::new();
+            for _ in 0..BLOCKS {
+                let client = setup.client.instance.stats().wakeups;
+                let server = setup.world.server.side().sleeps();
+                let started = std::time::Instant::now();
+                for _ in 0..BLOCK {
+                    setup.get();
+                }
+                let took = started.elapsed().as_secs_f64() * 1e6 / f64::from(BLOCK);
+                let woken = setup.client.instance.stats().wakeups - client
+                    + (setup.world.server.side().sleeps() - server);
+                blocks.push(format!("{:.2} {took:.0}", woken as f64 / f64::from(BLOCK)));
+            }
+            println!("  {}", blocks.join(" | "));
+        }
+    }
 }
 
 /// Blocks of transfers each world runs in [`in_turns`], and their size.
@@ -259,6 +312,10 @@ criterion_group! {
 }
 
 fn main() {
+    if std::env::var_os("HIPOBJ_BENCH_FRESH_WORLDS").is_some() {
+        fresh_worlds();
+        return;
+    }
     if let Some(n) = std::env::var("HIPOBJ_BENCH_TRANSFERS")
         .ok()
         .and_then(|n| n.parse::<u64>().ok())
