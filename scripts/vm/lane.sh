@@ -30,6 +30,14 @@ took() {
     phase_start=$SECONDS
 }
 source scripts/features.sh
+# The Python package's venv (target/pyvenv), which the model streamer's
+# step and the guest's Python tests use: scripts/python-test.sh makes it
+# (the suite runs it before the lane). Made here first when missing, not
+# found missing after the bundle's build.
+if [[ ! -x "${CARGO_TARGET_DIR:-target}/pyvenv/bin/python" ]]; then
+    bash scripts/python-test.sh
+    took "scripts/python-test.sh (its venv, for the lane)"
+fi
 bash scripts/vm/setup.sh
 took "the kernel and the guest image"
 garage=$(bash scripts/garage.sh)
