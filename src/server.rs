@@ -145,20 +145,28 @@ impl ServerConn {
 
     /// The final message of a transfer through the client's window `rkey`,
     /// signaled (its completion says the client has everything before
-    /// it). In version 4 a SEND with invalidate of that window, whose data
-    /// is `imm` (little-endian, written behind the proof in the proof's
-    /// buffer: a repeated proof still reads its own bytes); before, a
-    /// zero-length SEND with `imm`.
+    /// it), in this connection's version: in version 4 a SEND with
+    /// invalidate of that window; before, a zero-length SEND with `imm`.
     pub fn final_wr(&mut self, imm: u32, rkey: u32) -> SendWr {
+        let invalidate = (self.version >= VERSION_4).then_some(rkey);
+        self.final_wr_as(imm, invalidate)
+    }
+
+    /// The final message in the form given, whatever the connection's
+    /// version: with `invalidate`, a SEND with invalidate of that rkey
+    /// whose data is `imm` (little-endian, written behind the proof in the
+    /// proof's buffer: a repeated proof still reads its own bytes); without,
+    /// a zero-length SEND with `imm`.
+    pub fn final_wr_as(&mut self, imm: u32, invalidate: Option<u32>) -> SendWr {
         let wr_id = self.next_wr();
-        if self.version < VERSION_4 {
+        let Some(rkey) = invalidate else {
             return SendWr {
                 wr_id,
                 op: SendOp::SendImm { imm },
                 sge: None,
                 signaled: true,
             };
-        }
+        };
         let data = &self.proof[PROOF_LEN..PROOF_LEN + FINAL_DATA_LEN];
         for (slot, b) in data.iter().zip(imm.to_le_bytes()) {
             slot.store(b, Ordering::Release);

@@ -699,20 +699,7 @@ impl TestServer {
             .connection(client)
             .ok_or_else(|| Error::Rdma("no connection to that client QP".into()))?;
         let mut conn = conn.lock();
-        let wr = match rkey {
-            Some(rkey) => {
-                let version = std::mem::replace(&mut conn.version, crate::core::protocol::NEWEST);
-                let wr = conn.final_wr(imm, rkey);
-                conn.version = version;
-                wr
-            }
-            None => crate::platform::SendWr {
-                wr_id: conn.next_wr(),
-                op: crate::platform::SendOp::SendImm { imm },
-                sge: None,
-                signaled: true,
-            },
-        };
+        let wr = conn.final_wr_as(imm, rkey);
         conn.qp.post_send(&[wr])?;
         let until = Instant::now() + within;
         loop {
