@@ -58,6 +58,9 @@
 //! the check, print `ready` and wait for a line on stdin before timing;
 //! print `done` when the timed transfers end. `--server SOCKET` (for
 //! `throughput`): the server side is the process listening there.
+//!
+//! `HIPOBJ_POLL_US` sets how long both sides poll before they sleep, the
+//! library and the server side alike (0 on Soft-RoCE unless set).
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::io::{BufRead, BufReader, Write};
@@ -1401,6 +1404,9 @@ fn open_side() -> Outcome<ServerSide> {
         // the token (docs/performance.md). The bench measures throughput,
         // not that edge.
         proof_timeout: SERVE_TIMEOUT,
+        // `HIPOBJ_POLL_US`, as the library (and the gateway's server side)
+        // reads it: 0 on Soft-RoCE unless set.
+        poll: hipobj::core::Options::from_env().poll,
         ..ServerConfig::default()
     };
     Ok(ServerSide::with_config(cm, ctx, pd, config))

@@ -139,17 +139,24 @@ fn transfers(c: &mut Criterion) {
 fn fresh_worlds() {
     const WORLDS: usize = 5;
     const HANDSHAKES: usize = 20;
-    const BLOCKS: usize = 6;
-    for start in [
-        "after 20 fresh handshakes",
-        "after 2000 transfers with every core busy",
-    ] {
-        println!("fresh polling worlds, cores idle, {start}: wake-ups per reused 8-byte GET and µs, in blocks of {BLOCK}:");
+    const BUSY: usize = 2000;
+    // Blocks of [`BLOCK`] transfers per world.
+    const WORLD_BLOCKS: usize = 6;
+    for busy in [false, true] {
+        let start = if busy {
+            format!("after {BUSY} transfers with every core busy")
+        } else {
+            format!("after {HANDSHAKES} fresh handshakes")
+        };
+        println!(
+            "fresh polling worlds, cores idle, {start}: wake-ups per reused 8-byte GET and µs, \
+             in blocks of {BLOCK}:"
+        );
         for _ in 0..WORLDS {
             let setup = Setup::new(true, true);
-            if start.contains("busy") {
+            if busy {
                 let hogs = Hogs::start();
-                for _ in 0..2000 {
+                for _ in 0..BUSY {
                     setup.get();
                 }
                 drop(hogs);
@@ -160,7 +167,7 @@ fn fresh_worlds() {
                 }
             }
             let mut blocks = Vec::new();
-            for _ in 0..BLOCKS {
+            for _ in 0..WORLD_BLOCKS {
                 let client = setup.client.instance.stats().wakeups;
                 let server = setup.world.server.side().sleeps();
                 let started = std::time::Instant::now();
