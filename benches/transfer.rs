@@ -170,11 +170,7 @@ fn fresh_worlds() {
             for _ in 0..WORLD_BLOCKS {
                 let client = setup.client.instance.stats().wakeups;
                 let server = setup.world.server.side().sleeps();
-                let started = std::time::Instant::now();
-                for _ in 0..BLOCK {
-                    setup.get();
-                }
-                let took = started.elapsed().as_secs_f64() * 1e6 / f64::from(BLOCK);
+                let took = block(&setup);
                 let woken = setup.client.instance.stats().wakeups - client
                     + (setup.world.server.side().sleeps() - server);
                 blocks.push(format!("{:.2} {took:.0}", woken as f64 / f64::from(BLOCK)));
@@ -184,6 +180,15 @@ fn fresh_worlds() {
     }
 }
 
+/// The time per transfer of [`BLOCK`] reused transfers on `s` (µs).
+fn block(s: &Setup) -> f64 {
+    let started = std::time::Instant::now();
+    for _ in 0..BLOCK {
+        s.get();
+    }
+    started.elapsed().as_secs_f64() * 1e6 / f64::from(BLOCK)
+}
+
 /// Blocks of transfers each world runs in [`in_turns`], and their size.
 const BLOCKS: usize = 25;
 const BLOCK: u32 = 200;
@@ -191,13 +196,6 @@ const BLOCK: u32 = 200;
 /// The median time per transfer of `BLOCKS` blocks of `BLOCK` reused
 /// transfers on each of two worlds, the blocks run in turns (µs).
 fn in_turns(a: &Setup, b: &Setup) -> (f64, f64) {
-    let block = |s: &Setup| {
-        let started = std::time::Instant::now();
-        for _ in 0..BLOCK {
-            s.get();
-        }
-        started.elapsed().as_secs_f64() * 1e6 / f64::from(BLOCK)
-    };
     let (mut xs, mut ys) = (Vec::new(), Vec::new());
     for _ in 0..BLOCKS {
         xs.push(block(a));
