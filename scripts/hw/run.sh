@@ -21,8 +21,9 @@
 #              (tests/cuda.rs)
 #
 # Usage: run.sh [--device NAME] [--ip ADDR] [--server-device NAME]
-#               [--server-ip ADDR] [--across-args ARGS] [--out DIR]
-#               [--steps LIST] [--bench none|quick|full] [--report-only]
+#               [--server-ip ADDR] [--e2e-args ARGS] [--across-args ARGS]
+#               [--out DIR] [--steps LIST] [--bench none|quick|full]
+#               [--report-only]
 #
 #   --device   the RDMA device (default: the first whose port 1 is ACTIVE
 #              with an IPv4 RoCE GID, as `hipobj doctor` chooses)
@@ -30,9 +31,10 @@
 #   --server-device, --server-ip
 #              the servers' device for the step across (default: the first
 #              other usable device, if any)
-#   --across-args
-#              the test binary's arguments for the step across (test name
-#              filters, --skip NAME): all of tests/e2e.rs by default
+#   --e2e-args, --across-args
+#              the test binary's arguments for the step e2e or across
+#              (test name filters, --skip NAME): all of tests/e2e.rs by
+#              default
 #   --out      where the report and the logs go (default: ./hipobj-hw-out)
 #   --steps    a comma-separated subset of contract,e2e,across,bench,gpu
 #   --bench    quick: a few seconds a figure; full (default): 64 MiB a
@@ -50,10 +52,11 @@ out="$PWD/hipobj-hw-out"
 steps="contract,e2e,across,bench,gpu"
 server_device=""
 server_ip=""
+e2e_args=""
 across_args=""
 bench="full"
 report_only=0
-usage() { sed -n '2,47s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
+usage() { sed -n '2,49s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
 while (($#)); do
     case $1 in
         --device) device=${2:?--device needs a name}; shift 2 ;;
@@ -62,6 +65,7 @@ while (($#)); do
         --steps) steps=${2:?--steps needs a list}; shift 2 ;;
         --server-device) server_device=${2:?--server-device needs a name}; shift 2 ;;
         --server-ip) server_ip=${2:?--server-ip needs an address}; shift 2 ;;
+        --e2e-args) e2e_args=${2?--e2e-args needs a list}; shift 2 ;;
         --across-args) across_args=${2?--across-args needs a list}; shift 2 ;;
         --bench) bench=${2:?--bench needs none, quick or full}; shift 2 ;;
         --report-only) report_only=1; shift ;;
@@ -273,7 +277,8 @@ export HIPOBJ_LANE_DEVICE="$device" HIPOBJ_LANE_IP="$ip"
 # set: objects of 3 and 5 GiB; in the VM a tmpfs, not the shared tree).
 
 wants contract && step contract "$bundle/tests/rxe-tests" --test-threads=1
-wants e2e && step e2e "$bundle/tests/e2e-tests" --test-threads=1
+# shellcheck disable=SC2086 # --e2e-args is a list of words
+wants e2e && step e2e "$bundle/tests/e2e-tests" --test-threads=1 $e2e_args
 if wants across; then
     if [[ $server_device != none ]]; then
         # shellcheck disable=SC2086 # --across-args is a list of words

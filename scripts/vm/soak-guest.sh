@@ -19,6 +19,10 @@
 #   reorder  netem there: 1% duplicates and 10% reordered (2 ms delay for
 #            the rest), 15-25 s
 #
+# Every kind is injected once at least, past FAULT_SECONDS if need be; in
+# a short form (FAULT_SECONDS under 300, the lane's) the network's faults
+# last 8-12 s.
+#
 # Then it tells the client that the faults are over (the client goes on for
 # CALM_SECONDS and must end every thread on good transfers), stops the
 # server, and checks that the kernel's RDMA resources (`rdma resource show`)
@@ -142,7 +146,10 @@ declare -A injected=()
 read -r -a faults <<<"${HIPOBJ_SOAK_FAULTS:-kill stop link loss delay reorder}"
 i=0
 t0=$SECONDS
-while ((SECONDS - t0 < fault_seconds)) && kill -0 "$client" 2>/dev/null; do
+# Every kind once at least, however short FAULT_SECONDS; a short form
+# (under 300 s: the lane's) holds the network's faults 8-12 s, not 15-25.
+if ((fault_seconds < 300)); then netem_hold=(8 12); else netem_hold=(15 25); fi
+while { ((SECONDS - t0 < fault_seconds)) || ((i < ${#faults[@]})); } && kill -0 "$client" 2>/dev/null; do
     hold 4 10
     fault=${faults[i % ${#faults[@]}]}
     i=$((i + 1))
@@ -173,21 +180,21 @@ while ((SECONDS - t0 < fault_seconds)) && kill -0 "$client" 2>/dev/null; do
         loss)
             note "loss: netem loss 2% delay 1ms"
             netem_all loss 2% delay 1ms
-            hold 15 25
+            hold "${netem_hold[@]}"
             netem_off
             note "loss: off"
             ;;
         delay)
             note "delay: netem delay 20ms 5ms"
             netem_all delay 20ms 5ms
-            hold 15 25
+            hold "${netem_hold[@]}"
             netem_off
             note "delay: off"
             ;;
         reorder)
             note "reorder: netem delay 2ms reorder 10% duplicate 1%"
             netem_all delay 2ms reorder 10% duplicate 1%
-            hold 15 25
+            hold "${netem_hold[@]}"
             netem_off
             note "reorder: off"
             ;;
