@@ -257,8 +257,11 @@ pub struct ServerConfig {
     pub max_connections_per_client: usize,
     /// How long a dial (the CM connect) may take, within the transfer's
     /// deadline: a client whose CM does not answer holds the transfer this
-    /// long, not until its deadline.
-    pub connect_timeout: Duration,
+    /// long, not until its deadline. `None`: by device
+    /// (`core::options::connect_timeout_for`: 2 s on a hardware NIC, the
+    /// transfer's deadline alone on a software one, whose CM messages wait
+    /// behind the data on the same CPUs).
+    pub connect_timeout: Option<Duration>,
     /// `conn_param.retry_count`: finite, so failures surface (7 would
     /// retry forever on Soft-RoCE).
     pub retry_count: u8,
@@ -286,7 +289,7 @@ impl Default for ServerConfig {
             dial: DialPolicy::request_source(),
             max_connections: 4096,
             max_connections_per_client: 1024,
-            connect_timeout: Duration::from_secs(2),
+            connect_timeout: None,
             retry_count: 6,
             proof_timeout: Duration::from_secs(2),
             delay_before_final: Duration::ZERO,
@@ -420,6 +423,10 @@ pub struct ServerSide {
     /// Clients (GID, listener port) that refused a connect request's
     /// version and took an older one: sent that one from then on.
     older: Mutex<HashMap<(Gid, u16), u8>>,
+    /// How long a dial may take within its transfer's deadline
+    /// ([`ServerConfig::connect_timeout`] for this device; `None`: the
+    /// deadline alone).
+    dial_limit: Option<Duration>,
     /// How it behaves.
     pub config: ServerConfig,
 }
@@ -534,7 +541,13 @@ impl ServerSide {
             .map_or(MAX_WR_BYTES, |p| u64::from(p.max_msg_sz).max(1))
             .min(MAX_WR_BYTES);
         let poll = crate::core::options::poll_for(config.poll, ctx.vendor_id(), ctx.name());
+        let dial_limit = crate::core::options::connect_timeout_for(
+            config.connect_timeout,
+            ctx.vendor_id(),
+            ctx.name(),
+        );
         ServerSide {
+            dial_limit,
             cm,
             ctx,
             pd,
@@ -863,7 +876,7 @@ impl ServerSide {
 
     /// Connects to the client's listener with the token as proof, making
     /// room within the limits first (the dial counts as a connection while
-    /// it lasts, at most [`ServerConfig::connect_timeout`]), and records
+    /// it lasts, at most `dial_limit` when there is one), and records
     /// the connection under `key`.
     ///
     /// The request is for `share` of the token's transfer, on the client
@@ -884,8 +897,8 @@ impl ServerSide {
         name: u32,
     ) -> Result<(Shared, Option<Vec<Share>>)> {
         let dial = self.make_room(&key.tenant, client)?;
-        let timeout = self.config.connect_timeout;
-        let until = deadline.min(Instant::now() + timeout);
+        let limit = self.dial_limit;
+        let until = limit.map_or(deadline, |l| deadline.min(Instant::now() + l));
         let by = (token.gid, token.lid);
         // A share exists only from version 3 on.
         let lowest = if share > 0 { VERSION_3 } else { VERSION };
@@ -902,9 +915,10 @@ impl ServerSide {
             };
             self.connect_or_refused(token, &data, until)
                 .map_err(|e| match e {
-                    Error::Rdma(why) if until < deadline && Instant::now() >= until => Error::Rdma(
-                        format!("{why} (a dial may take {} ms)", timeout.as_millis()),
-                    ),
+                    Error::Rdma(why) if until < deadline && Instant::now() >= until => {
+                        let ms = limit.map_or(0, |l| l.as_millis());
+                        Error::Rdma(format!("{why} (a dial may take {ms} ms)"))
+                    }
                     e => e,
                 })
         };
@@ -1875,7 +1889,7 @@ mod tests {
     use crate::core::transfer::Direction;
     use crate::core::{Config, Current};
     use crate::platform::{Access, CmListener, QpState};
-    use crate::testing::world::{Scripted, World, CLIENT_IP, CLIENT_NIC, SERVER_NIC};
+    use crate::testing::world::{Scripted, World, WorldSpec, CLIENT_IP, CLIENT_NIC, SERVER_NIC};
 
     const LEN: usize = 4096;
 
@@ -1900,7 +1914,11 @@ mod tests {
         }
 
         fn with(config: ServerConfig) -> Setup {
-            let world = World::new();
+            Setup::on(World::new(), config)
+        }
+
+        /// On `world` (the default one's devices are Soft-RoCE's).
+        fn on(world: World, config: ServerConfig) -> Setup {
             let (current, client) = Setup::client(&world);
             let fabric = &world.platform.fabric;
             let ctx = fabric.verbs(&[SERVER_NIC]).open(SERVER_NIC).unwrap();
@@ -2331,7 +2349,7 @@ mod tests {
         let s = Setup::with(ServerConfig {
             dial: DialPolicy::any(),
             max_connections_per_client: 2,
-            connect_timeout: Duration::from_secs(60),
+            connect_timeout: Some(Duration::from_secs(60)),
             ..ServerConfig::default()
         });
         let (listener, token) = s.silent_client();
@@ -2368,7 +2386,7 @@ mod tests {
     fn a_dial_to_a_client_whose_cm_never_answers_ends_at_the_dials_own_deadline() {
         let s = Setup::with(ServerConfig {
             dial: DialPolicy::any(),
-            connect_timeout: Duration::from_millis(100),
+            connect_timeout: Some(Duration::from_millis(100)),
             ..ServerConfig::default()
         });
         let (_listener, token) = s.silent_client();
@@ -2381,5 +2399,49 @@ mod tests {
             "{failed}"
         );
         assert_eq!(s.side.dial_count(), 0);
+    }
+
+    /// By default a dial may take 2 s on a hardware NIC; on a software one
+    /// (the default world's devices are Soft-RoCE's) the transfer's
+    /// deadline alone, since there the CM's messages wait behind the data
+    /// on the same CPUs: a dial to a client whose CM does not answer yet is
+    /// not given up at 2 s.
+    #[test]
+    fn by_default_a_dial_may_take_2_s_on_hardware_and_the_whole_deadline_on_software() {
+        let any = || ServerConfig {
+            dial: DialPolicy::any(),
+            ..ServerConfig::default()
+        };
+        let hardware = Setup::on(World::with(WorldSpec::hardware()), any());
+        let (_listener, token) = hardware.silent_client();
+        let (side, local) = (hardware.side.clone(), hardware.local.clone());
+        let far = Instant::now() + Duration::from_secs(60);
+        let started = Instant::now();
+        let failed = returns_in_time(move || side.transfer(&token, Op::Get, &local, 8, None, far))
+            .expect_err("the client never answers");
+        assert!(
+            failed.error.to_string().contains("a dial may take 2000 ms"),
+            "{failed}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+
+        let software = Setup::on(World::new(), any());
+        let (_listener, token) = software.silent_client();
+        let (side, local) = (software.side.clone(), software.local.clone());
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(3_000);
+        let failed =
+            returns_in_time(move || side.transfer(&token, Op::Get, &local, 8, None, deadline))
+                .expect_err("the client never answers");
+        assert!(
+            started.elapsed() >= Duration::from_millis(2_900),
+            "the dial was given up after {:?}, before the transfer's deadline: {failed}",
+            started.elapsed()
+        );
+        assert!(
+            !failed.error.to_string().contains("a dial may take"),
+            "{failed}"
+        );
+        assert_eq!(software.side.dial_count(), 0);
     }
 }

@@ -7,7 +7,8 @@
 # lines: perftest.txt and library.txt, the bandwidth names ending in _rN
 # (the repetition); each tool's own output under OUT/raw.
 #
-# Usage: bench-guest.sh BENCH_BINARY OUT [VOLUME_MIB [REPEATS [SECTIONS]]]
+# Usage: bench-guest.sh BENCH_BINARY OUT [VOLUME_MIB [REPEATS [SECTIONS
+#        [SERVER COMMAND]]]]
 # VOLUME_MIB (default 64) is what each bandwidth figure moves at least,
 # eight times that for the many-processes splits (a split of 16 processes
 # takes a while to get going, and perftest's -q 16 varies by a sixth from
@@ -16,7 +17,9 @@
 # defaults to 1. SECTIONS: all (default), processes (only the splits), cpu
 # (what a MiB costs the emulated CPUs, perftest against the library), or
 # inflight (16 transfers in flight through the Rust API, as 16 threads and
-# as one thread's tickets, after perftest -q 16 at 64 KiB and 1 MiB).
+# as one thread's tickets, after perftest -q 16 at 64 KiB and 1 MiB), or
+# http (the S3 request's own share: SERVER, a hipobj-s3-server, on rxe0,
+# and COMMAND, the hipobj command, both release builds; below).
 #
 # A perftest run that fails or outlives its time limit is recorded in
 # OUT/failed.txt and the others go on: ib_read_bw with 16 QPs and 16 MiB
@@ -29,6 +32,8 @@ out=$2
 volume_mib=${3:-64}
 repeats=${4:-1}
 sections=${5:-all}
+server_bin=${6:-}
+command_bin=${7:-}
 raw="$out/raw"
 rm -rf "$raw"
 mkdir -p "$raw"
@@ -213,6 +218,73 @@ if [[ $sections == inflight ]]; then
                 bw "$rep" "$tool" "$size" 16
                 library "_r$rep" inflight "$op" "$size" 16
             done
+        done
+    done
+    exit 0
+fi
+
+# SECTIONS http: what a 64 KiB transfer with 16 in flight costs through
+# the S3 server, against what no RDMA protocol can remove. In each turn,
+# for GET (PUT): perftest -q 16 (ib_write_bw, ib_read_bw); the library's
+# bench as the other sections run it (its requests are function calls, no
+# HTTP); then, through SERVER on rxe0, the hipobj command's `bench` by RDMA
+# (an S3 request each, SigV4, the server's handler, the token, the
+# transfer, the answer); the same server's plain-HTTP answers to 1-byte
+# requests on 16 streams (the request alone: its time per request is the
+# S3 request's share); and 64 KiB over plain HTTP, for scale. Figures in
+# library.txt: command_<via>_<op>_<size>_x16_rN (MiB/s) and
+# command_<via>_<op>_<size>_x16_per_transfer_rN (µs: the cell's time over
+# its transfers, 16 in flight).
+if [[ $sections == http ]]; then
+    [[ -x $server_bin && -x $command_bin ]] ||
+        { echo "bench-guest: the http section needs SERVER and COMMAND (release builds)" >&2; exit 2; }
+    s3root=$(mktemp -d)
+    mkdir "$s3root/bench"
+    s3port=19400
+    HIPOBJ_SECRET_KEY=bench-secret "$server_bin" --access-key bench --root "$s3root" \
+        --listen "192.0.2.1:$s3port" --bucket bench --device rxe0 \
+        >"$raw/server.out" 2>"$raw/server.err" &
+    s3server=$!
+    trap 'kill "$s3server" 2>/dev/null || true' EXIT
+    wait_listen "$s3port" || { echo "bench-guest: the S3 server did not listen" >&2; cat "$raw/server.err" >&2; exit 1; }
+    # Each cell moves VOLUME_MIB at 64 KiB: VOLUME_MIB transfers a stream.
+    # cell VIA OP SIZE REP [ARGS...]: one cell of `hipobj bench`, its
+    # figures to library.txt; a failure is recorded and the others go on.
+    cell() {
+        local via=$1 op=$2 size=$3 rep=$4
+        shift 4
+        local name="command_${via}_${op}_${size}_x16"
+        echo "bench-guest: $name (turn $rep)" >&2
+        local json="$raw/$name.r$rep.json" status=0
+        HOME=$s3root AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret \
+            AWS_ENDPOINT_URL="http://192.0.2.1:$s3port" HIPOBJ_NIC_HINT=rxe0 \
+            timeout -k 10 "$limit" "$command_bin" bench s3://bench/b --sizes "$size" --streams-list 16 \
+            --count "$volume_mib" --ops "$op" --no-verify --json "$@" \
+            >"$json" 2>>"$raw/command.stderr" || status=$?
+        if ((status != 0)); then
+            echo "$name status $status (turn $rep): $(tail -1 "$raw/command.stderr")" >>"$out/failed.txt"
+            return 0
+        fi
+        python3 - "$json" "$name" "_r$rep" "$via" >>"$out/library.txt" 2>>"$out/failed.txt" <<'PY' || true
+import json, sys
+run = json.load(open(sys.argv[1]))
+name, suffix, via = sys.argv[2:5]
+cell = run["cells"][0]
+if via == "rdma" and cell["rdma"] != cell["transfers"]:
+    sys.exit(f"{name}: {cell['fallback']} of {cell['transfers']} transfers fell back to HTTP")
+print(f"{name}{suffix} {cell['mib_per_s']:.3f} MiB/s")
+print(f"{name}_per_transfer{suffix} {cell['seconds'] / cell['transfers'] * 1e6:.1f} us")
+PY
+    }
+    for rep in $(seq "$repeats"); do
+        for op in get put; do
+            tool=ib_write_bw
+            [[ $op == get ]] || tool=ib_read_bw
+            bw "$rep" "$tool" 65536 16
+            library "_r$rep" throughput "$op" 65536 16
+            cell rdma "$op" 64KiB "$rep"
+            cell http "$op" 1B "$rep" --http
+            cell http "$op" 64KiB "$rep" --http
         done
     done
     exit 0

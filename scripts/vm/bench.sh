@@ -15,7 +15,11 @@
 # streams costs the emulated CPUs, perftest against the library (about
 # 4 minutes a repetition); `inflight`: one thread with 16 tickets in flight
 # against 16 threads with one transfer each, and both against perftest
-# -q 16, at 64 KiB and 1 MiB.
+# -q 16, at 64 KiB and 1 MiB; `http`: 64 KiB with 16 in flight through
+# the S3 server (the hipobj command's bench against a release
+# hipobj-s3-server, both built into target/bench-release), against
+# perftest -q 16 and the bound the same server's plain-HTTP answers to
+# 1-byte requests leave (about 6 minutes a repetition).
 # Outputs under target/vm/out/bench: machine.txt, perftest.txt, library.txt
 # (`name value unit` lines), failed.txt (perftest and library runs that
 # failed, and why),
@@ -28,8 +32,8 @@ volume_mib=${1:-64}
 repeats=${2:-1}
 netdev_mtu=${3:-9000}
 sections=${4:-all}
-[[ $sections == all || $sections == processes || $sections == cpu || $sections == inflight ]] ||
-    { echo "vm/bench: SECTIONS is all, processes, cpu or inflight" >&2; exit 2; }
+[[ $sections == all || $sections == processes || $sections == cpu || $sections == inflight || $sections == http ]] ||
+    { echo "vm/bench: SECTIONS is all, processes, cpu, inflight or http" >&2; exit 2; }
 for n in "$volume_mib" "$repeats" "$netdev_mtu"; do
     [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "vm/bench: VOLUME_MIB, REPEATS and NETDEV_MTU are positive integers" >&2; exit 2; }
 done
@@ -43,6 +47,15 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and t.get("name") == "rxe" and "bench" in t.get("kind", []) and m.get("executable"):
         print(m["executable"])')
 [[ -x "$binary" ]] || { echo "vm/bench: the rxe bench was not built" >&2; exit 1; }
+# The http section's S3 server and command: release builds, in a target
+# directory of their own (the release library in target/release keeps its
+# features).
+s3_programs=()
+if [[ $sections == http ]]; then
+    CARGO_TARGET_DIR="$root/target/bench-release" cargo build --locked --release \
+        --features s3-server,cli --bin hipobj-s3-server --bin hipobj
+    s3_programs=("$root/target/bench-release/release/hipobj-s3-server" "$root/target/bench-release/release/hipobj")
+fi
 
 out="$root/target/vm/out/bench"
 rm -rf "$out"
@@ -53,7 +66,7 @@ echo "before $(cat /proc/loadavg)" >"$out/host-load.txt"
 status=0
 # timeout kills its whole process group, QEMU included, if the device hangs.
 flock /tmp/hipobj-vm.lock timeout -k 30 1800 \
-    bash scripts/vm/run.sh --mtu "$netdev_mtu" bash scripts/vm/bench-guest.sh "$binary" "$out" "$volume_mib" "$repeats" "$sections" 2>&1 |
+    bash scripts/vm/run.sh --mtu "$netdev_mtu" bash scripts/vm/bench-guest.sh "$binary" "$out" "$volume_mib" "$repeats" "$sections" ${s3_programs[@]+"${s3_programs[@]}"} 2>&1 |
     tee "$out/console.log" || status=$?
 echo "after $(cat /proc/loadavg)" >>"$out/host-load.txt"
 if ((status != 0)) || [[ ! -s "$out/library.txt" ]]; then
@@ -155,6 +168,40 @@ if machine.get("sections") == "cpu":
                 print(f"| {op.upper()} 1MiB, pass {r} | library {procs} × {threads} | {mine:.1f} | "
                       f"{lib_busy:.2f} | {lib_busy * 1000 / mine:.1f} | {ratio} | {clients:.2f} | "
                       f"{server:.2f} |")
+    sys.exit(0)
+if machine.get("sections") == "http":
+    # Per transfer with 16 in flight, µs: perftest's (64 KiB over its rate)
+    # and the S3 request's (the server's plain-HTTP answers to 1-byte
+    # requests, the cell's time over its requests). No RDMA protocol
+    # removes the request: through the server a transfer takes at least
+    # both, so perftest's share of their sum bounds the ratio.
+    print("64 KiB with 16 in flight: perftest -q 16; the library's bench (function calls, "
+          "no HTTP); the hipobj command through hipobj-s3-server by RDMA (an S3 request "
+          "each); the same server's plain-HTTP answers to 1-byte requests (the request "
+          "alone) and to 64 KiB. Bound: perftest's time per transfer over its sum with the "
+          "request's. Medians of the turns.")
+    print()
+    print("| op | perftest MiB/s | library (no HTTP) MiB/s, ratio | through the server by RDMA "
+          "MiB/s, ratio | HTTP 1 B, µs a request | bound | ratio / bound | goal | HTTP 64 KiB "
+          "MiB/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for op, tool in (("get", "write_bw"), ("put", "read_bw")):
+        refs = runs(perf, f"perftest_{tool}_64KiB_x16")
+        inproc = runs(lib, f"{op}_64KiB_x16_throughput")
+        rdma = runs(lib, f"command_rdma_{op}_64KiB_x16")
+        req = runs(lib, f"command_http_{op}_1B_x16_per_transfer")
+        plain = runs(lib, f"command_http_{op}_64KiB_x16")
+        if not (refs and rdma and req):
+            print(f"| {op.upper()} | did not finish | | | | | | | |")
+            continue
+        t_perf = 65536 / (median(refs) * 1048576) * 1e6
+        bound = t_perf / (t_perf + median(req))
+        ratio = median(rdma) / median(refs)
+        inr = f"{spread(inproc, 1)}, {median(inproc) / median(refs):.3f}" if inproc else "—"
+        met = ratio >= 0.75 or ratio >= 0.9 * bound
+        print(f"| {op.upper()} | {spread(refs, 1)} | {inr} | {spread(rdma, 1)}, {ratio:.3f} | "
+              f"{spread(req, 0)} | {bound:.3f} | {ratio / bound:.3f} | ≥ 0.75 or ≥ 0.9 of the "
+              f"bound: {verdict(met)} | {spread(plain, 1) if plain else '—'} |")
     sys.exit(0)
 if machine.get("sections") == "inflight":
     print("16 transfers in flight through the Rust API: 16 threads with one each (`Client::get`/"

@@ -115,6 +115,31 @@ pub fn stripes_for(setting: Option<usize>, vendor_id: u32, name: &str) -> usize 
     })
 }
 
+/// How long a server's dial (the CM connect to a client) may take by
+/// default on a hardware NIC: a CM handshake takes milliseconds there, and a
+/// client whose CM never answers fails its transfer this soon instead of
+/// holding the server until the transfer's deadline.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a server's dial may take on a device with this vendor id and
+/// name, within the transfer's deadline: `setting`, else
+/// [`DEFAULT_CONNECT_TIMEOUT`], except on a software NIC, where `None`: the
+/// transfer's deadline alone. There the CM's messages are packets that the
+/// same CPUs handle behind the data of every transfer in flight: with 16
+/// streams of 16 MiB READs on two emulated CPUs a dial took more than 2 s,
+/// and the transfer failed while its client was still answering.
+pub fn connect_timeout_for(
+    setting: Option<Duration>,
+    vendor_id: u32,
+    name: &str,
+) -> Option<Duration> {
+    match setting {
+        Some(limit) => Some(limit),
+        None if is_software(vendor_id, name) => None,
+        None => Some(DEFAULT_CONNECT_TIMEOUT),
+    }
+}
+
 /// How long a thread polls for a transfer's next step before it sleeps,
 /// by default, on a hardware NIC: longer than a small transfer's round trip
 /// and its data on a fast link (a 1 MiB WRITE takes about 20 to 40 µs at
@@ -281,6 +306,20 @@ mod tests {
         assert_eq!(stripes_for(None, 0x1dd8, "ionic_0"), DEFAULT_STRIPES);
         assert_eq!(stripes_for(None, 0x00ff_ffff, "rxe0"), 1);
         assert_eq!(stripes_for(Some(4), 0, "rxe0"), 4);
+    }
+
+    #[test]
+    fn a_servers_dial_may_take_2_s_on_hardware_and_the_transfers_deadline_on_software() {
+        let two = Some(DEFAULT_CONNECT_TIMEOUT);
+        assert_eq!(two, Some(Duration::from_secs(2)));
+        assert_eq!(connect_timeout_for(None, 0x02c9, "mlx5_0"), two);
+        assert_eq!(connect_timeout_for(None, 0x1dd8, "ionic_0"), two);
+        assert_eq!(connect_timeout_for(None, 0x00ff_ffff, "roce0"), None);
+        assert_eq!(connect_timeout_for(None, 0, "rxe0"), None);
+        assert_eq!(connect_timeout_for(None, 0x0062_6d74, "siw_eth0"), None);
+        let set = Some(Duration::from_millis(75));
+        assert_eq!(connect_timeout_for(set, 0, "rxe0"), set);
+        assert_eq!(connect_timeout_for(set, 0x02c9, "mlx5_0"), set);
     }
 
     #[test]

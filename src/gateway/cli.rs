@@ -75,8 +75,9 @@ usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE]
                         each chunk, its final message (default 10000)
   --rdma-connect-timeout-ms N
                         how long connecting to a client may take, within that deadline
-                        (default 2000); a client whose RDMA CM does not answer fails the
-                        transfer (500) after this long
+                        (default 2000 on a hardware NIC; on a software one, Soft-RoCE or
+                        siw, the deadline alone); a client whose RDMA CM does not answer
+                        fails the transfer (500) after this long
   --delay-final-ms N    test knob: pause between the data and the final message (default 0)
   --rdma-allow CIDR     a network whose clients the server may connect to, besides the address
                         each request comes from (the fabric's subnet behind a load balancer);
@@ -302,8 +303,8 @@ pub struct Options {
     pub no_rdma: bool,
     /// `--rdma-timeout-ms`.
     pub rdma_timeout: Duration,
-    /// `--rdma-connect-timeout-ms`.
-    pub rdma_connect_timeout: Duration,
+    /// `--rdma-connect-timeout-ms` (`None`: by device).
+    pub rdma_connect_timeout: Option<Duration>,
     /// `--delay-final-ms`.
     pub delay_final: Duration,
     /// `--rdma-allow`, each.
@@ -467,7 +468,7 @@ struct Given {
     device: Option<String>,
     no_rdma: bool,
     rdma_timeout: Duration,
-    rdma_connect_timeout: Duration,
+    rdma_connect_timeout: Option<Duration>,
     delay_final: Duration,
     rdma_allow: Listed<ipnet::IpNet>,
     rdma_max_bytes: Option<u64>,
@@ -502,7 +503,7 @@ impl Given {
             device: None,
             no_rdma: false,
             rdma_timeout: Duration::from_millis(10_000),
-            rdma_connect_timeout: Duration::from_millis(2_000),
+            rdma_connect_timeout: None,
             delay_final: Duration::ZERO,
             rdma_allow: Listed::new(),
             rdma_max_bytes: None,
@@ -575,7 +576,9 @@ fn apply(g: &mut Given, args: &[String]) -> Result<Flow, String> {
             "--device" => g.device = Some(value()?),
             "--no-rdma" => g.no_rdma = flag(name, inline.as_deref())?,
             "--rdma-timeout-ms" => g.rdma_timeout = millis(name, &value()?, 1)?,
-            "--rdma-connect-timeout-ms" => g.rdma_connect_timeout = millis(name, &value()?, 1)?,
+            "--rdma-connect-timeout-ms" => {
+                g.rdma_connect_timeout = Some(millis(name, &value()?, 1)?)
+            }
             "--delay-final-ms" => g.delay_final = millis(name, &value()?, 0)?,
             "--rdma-allow" => {
                 let v = value()?;
@@ -1253,7 +1256,7 @@ pub(crate) mod tests {
         assert_eq!(o.region, "us-east-1");
         assert!(o.buckets.is_empty() && o.device.is_none() && !o.no_rdma);
         assert_eq!(o.rdma_timeout, Duration::from_secs(10));
-        assert_eq!(o.rdma_connect_timeout, Duration::from_secs(2));
+        assert_eq!(o.rdma_connect_timeout, None, "by device");
         assert_eq!(o.delay_final, Duration::ZERO);
         assert!(o.rdma_allow.is_empty());
         assert_eq!(o.rdma_max_requests, 128);
@@ -1299,7 +1302,7 @@ pub(crate) mod tests {
         assert_eq!(o.device.as_deref(), Some("rxe0"));
         assert!(o.no_rdma);
         assert_eq!(o.rdma_timeout, Duration::from_millis(250));
-        assert_eq!(o.rdma_connect_timeout, Duration::from_millis(75));
+        assert_eq!(o.rdma_connect_timeout, Some(Duration::from_millis(75)));
         assert_eq!(o.rdma_max_requests, 16);
         assert_eq!(o.delay_final, Duration::from_secs(3));
         assert_eq!(o.rdma_allow.len(), 2);

@@ -45,8 +45,9 @@ pub struct Limits {
     pub max_connections_per_client: usize,
     /// RDMA requests in progress at once.
     pub max_requests: usize,
-    /// How long connecting to a client may take.
-    pub connect_timeout: Duration,
+    /// How long connecting to a client may take (`None`: by device,
+    /// [`ServerConfig::connect_timeout`]).
+    pub connect_timeout: Option<Duration>,
     /// The largest chunk of a transfer, one registered buffer.
     pub chunk_bytes: usize,
     /// Chunks one transfer holds at once.
