@@ -19,7 +19,8 @@
 # the S3 server (the hipobj command's bench against a release
 # hipobj-s3-server, both built into target/bench-release), against
 # perftest -q 16 and the bound the same server's plain-HTTP answers to
-# 1-byte requests leave (about 6 minutes a repetition).
+# 1-byte requests leave (under 2 minutes a repetition, after the
+# builds: 10 minutes for the release ones on two cores).
 # Outputs under target/vm/out/bench: machine.txt, perftest.txt, library.txt
 # (`name value unit` lines), failed.txt (perftest and library runs that
 # failed, and why),
