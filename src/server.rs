@@ -547,7 +547,6 @@ impl ServerSide {
             ctx.name(),
         );
         ServerSide {
-            dial_limit,
             cm,
             ctx,
             pd,
@@ -562,6 +561,7 @@ impl ServerSide {
             }),
             sleeps: Arc::default(),
             older: Mutex::new(HashMap::new()),
+            dial_limit,
             config,
         }
     }
@@ -914,12 +914,11 @@ impl ServerSide {
                 v => encode_connect_v(v, token, share, name),
             };
             self.connect_or_refused(token, &data, until)
-                .map_err(|e| match e {
-                    Error::Rdma(why) if until < deadline && Instant::now() >= until => {
-                        let ms = limit.map_or(0, |l| l.as_millis());
-                        Error::Rdma(format!("{why} (a dial may take {ms} ms)"))
+                .map_err(|e| match (e, limit) {
+                    (Error::Rdma(why), Some(l)) if until < deadline && Instant::now() >= until => {
+                        Error::Rdma(format!("{why} (a dial may take {} ms)", l.as_millis()))
                     }
-                    e => e,
+                    (e, _) => e,
                 })
         };
         // A client refuses a version it does not speak (before it looks at

@@ -133,11 +133,7 @@ pub fn connect_timeout_for(
     vendor_id: u32,
     name: &str,
 ) -> Option<Duration> {
-    match setting {
-        Some(limit) => Some(limit),
-        None if is_software(vendor_id, name) => None,
-        None => Some(DEFAULT_CONNECT_TIMEOUT),
-    }
+    setting.or((!is_software(vendor_id, name)).then_some(DEFAULT_CONNECT_TIMEOUT))
 }
 
 /// How long a thread polls for a transfer's next step before it sleeps,
