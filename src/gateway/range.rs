@@ -157,17 +157,19 @@ mod tests {
     }
 
     /// The former fuzz target's seeds and its regression (a suffix range of
-    /// an empty object, which s3s's own check answers with `0..0`).
+    /// an empty object, which s3s's own check answers with `0..0`), each
+    /// with the object length its first eight bytes gave; then one more
+    /// suffix longer than its object.
     #[test]
     fn the_former_fuzz_targets_seeds_and_regression() {
         let cases: [(&str, u64); 9] = [
-            ("bytes=2147483640-4294967300", 5 << 30),
+            ("bytes=2147483640-4294967300", 8 << 30),
             ("bytes=0-0", 0),
-            ("bytes=0-99", 100),
-            ("bytes=10-", 100),
-            ("items=0-1", 100),
+            ("bytes=0-99", 1000),
+            ("bytes=10-", 1000),
+            ("items=0-1", 5),
             ("bytes=20-30", 10),
-            ("bytes=-5", 100),
+            ("bytes=-5", 1000),
             ("bytes=-0013920724545138735320", 0),
             ("bytes=-20", 10),
         ];
