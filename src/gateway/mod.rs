@@ -568,6 +568,7 @@ pub async fn serve_connections(
             },
             () = &mut stop => break,
         };
+        no_delay(&socket, peer);
         let Some(slot) = open.take(peer.ip(), &limits) else {
             // Closed as it came: the socket drops here.
             continue;
@@ -605,6 +606,18 @@ pub async fn serve_connections(
         }
     }
     graceful
+}
+
+/// Sends each answer's bytes as hyper writes them (`TCP_NODELAY`). With
+/// Nagle's algorithm on, an answer written in two pieces (the head, then a
+/// small body: a 1-byte object, an error's XML) kept its second piece back
+/// until the client acknowledged the first, which clients delay by up to
+/// 40 ms: every such GET took 40 ms more. A socket that refuses is served
+/// as it is, the refusal logged.
+fn no_delay(socket: &tokio::net::TcpStream, peer: SocketAddr) {
+    if let Err(e) = socket.set_nodelay(true) {
+        eprintln!("hipobj-s3-server: TCP_NODELAY on the connection from {peer}: {e}");
+    }
 }
 
 /// The S3 connections open, in all and by client address.
@@ -975,6 +988,30 @@ mod tests {
         }
         assert_eq!(without_port("[::1]:9000"), "::1");
         assert_eq!(without_port("host:notaport"), "host:notaport");
+    }
+
+    /// An accepted connection sends as it writes: no answer waits for the
+    /// client's delayed acknowledgement (`small_gets`'s `http_1B` cell: a
+    /// 1-byte GET took 2.5 ms a GET with 16 in flight, 0.15 ms without).
+    #[test]
+    fn an_accepted_connection_has_nagle_s_algorithm_off() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (_client, accepted) =
+                tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
+            let (socket, peer) = accepted.unwrap();
+            assert!(
+                !socket.nodelay().unwrap(),
+                "Nagle's algorithm on by default"
+            );
+            no_delay(&socket, peer);
+            assert!(socket.nodelay().unwrap());
+        });
     }
 
     #[test]
