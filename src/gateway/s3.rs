@@ -347,83 +347,153 @@ impl RdmaS3 {
                 pending: Bytes::new(),
             },
         };
-        // A cached object's bytes are WRITTEN from where the cache keeps
-        // them, registered once for all its GETs: no buffers, no copy.
-        let feed = match kept.filter(|_| want > 0) {
-            Some(kept) => {
-                let pinned = match kept.pinned.get() {
-                    Some(pinned) => Arc::clone(pinned),
-                    None => {
-                        let (rdma, bytes) = (rdma.clone(), kept.bytes.clone());
-                        let pinned = job
-                            .blocking(move || rdma.pin(bytes))
-                            .await
-                            .map_err(failed)?
-                            .map_err(failed)?;
-                        Arc::clone(kept.pinned.get_or_init(|| Arc::new(pinned)))
-                    }
-                };
-                let at = usize::try_from(kept.first).map_err(|e| failed(e.to_string()))?;
-                let whole_crc = resp.output.checksum_crc64nvme.clone().filter(|_| whole);
-                Feed::Pinned {
-                    pinned,
-                    at,
-                    whole_crc,
-                }
-            }
-            // The transfer's whole share of the budget, before the writer
-            // proves the token (which holds a connection): never part of
-            // it while waiting for more.
-            None => Feed::Chunks({
-                let (chunk, depth) = (rdma.chunk_bytes(), rdma.chunks());
-                let wanted = get_chunks(want, chunk).min(depth);
-                let rdma = rdma.clone();
-                job.blocking(move || rdma.reserve(chunk.min(want), wanted, wanted.min(1)))
-                    .await
-                    .map_err(failed)?
-                    .map_err(take_failed)?
-            }),
-        };
-        let (chunk_tx, chunk_rx) = std::sync::mpsc::channel();
-        let (free_tx, mut free_rx) = tokio::sync::mpsc::unbounded_channel();
-        let principal = job.principal.clone();
-        let writing = job.blocking({
-            let rdma = rdma.clone();
-            let what = what.clone();
-            move || {
-                let label = Label {
-                    op: "GET",
-                    object: &what,
-                    source,
-                    principal: &principal,
-                    arrived,
-                };
-                stream::write_chunks(&rdma, &token, len, &label, &chunk_rx, &free_tx)
-            }
-        });
         let sums = Wanted {
             crc: verify,
             stored,
         };
-        let in_place = matches!(feed, Feed::Pinned { .. });
-        let filling = async {
-            match feed {
-                Feed::Chunks(window) => {
-                    fill_chunks(&job, window, bytes_from, want, sums, chunk_tx, &mut free_rx).await
+        let (written, filled, in_place) = match (kept.filter(|_| want > 0), bytes_from) {
+            // At most one chunk from a file: the whole transfer in one
+            // blocking call (no hand-off between threads, which cost a
+            // small GET more than its bytes: `benches/small_gets.rs`).
+            (
+                None,
+                Source::File {
+                    file, first, total, ..
+                },
+            ) if get_chunks(want, rdma.chunk_bytes()) <= 1 => {
+                let principal = job.principal.clone();
+                let what = what.clone();
+                let rdma = rdma.clone();
+                let done = job
+                    .blocking(move || {
+                        let chunks = get_chunks(want, rdma.chunk_bytes());
+                        // The transfer's share of the budget before the
+                        // writer proves the token, as in chunks.
+                        let mut window = rdma.reserve(want, chunks, chunks)?;
+                        let buf = match chunks {
+                            0 => None,
+                            _ => Some(rdma.take(&mut window)?),
+                        };
+                        let mut one = OneChunk {
+                            rdma: &rdma,
+                            file: &file,
+                            first,
+                            total,
+                            want,
+                            sums: &sums,
+                            buf,
+                            out: None,
+                        };
+                        let label = Label {
+                            op: "GET",
+                            object: &what,
+                            source,
+                            principal: &principal,
+                            arrived,
+                        };
+                        let written = stream::write_chunks(&rdma, &token, len, &label, &mut one);
+                        // Not handed over: the writer failed before.
+                        if let Some(buf) = one.buf.take() {
+                            rdma.give_back(buf);
+                        }
+                        Ok((written, one.out.unwrap_or(Err(Fill::WriterGone))))
+                    })
+                    .await
+                    .map_err(failed)?
+                    .map_err(take_failed)?;
+                (Ok(done.0), done.1, false)
+            }
+            (kept, bytes_from) => {
+                // A cached object's bytes are WRITTEN from where the cache keeps
+                // them, registered once for all its GETs: no buffers, no copy.
+                let feed = match kept {
+                    Some(kept) => {
+                        let pinned = match kept.pinned.get() {
+                            Some(pinned) => Arc::clone(pinned),
+                            None => {
+                                let (rdma, bytes) = (rdma.clone(), kept.bytes.clone());
+                                let pinned = job
+                                    .blocking(move || rdma.pin(bytes))
+                                    .await
+                                    .map_err(failed)?
+                                    .map_err(failed)?;
+                                Arc::clone(kept.pinned.get_or_init(|| Arc::new(pinned)))
+                            }
+                        };
+                        let at = usize::try_from(kept.first).map_err(|e| failed(e.to_string()))?;
+                        let whole_crc = resp.output.checksum_crc64nvme.clone().filter(|_| whole);
+                        Feed::Pinned {
+                            pinned,
+                            at,
+                            whole_crc,
+                        }
+                    }
+                    // The transfer's whole share of the budget, before the writer
+                    // proves the token (which holds a connection): never part of
+                    // it while waiting for more.
+                    None => Feed::Chunks({
+                        let (chunk, depth) = (rdma.chunk_bytes(), rdma.chunks());
+                        let wanted = get_chunks(want, chunk).min(depth);
+                        let rdma = rdma.clone();
+                        job.blocking(move || rdma.reserve(chunk.min(want), wanted, wanted.min(1)))
+                            .await
+                            .map_err(failed)?
+                            .map_err(take_failed)?
+                    }),
+                };
+                let (chunk_tx, chunk_rx) = std::sync::mpsc::channel();
+                let (free_tx, mut free_rx) = tokio::sync::mpsc::unbounded_channel();
+                let principal = job.principal.clone();
+                let writing = job.blocking({
+                    let rdma = rdma.clone();
+                    let what = what.clone();
+                    move || {
+                        let label = Label {
+                            op: "GET",
+                            object: &what,
+                            source,
+                            principal: &principal,
+                            arrived,
+                        };
+                        let mut handed = stream::Handed {
+                            chunks: &chunk_rx,
+                            free: &free_tx,
+                            rdma: &rdma,
+                        };
+                        stream::write_chunks(&rdma, &token, len, &label, &mut handed)
+                    }
+                });
+                let in_place = matches!(feed, Feed::Pinned { .. });
+                let filling = async {
+                    match feed {
+                        Feed::Chunks(window) => {
+                            fill_chunks(
+                                &job,
+                                window,
+                                bytes_from,
+                                want,
+                                sums,
+                                chunk_tx,
+                                &mut free_rx,
+                            )
+                            .await
+                        }
+                        Feed::Pinned {
+                            pinned,
+                            at,
+                            whole_crc,
+                        } => feed_pinned(&job, pinned, at, want, verify, whole_crc, chunk_tx).await,
+                    }
+                };
+                let (written, filled) = tokio::join!(writing, filling);
+                // Buffers the writer handed back: to the pool.
+                free_rx.close();
+                while let Ok(buf) = free_rx.try_recv() {
+                    rdma.give_back(buf);
                 }
-                Feed::Pinned {
-                    pinned,
-                    at,
-                    whole_crc,
-                } => feed_pinned(&job, pinned, at, want, verify, whole_crc, chunk_tx).await,
+                (written, filled, in_place)
             }
         };
-        let (written, filled) = tokio::join!(writing, filling);
-        // Buffers the writer handed back: to the pool.
-        free_rx.close();
-        while let Ok(buf) = free_rx.try_recv() {
-            rdma.give_back(buf);
-        }
         let crc = match filled {
             Ok(crc) => crc,
             Err(Fill::NoBuffer(e)) => return Err(take_failed(e)),
@@ -753,8 +823,7 @@ async fn fill_chunks(
     free: &mut tokio::sync::mpsc::UnboundedReceiver<RegBuf>,
 ) -> Result<Option<String>, Fill> {
     let rdma = &job.rdma;
-    let mut hasher =
-        (sums.crc || sums.stored.is_some()).then(|| Stored::hasher(sums.stored.as_ref(), sums.crc));
+    let mut hasher = hasher_for(&sums);
     for (offset, n) in spans(want, rdma.chunk_bytes()) {
         let buf = match free.try_recv() {
             Ok(buf) => buf,
@@ -793,6 +862,25 @@ async fn fill_chunks(
             return Err(Fill::WriterGone);
         }
     }
+    let crc = verdict(&sums, hasher)?;
+    writer
+        .send(stream::Chunk::Done)
+        .map_err(|_| Fill::WriterGone)?;
+    Ok(crc)
+}
+
+/// The hasher a GET's bytes go through, if `sums` asks for one.
+fn hasher_for(sums: &Wanted) -> Option<s3s::checksum::ChecksumHasher> {
+    (sums.crc || sums.stored.is_some()).then(|| Stored::hasher(sums.stored.as_ref(), sums.crc))
+}
+
+/// The verdict on a GET's bytes, all through `hasher` ([`hasher_for`]):
+/// [`Fill::Corrupt`] where they do not match the checksum the backend
+/// stored with them; else their CRC64/NVME (base64) when `sums.crc`.
+fn verdict(
+    sums: &Wanted,
+    hasher: Option<s3s::checksum::ChecksumHasher>,
+) -> Result<Option<String>, Fill> {
     let computed = hasher.map(|h| h.finalize());
     if let (Some(stored), Some(computed)) = (&sums.stored, &computed) {
         let read = stored.read(computed).cloned().unwrap_or_default();
@@ -804,12 +892,82 @@ async fn fill_chunks(
             });
         }
     }
-    writer
-        .send(stream::Chunk::Done)
-        .map_err(|_| Fill::WriterGone)?;
     Ok(computed
         .filter(|_| sums.crc)
         .and_then(|c| c.checksum_crc64nvme))
+}
+
+/// A GET of at most one chunk from a file, as its writer's [`Supply`](stream::Supply),
+/// on the writer's thread: the chunk is read into its buffer once the
+/// token is proven, and handed over only if its bytes match the checksum
+/// the backend stored; then [`Chunk::Done`](stream::Chunk::Done).
+struct OneChunk<'a> {
+    rdma: &'a Rdma,
+    /// The file the backend answered from, `total` bytes long, its answer
+    /// from `first` on.
+    file: &'a std::fs::File,
+    first: u64,
+    total: u64,
+    /// The chunk's length (0: an empty object, no buffer).
+    want: usize,
+    sums: &'a Wanted,
+    /// The chunk's buffer, until handed over.
+    buf: Option<RegBuf>,
+    /// The bytes' verdict ([`verdict`]), once read.
+    out: Option<Result<Option<String>, Fill>>,
+}
+
+impl stream::Supply for OneChunk<'_> {
+    fn next(
+        &mut self,
+        _: std::time::Duration,
+    ) -> Result<stream::Chunk, std::sync::mpsc::RecvTimeoutError> {
+        use std::sync::mpsc::RecvTimeoutError::Disconnected;
+        if self.out.is_some() {
+            // The chunk went, verdict given.
+            return Ok(stream::Chunk::Done);
+        }
+        let mut hasher = hasher_for(self.sums);
+        let chunk = match self.buf.take() {
+            None => None,
+            Some(mut buf) => {
+                let out = &mut buf.bytes_mut()[..self.want];
+                if let Err(e) = read_chunk(self.file, false, self.first, self.total, 0, out) {
+                    self.rdma.give_back(buf);
+                    self.out = Some(Err(Fill::Failed(e)));
+                    return Err(Disconnected);
+                }
+                if let Some(hasher) = &mut hasher {
+                    hasher.update(&buf.bytes()[..self.want]);
+                }
+                Some(buf)
+            }
+        };
+        match verdict(self.sums, hasher) {
+            Err(corrupt) => {
+                if let Some(buf) = chunk {
+                    self.rdma.give_back(buf);
+                }
+                self.out = Some(Err(corrupt));
+                Err(Disconnected)
+            }
+            Ok(crc) => {
+                self.out = Some(Ok(crc));
+                Ok(match chunk {
+                    Some(buf) => stream::Chunk::Data {
+                        buf,
+                        offset: 0,
+                        len: self.want,
+                    },
+                    None => stream::Chunk::Done,
+                })
+            }
+        }
+    }
+
+    fn written(&mut self, buf: RegBuf) {
+        self.rdma.give_back(buf);
+    }
 }
 
 /// The least length of a range from an object's first byte that an RDMA
@@ -1590,10 +1748,21 @@ mod tests {
     /// and both values. A range cannot be checked and moves as it is.
     #[test]
     fn a_get_of_bytes_that_do_not_match_the_stored_checksum_fails() {
+        // In chunks (4 KiB each), and in one: the two ways a GET moves.
+        for len in [20_000, 3_000] {
+            a_get_of_bytes_that_do_not_match_the_stored_checksum_fails_at(len);
+        }
+    }
+
+    fn a_get_of_bytes_that_do_not_match_the_stored_checksum_fails_at(len: usize) {
         use crate::core::args::Direction;
-        let fake = Fake::new("stored-sum", small_budget(), Duration::from_secs(10));
+        let fake = Fake::new(
+            &format!("stored-sum-{len}"),
+            small_budget(),
+            Duration::from_secs(10),
+        );
         let rt = runtime();
-        let object: Vec<u8> = (0..20_000u32).map(|i| (i * 13 % 241) as u8).collect();
+        let object: Vec<u8> = (0..len as u32).map(|i| (i * 13 % 241) as u8).collect();
         let mut crc = s3s::checksum::ChecksumHasher {
             crc32c: Some(Default::default()),
             ..Default::default()
@@ -1625,11 +1794,11 @@ mod tests {
         moved.expect("intact bytes pass the check");
         let headers = answer.unwrap().expect("answered");
         assert_eq!(headers.get(REPLY).unwrap(), "206");
-        assert_eq!(headers.get(BYTES).unwrap(), "20000");
+        assert_eq!(headers.get(BYTES).unwrap(), len.to_string().as_str());
         // The store's copy goes bad.
         let path = fake.root.join(BUCKET).join("kept");
         let mut bad = std::fs::read(&path).unwrap();
-        bad[12_345] ^= 0x40;
+        bad[len * 3 / 5] ^= 0x40;
         std::fs::write(&path, &bad).unwrap();
         let (moved, answer) = transfer(&current, &buf, Direction::Get, |token| {
             rt.block_on(fake.s3.get_object(get("kept", Some(&token))))
@@ -1655,13 +1824,13 @@ mod tests {
         let (moved, _) = transfer(&current, &buf, Direction::Get, |token| {
             let mut req = get("kept", Some(&token));
             req.input.range = Some(Range::Int {
-                first: 10_000,
-                last: Some(14_999),
+                first: len as u64 / 2,
+                last: Some(len as u64 * 3 / 4 - 1),
             });
             rt.block_on(fake.s3.get_object(req))
         });
         moved.expect("the ranged GET");
-        assert_eq!(&buf[..5000], &bad[10_000..15_000]);
+        assert_eq!(&buf[..len / 4], &bad[len / 2..len * 3 / 4]);
         assert_eq!(fake.rdma.memory_in_use(), 0, "every chunk given back");
         assert_eq!(fake.rdma.requests_in_progress(), 0);
     }

@@ -19,7 +19,7 @@
 
 use std::sync::mpsc as sync_mpsc;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use s3s::checksum::ChecksumHasher;
@@ -68,19 +68,54 @@ enum Holder {
     Pinned(Arc<Pinned>),
 }
 
+/// Where a GET's writer gets its chunks, and where the buffers it WROTE
+/// go.
+pub trait Supply {
+    /// The next chunk, within `wait` (the backend's time). `Disconnected`:
+    /// no more will come (the backend's bytes failed, or the request went
+    /// away).
+    fn next(&mut self, wait: Duration) -> Result<Chunk, sync_mpsc::RecvTimeoutError>;
+    /// `buf`, WRITTEN: the NIC is done with it.
+    fn written(&mut self, buf: RegBuf);
+}
+
+/// The handler's side of a GET in several chunks, on the async side: the
+/// chunks come through `chunks` as the handler fills them, and each buffer
+/// WRITTEN goes back through `free` to be filled again (to the pool once
+/// the handler stopped taking them).
+pub struct Handed<'a> {
+    /// The chunks, filled.
+    pub chunks: &'a sync_mpsc::Receiver<Chunk>,
+    /// The buffers, WRITTEN.
+    pub free: &'a mpsc::UnboundedSender<RegBuf>,
+    /// The pool.
+    pub rdma: &'a Rdma,
+}
+
+impl Supply for Handed<'_> {
+    fn next(&mut self, wait: Duration) -> Result<Chunk, sync_mpsc::RecvTimeoutError> {
+        self.chunks.recv_timeout(wait)
+    }
+
+    fn written(&mut self, buf: RegBuf) {
+        if let Err(back) = self.free.send(buf) {
+            self.rdma.give_back(back.0);
+        }
+    }
+}
+
 /// The GET's writer, on a blocking thread: proves the token, WRITEs each
-/// chunk as it comes (handing its buffer back through `free`), and after
+/// chunk as it comes from `supply` (handing its buffer back), and after
 /// [`Chunk::Done`] with exactly `len` bytes written, sends the final
-/// message. The handler dropping `chunks` before `Done` (the backend's
-/// stream failed, or the request went away) ends the transfer without the
-/// final message: the client fails it.
+/// message. No more chunks before `Done` (the backend's bytes failed, or
+/// the request went away) ends the transfer without the final message:
+/// the client fails it.
 pub fn write_chunks(
     rdma: &Rdma,
     token: &Token,
     len: u64,
     label: &Label<'_>,
-    chunks: &sync_mpsc::Receiver<Chunk>,
-    free: &mpsc::UnboundedSender<RegBuf>,
+    supply: &mut dyn Supply,
 ) -> Result<(), Failure> {
     let start = Instant::now();
     let outcome = (|| {
@@ -91,7 +126,7 @@ pub fn write_chunks(
             // What to WRITE, and what holds its bytes meanwhile. The
             // backend's next chunk gets the backend's time: a store that
             // pauses is not a client that stopped.
-            let (held, at, offset, n) = match chunks.recv_timeout(rdma.backend_timeout()) {
+            let (held, at, offset, n) = match supply.next(rdma.backend_timeout()) {
                 Ok(Chunk::Data { buf, offset, len }) => (Holder::Buf(buf), 0, offset, len),
                 Ok(Chunk::Pinned {
                     pinned,
@@ -154,9 +189,7 @@ pub fn write_chunks(
             written += n as u64;
             // A buffer of the budget goes back for the next chunk.
             if let Holder::Buf(buf) = held {
-                if let Err(back) = free.send(buf) {
-                    rdma.give_back(back.0);
-                }
+                supply.written(buf);
             }
         }
     })();
