@@ -241,12 +241,17 @@ if [[ $sections == http ]]; then
     s3root=$(mktemp -d)
     mkdir "$s3root/bench"
     s3port=19400
+    # The server's log (a line per RDMA request) in the guest's own
+    # memory, copied out at the end: written to OUT, on the host's share,
+    # each line would cost the emulated CPUs a round trip to the host that
+    # a server's log does not cost where it runs.
+    s3log=$(mktemp)
     HIPOBJ_SECRET_KEY=bench-secret "$server_bin" --access-key bench --root "$s3root" \
         --listen "192.0.2.1:$s3port" --bucket bench --device rxe0 \
-        >"$raw/server.out" 2>"$raw/server.err" &
+        >"$raw/server.out" 2>"$s3log" &
     s3server=$!
-    trap 'kill "$s3server" 2>/dev/null || true' EXIT
-    wait_listen "$s3port" || { echo "bench-guest: the S3 server did not listen" >&2; cat "$raw/server.err" >&2; exit 1; }
+    trap 'kill "$s3server" 2>/dev/null || true; cp "$s3log" "$raw/server.err"' EXIT
+    wait_listen "$s3port" || { echo "bench-guest: the S3 server did not listen" >&2; cat "$s3log" >&2; exit 1; }
     # Each cell moves VOLUME_MIB at 64 KiB: VOLUME_MIB transfers a stream.
     # cell VIA OP SIZE REP [ARGS...]: one cell of `hipobj bench`, its
     # figures to library.txt; a failure is recorded and the others go on.

@@ -351,61 +351,29 @@ impl RdmaS3 {
             crc: verify,
             stored,
         };
-        let (written, filled, in_place) = match (kept.filter(|_| want > 0), bytes_from) {
-            // At most one chunk from a file: the whole transfer in one
-            // blocking call (no hand-off between threads, which cost a
-            // small GET more than its bytes: `benches/small_gets.rs`).
+        let getting = Getting {
+            token,
+            len,
+            want,
+            what: what.clone(),
+            source,
+            principal: job.principal.clone(),
+            arrived,
+        };
+        let ((written, filled), in_place) = match (kept.filter(|_| want > 0), bytes_from) {
             (
                 None,
                 Source::File {
                     file, first, total, ..
                 },
             ) if get_chunks(want, rdma.chunk_bytes()) <= 1 => {
-                let principal = job.principal.clone();
-                let what = what.clone();
-                let rdma = rdma.clone();
-                let done = job
-                    .blocking(move || {
-                        let chunks = get_chunks(want, rdma.chunk_bytes());
-                        // The transfer's share of the budget before the
-                        // writer proves the token, as in chunks.
-                        let mut window = rdma.reserve(want, chunks, chunks)?;
-                        let buf = match chunks {
-                            0 => None,
-                            _ => Some(rdma.take(&mut window)?),
-                        };
-                        let mut one = OneChunk {
-                            rdma: &rdma,
-                            file: &file,
-                            first,
-                            total,
-                            want,
-                            sums: &sums,
-                            buf,
-                            out: None,
-                        };
-                        let label = Label {
-                            op: "GET",
-                            object: &what,
-                            source,
-                            principal: &principal,
-                            arrived,
-                        };
-                        let written = stream::write_chunks(&rdma, &token, len, &label, &mut one);
-                        // Not handed over: the writer failed before.
-                        if let Some(buf) = one.buf.take() {
-                            rdma.give_back(buf);
-                        }
-                        Ok((written, one.out.unwrap_or(Err(Fill::WriterGone))))
-                    })
-                    .await
-                    .map_err(failed)?
-                    .map_err(take_failed)?;
-                (Ok(done.0), done.1, false)
+                let file = FileSpan { file, first, total };
+                (get_in_one(&job, getting, file, sums).await?, false)
             }
             (kept, bytes_from) => {
-                // A cached object's bytes are WRITTEN from where the cache keeps
-                // them, registered once for all its GETs: no buffers, no copy.
+                // A cached object's bytes are WRITTEN from where the cache
+                // keeps them, registered once for all its GETs: no buffers,
+                // no copy.
                 let feed = match kept {
                     Some(kept) => {
                         let pinned = match kept.pinned.get() {
@@ -428,9 +396,9 @@ impl RdmaS3 {
                             whole_crc,
                         }
                     }
-                    // The transfer's whole share of the budget, before the writer
-                    // proves the token (which holds a connection): never part of
-                    // it while waiting for more.
+                    // The transfer's whole share of the budget, before the
+                    // writer proves the token (which holds a connection):
+                    // never part of it while waiting for more.
                     None => Feed::Chunks({
                         let (chunk, depth) = (rdma.chunk_bytes(), rdma.chunks());
                         let wanted = get_chunks(want, chunk).min(depth);
@@ -441,57 +409,11 @@ impl RdmaS3 {
                             .map_err(take_failed)?
                     }),
                 };
-                let (chunk_tx, chunk_rx) = std::sync::mpsc::channel();
-                let (free_tx, mut free_rx) = tokio::sync::mpsc::unbounded_channel();
-                let principal = job.principal.clone();
-                let writing = job.blocking({
-                    let rdma = rdma.clone();
-                    let what = what.clone();
-                    move || {
-                        let label = Label {
-                            op: "GET",
-                            object: &what,
-                            source,
-                            principal: &principal,
-                            arrived,
-                        };
-                        let mut handed = stream::Handed {
-                            chunks: &chunk_rx,
-                            free: &free_tx,
-                            rdma: &rdma,
-                        };
-                        stream::write_chunks(&rdma, &token, len, &label, &mut handed)
-                    }
-                });
                 let in_place = matches!(feed, Feed::Pinned { .. });
-                let filling = async {
-                    match feed {
-                        Feed::Chunks(window) => {
-                            fill_chunks(
-                                &job,
-                                window,
-                                bytes_from,
-                                want,
-                                sums,
-                                chunk_tx,
-                                &mut free_rx,
-                            )
-                            .await
-                        }
-                        Feed::Pinned {
-                            pinned,
-                            at,
-                            whole_crc,
-                        } => feed_pinned(&job, pinned, at, want, verify, whole_crc, chunk_tx).await,
-                    }
-                };
-                let (written, filled) = tokio::join!(writing, filling);
-                // Buffers the writer handed back: to the pool.
-                free_rx.close();
-                while let Ok(buf) = free_rx.try_recv() {
-                    rdma.give_back(buf);
-                }
-                (written, filled, in_place)
+                (
+                    get_in_chunks(&job, getting, feed, bytes_from, sums).await,
+                    in_place,
+                )
             }
         };
         let crc = match filled {
@@ -869,6 +791,130 @@ async fn fill_chunks(
     Ok(crc)
 }
 
+/// What a GET moves, to whom and for whom: its writer's token and label.
+struct Getting {
+    token: Token,
+    /// The bytes it moves, as the token counts them and as this machine
+    /// does.
+    len: u64,
+    want: usize,
+    /// `bucket/key`.
+    what: String,
+    source: Option<IpAddr>,
+    principal: String,
+    arrived: Instant,
+}
+
+impl Getting {
+    fn label(&self) -> Label<'_> {
+        Label {
+            op: "GET",
+            object: &self.what,
+            source: self.source,
+            principal: &self.principal,
+            arrived: self.arrived,
+        }
+    }
+}
+
+/// How a GET ended: its writer's outcome (or why its thread failed), and
+/// the verdict on its bytes (their CRC64/NVME when asked).
+type Got = (
+    Result<Result<(), Failure>, String>,
+    Result<Option<String>, Fill>,
+);
+
+/// The bytes at `first` of a file `total` bytes long: a backend's answer.
+struct FileSpan {
+    file: Arc<std::fs::File>,
+    first: u64,
+    total: u64,
+}
+
+/// A GET of at most one chunk from a file, whole in one blocking call:
+/// the buffer reserved, the token proven, the chunk read, checked and
+/// WRITTEN, the final message sent, all on the writer's thread
+/// ([`OneChunk`]). The hand-offs between threads of [`get_in_chunks`]
+/// cost a small GET more than its bytes do (`benches/small_gets.rs`).
+async fn get_in_one(job: &Job, getting: Getting, file: FileSpan, sums: Wanted) -> S3Result<Got> {
+    let rdma = job.rdma.clone();
+    let (written, filled) = job
+        .blocking(move || {
+            let want = getting.want;
+            let chunks = get_chunks(want, rdma.chunk_bytes());
+            // The transfer's whole share of the budget before the writer
+            // proves the token, as in chunks.
+            let mut window = rdma.reserve(want, chunks, chunks)?;
+            let buf = match chunks {
+                0 => None,
+                _ => Some(rdma.take(&mut window)?),
+            };
+            let mut one = OneChunk {
+                rdma: &rdma,
+                file: &file,
+                want,
+                sums: &sums,
+                buf,
+                out: None,
+            };
+            let label = getting.label();
+            let written =
+                stream::write_chunks(&rdma, &getting.token, getting.len, &label, &mut one);
+            // Never handed over: the writer failed before.
+            if let Some(buf) = one.buf.take() {
+                rdma.give_back(buf);
+            }
+            Ok((written, one.out.unwrap_or(Err(Fill::WriterGone))))
+        })
+        .await
+        .map_err(failed)?
+        .map_err(take_failed)?;
+    Ok((Ok(written), filled))
+}
+
+/// A GET in chunks: its writer on a blocking thread ([`stream::Handed`]),
+/// fed by this task from `feed` while it WRITEs, a chunk ahead.
+async fn get_in_chunks(
+    job: &Job,
+    getting: Getting,
+    feed: Feed,
+    bytes_from: Source,
+    sums: Wanted,
+) -> Got {
+    let want = getting.want;
+    let (chunk_tx, chunk_rx) = std::sync::mpsc::channel();
+    let (free_tx, mut free_rx) = tokio::sync::mpsc::unbounded_channel();
+    let rdma = job.rdma.clone();
+    let writing = job.blocking(move || {
+        let mut handed = stream::Handed {
+            chunks: &chunk_rx,
+            free: &free_tx,
+            rdma: &rdma,
+        };
+        let label = getting.label();
+        stream::write_chunks(&rdma, &getting.token, getting.len, &label, &mut handed)
+    });
+    let filling = async {
+        match feed {
+            Feed::Chunks(window) => {
+                fill_chunks(job, window, bytes_from, want, sums, chunk_tx, &mut free_rx).await
+            }
+            Feed::Pinned {
+                pinned,
+                at,
+                whole_crc,
+            } => feed_pinned(job, pinned, at, want, sums.crc, whole_crc, chunk_tx).await,
+        }
+    };
+    let got = tokio::join!(writing, filling);
+    // Buffers the writer handed back: to the pool.
+    free_rx.close();
+    while let Ok(buf) = free_rx.try_recv() {
+        job.rdma.give_back(buf);
+    }
+    got
+}
+
 /// The hasher a GET's bytes go through, if `sums` asks for one.
 fn hasher_for(sums: &Wanted) -> Option<s3s::checksum::ChecksumHasher> {
     (sums.crc || sums.stored.is_some()).then(|| Stored::hasher(sums.stored.as_ref(), sums.crc))
@@ -903,11 +949,8 @@ fn verdict(
 /// the backend stored; then [`Chunk::Done`](stream::Chunk::Done).
 struct OneChunk<'a> {
     rdma: &'a Rdma,
-    /// The file the backend answered from, `total` bytes long, its answer
-    /// from `first` on.
-    file: &'a std::fs::File,
-    first: u64,
-    total: u64,
+    /// The file the backend answered from.
+    file: &'a FileSpan,
     /// The chunk's length (0: an empty object, no buffer).
     want: usize,
     sums: &'a Wanted,
@@ -932,7 +975,8 @@ impl stream::Supply for OneChunk<'_> {
             None => None,
             Some(mut buf) => {
                 let out = &mut buf.bytes_mut()[..self.want];
-                if let Err(e) = read_chunk(self.file, false, self.first, self.total, 0, out) {
+                let FileSpan { file, first, total } = self.file;
+                if let Err(e) = read_chunk(file, false, *first, *total, 0, out) {
                     self.rdma.give_back(buf);
                     self.out = Some(Err(Fill::Failed(e)));
                     return Err(Disconnected);
