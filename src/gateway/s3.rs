@@ -943,10 +943,13 @@ fn verdict(
         .and_then(|c| c.checksum_crc64nvme))
 }
 
-/// A GET of at most one chunk from a file, as its writer's [`Supply`](stream::Supply),
-/// on the writer's thread: the chunk is read into its buffer once the
-/// token is proven, and handed over only if its bytes match the checksum
-/// the backend stored; then [`Chunk::Done`](stream::Chunk::Done).
+/// A GET of at most one chunk from a file, as its writer's
+/// [`Supply`](stream::Supply), on the writer's thread: the chunk is read
+/// into its buffer once the token is proven and handed over only if its
+/// bytes match the checksum the backend stored, as the
+/// [`Last`](stream::Chunk::Last) one (its verdict given, the final message
+/// goes right behind its WRITE); an empty object's is
+/// [`Done`](stream::Chunk::Done).
 struct OneChunk<'a> {
     rdma: &'a Rdma,
     /// The file the backend answered from.
@@ -967,8 +970,8 @@ impl stream::Supply for OneChunk<'_> {
     ) -> Result<stream::Chunk, std::sync::mpsc::RecvTimeoutError> {
         use std::sync::mpsc::RecvTimeoutError::Disconnected;
         if self.out.is_some() {
-            // The chunk went, verdict given.
-            return Ok(stream::Chunk::Done);
+            // Never asked again after `Last` or an error.
+            return Err(Disconnected);
         }
         let mut hasher = hasher_for(self.sums);
         let chunk = match self.buf.take() {
@@ -998,7 +1001,7 @@ impl stream::Supply for OneChunk<'_> {
             Ok(crc) => {
                 self.out = Some(Ok(crc));
                 Ok(match chunk {
-                    Some(buf) => stream::Chunk::Data {
+                    Some(buf) => stream::Chunk::Last {
                         buf,
                         offset: 0,
                         len: self.want,

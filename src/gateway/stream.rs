@@ -56,6 +56,19 @@ pub enum Chunk {
         /// How many.
         len: usize,
     },
+    /// The transfer's last `len` bytes at the start of `buf`, for the
+    /// client's range at `offset`, their verdict given: WRITTEN with the
+    /// final message right behind them, in one post and one wait
+    /// ([`Session::write_and_finish`](crate::server::Session::write_and_finish)).
+    /// Nothing comes after.
+    Last {
+        /// The registered buffer.
+        buf: RegBuf,
+        /// Where they go in the client's range.
+        offset: u64,
+        /// How many.
+        len: usize,
+    },
     /// Every byte was handed over: the final message may go.
     Done,
 }
@@ -146,6 +159,36 @@ pub fn write_chunks(
                     return Err(TransferFailure::quiet(crate::core::Error::Internal(
                         format!("{written} bytes written of {len}"),
                     )))
+                }
+                Ok(Chunk::Last {
+                    buf,
+                    offset,
+                    len: n,
+                }) => {
+                    let end = written + n as u64;
+                    if end != len {
+                        supply.written(buf);
+                        return Err(TransferFailure::quiet(crate::core::Error::Internal(
+                            format!("{end} bytes handed over of {len}"),
+                        )));
+                    }
+                    session.set_deadline(Instant::now() + rdma.timeout());
+                    let local = buf.local();
+                    return match session.write_and_finish(&local, 0, offset, n as u64) {
+                        Ok(()) => {
+                            if written == 0 {
+                                crate::gateway::metrics::rdma_first_byte(
+                                    label.arrived.elapsed().as_secs_f64(),
+                                );
+                            }
+                            supply.written(buf);
+                            Ok(proven)
+                        }
+                        Err(failure) => {
+                            rdma.release(buf, failure.local_quiet);
+                            Err(failure)
+                        }
+                    };
                 }
                 Err(sync_mpsc::RecvTimeoutError::Timeout) => {
                     return Err(TransferFailure::quiet(crate::core::Error::Rdma(format!(
