@@ -1809,7 +1809,7 @@ mod tests {
             Duration::from_secs(10),
         );
         let rt = runtime();
-        let object: Vec<u8> = (0..len as u32).map(|i| (i * 13 % 241) as u8).collect();
+        let object: Vec<u8> = (0..len).map(|i| (i * 13 % 241).to_le_bytes()[0]).collect();
         let mut crc = s3s::checksum::ChecksumHasher {
             crc32c: Some(Default::default()),
             ..Default::default()
