@@ -34,12 +34,10 @@ mod gateway;
 mod s3server;
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use hipobj::client::{Client, GpuSelect};
-use hipobj::core::Options;
 use hipobj::s3::objects::{self, Object, Path as Via, Policy};
-use hipobj::s3::{Credentials, Request, S3Config, S3};
+use hipobj::s3::{Request, S3};
 use hipobj::testing::world::World;
 
 /// RDMA only, not verified: the figures are the transfers'.
@@ -56,20 +54,6 @@ fn env(name: &str) -> String {
         eprintln!("{name} is not set: run this inside scripts/vm/garage-guest.sh (scripts/garage-test.sh does)");
         std::process::exit(1)
     })
-}
-
-fn s3(endpoint: &str, region: &str, key: &str, secret: &str) -> S3 {
-    S3::new(S3Config {
-        endpoint: endpoint.to_owned(),
-        region: region.to_owned(),
-        credentials: Credentials {
-            access_key_id: key.to_owned(),
-            secret_access_key: secret.to_owned(),
-            session_token: None,
-        },
-        credentials_source: "given".to_owned(),
-    })
-    .unwrap()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -121,11 +105,11 @@ fn main() {
     let bucket = env("HIPOBJ_GARAGE_BUCKET");
     let key_id = env("AWS_ACCESS_KEY_ID");
     let secret = env("AWS_SECRET_ACCESS_KEY");
-    let store = s3(&endpoint, &region, &key_id, &secret);
+    let store = gateway::s3(&endpoint, &region, &key_id, &secret);
 
     let world = World::new();
     let gw = gateway::Gateway::upstream(&world, &endpoint, &["--upstream-region", &region]);
-    let via = s3(
+    let via = gateway::s3(
         &gw.endpoint,
         "us-east-1",
         s3server::ACCESS_KEY,
@@ -148,28 +132,20 @@ fn main() {
             "ttl=3600",
         ],
     );
-    let via_cache = s3(
+    let via_cache = gateway::s3(
         &cached.endpoint,
         "us-east-1",
         s3server::ACCESS_KEY,
         s3server::SECRET_KEY,
     );
     let local = gateway::Gateway::start(&world);
-    let via_local = s3(
+    let via_local = gateway::s3(
         &local.endpoint,
         "us-east-1",
         s3server::ACCESS_KEY,
         s3server::SECRET_KEY,
     );
-    let client = Client::builder()
-        .platform(world.platform())
-        .gpu(GpuSelect::None)
-        .options(Options {
-            token_timeout: Duration::from_secs(600),
-            ..Options::default()
-        })
-        .build()
-        .unwrap();
+    let client = gateway::bench_client(&world);
 
     for (mib, rounds) in [(16usize, 25), (256, 7)] {
         let len = mib << 20;

@@ -21,12 +21,10 @@ mod gateway;
 #[path = "../tests/common/s3.rs"]
 mod s3server;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use hipobj::client::{Client, GpuSelect};
-use hipobj::core::Options;
 use hipobj::s3::objects::{self, Object, Path as Via, Policy};
-use hipobj::s3::{Credentials, Request, S3Config, S3};
+use hipobj::s3::Request;
 use hipobj::testing::world::World;
 
 /// RDMA only, not verified: the figures are the transfers'.
@@ -98,26 +96,13 @@ fn main() {
         .unwrap_or(4000);
     let world = World::new();
     let gw = gateway::Gateway::start(&world);
-    let s3 = S3::new(S3Config {
-        endpoint: gw.endpoint.clone(),
-        region: "us-east-1".to_owned(),
-        credentials: Credentials {
-            access_key_id: s3server::ACCESS_KEY.to_owned(),
-            secret_access_key: s3server::SECRET_KEY.to_owned(),
-            session_token: None,
-        },
-        credentials_source: "given".to_owned(),
-    })
-    .unwrap();
-    let client = Client::builder()
-        .platform(world.platform())
-        .gpu(GpuSelect::None)
-        .options(Options {
-            token_timeout: Duration::from_secs(600),
-            ..Options::default()
-        })
-        .build()
-        .unwrap();
+    let s3 = gateway::s3(
+        &gw.endpoint,
+        "us-east-1",
+        s3server::ACCESS_KEY,
+        s3server::SECRET_KEY,
+    );
+    let client = gateway::bench_client(&world);
     let data: Vec<u8> = (0..LEN).map(|i| (i % 251).to_le_bytes()[0]).collect();
     objects::put_http(Object::new(&s3, s3server::BUCKET, "small"), &data, false)
         .expect("PUT the 64 KiB object");

@@ -219,3 +219,33 @@ impl Drop for Gateway {
         }
     }
 }
+
+/// A client on `world`'s fake client device, host memory only, its tokens
+/// good for 10 minutes (a bench's longest transfer).
+pub fn bench_client(world: &World) -> hipobj::client::Client {
+    hipobj::client::Client::builder()
+        .platform(world.platform())
+        .gpu(hipobj::client::GpuSelect::None)
+        .options(hipobj::core::Options {
+            token_timeout: Duration::from_secs(600),
+            ..hipobj::core::Options::default()
+        })
+        .build()
+        .unwrap()
+}
+
+/// The built-in S3 client of `endpoint` in `region`, signing with `key`
+/// and `secret`.
+pub fn s3(endpoint: &str, region: &str, key: &str, secret: &str) -> hipobj::s3::S3 {
+    hipobj::s3::S3::new(hipobj::s3::S3Config {
+        endpoint: endpoint.to_owned(),
+        region: region.to_owned(),
+        credentials: hipobj::s3::Credentials {
+            access_key_id: key.to_owned(),
+            secret_access_key: secret.to_owned(),
+            session_token: None,
+        },
+        credentials_source: "given".to_owned(),
+    })
+    .unwrap()
+}
