@@ -139,14 +139,25 @@ pub fn write_chunks(
             // What to WRITE, and what holds its bytes meanwhile. The
             // backend's next chunk gets the backend's time: a store that
             // pauses is not a client that stopped.
-            let (held, at, offset, n) = match supply.next(rdma.backend_timeout()) {
-                Ok(Chunk::Data { buf, offset, len }) => (Holder::Buf(buf), 0, offset, len),
+            let (held, at, offset, n, last) = match supply.next(rdma.backend_timeout()) {
+                Ok(Chunk::Data { buf, offset, len }) => (Holder::Buf(buf), 0, offset, len, false),
                 Ok(Chunk::Pinned {
                     pinned,
                     at,
                     offset,
                     len,
-                }) => (Holder::Pinned(pinned), at, offset, len),
+                }) => (Holder::Pinned(pinned), at, offset, len, false),
+                Ok(Chunk::Last {
+                    buf,
+                    offset,
+                    len: n,
+                }) if written + n as u64 == len => (Holder::Buf(buf), 0, offset, n, true),
+                Ok(Chunk::Last { buf, len: n, .. }) => {
+                    supply.written(buf);
+                    return Err(TransferFailure::quiet(crate::core::Error::Internal(
+                        format!("{} bytes handed over of {len}", written + n as u64),
+                    )));
+                }
                 // Not behind the last chunk's WRITEs
                 // (`Session::write_and_finish`): the verdict on the
                 // object's checksum comes after its last chunk, and a
@@ -159,36 +170,6 @@ pub fn write_chunks(
                     return Err(TransferFailure::quiet(crate::core::Error::Internal(
                         format!("{written} bytes written of {len}"),
                     )))
-                }
-                Ok(Chunk::Last {
-                    buf,
-                    offset,
-                    len: n,
-                }) => {
-                    let end = written + n as u64;
-                    if end != len {
-                        supply.written(buf);
-                        return Err(TransferFailure::quiet(crate::core::Error::Internal(
-                            format!("{end} bytes handed over of {len}"),
-                        )));
-                    }
-                    session.set_deadline(Instant::now() + rdma.timeout());
-                    let local = buf.local();
-                    return match session.write_and_finish(&local, 0, offset, n as u64) {
-                        Ok(()) => {
-                            if written == 0 {
-                                crate::gateway::metrics::rdma_first_byte(
-                                    label.arrived.elapsed().as_secs_f64(),
-                                );
-                            }
-                            supply.written(buf);
-                            Ok(proven)
-                        }
-                        Err(failure) => {
-                            rdma.release(buf, failure.local_quiet);
-                            Err(failure)
-                        }
-                    };
                 }
                 Err(sync_mpsc::RecvTimeoutError::Timeout) => {
                     return Err(TransferFailure::quiet(crate::core::Error::Rdma(format!(
@@ -209,34 +190,55 @@ pub fn write_chunks(
             // Each chunk has the whole RDMA timeout: a long object fails
             // only where it stops moving.
             session.set_deadline(Instant::now() + rdma.timeout());
-            if let Err(failure) = session.write(&local, at as u64, offset, n as u64) {
-                match held {
-                    Holder::Buf(buf) => rdma.release(buf, failure.local_quiet),
-                    Holder::Pinned(pinned) if !failure.local_quiet => {
-                        // The NIC may still read them: never deregistered,
-                        // never freed.
-                        eprintln!(
-                            "hipobj-s3-server: a cached object's {} registered bytes \
-                             are leaked (the NIC may still use them)",
-                            pinned.len()
-                        );
-                        std::mem::forget(pinned);
-                    }
-                    Holder::Pinned(_) => {}
-                }
-                return Err(failure);
+            let first = written == 0;
+            if last {
+                let wrote = session.write_and_finish(&local, at as u64, offset, n as u64);
+                return settle(rdma, supply, label, first, held, wrote).map(|()| proven);
             }
-            if written == 0 {
-                crate::gateway::metrics::rdma_first_byte(label.arrived.elapsed().as_secs_f64());
-            }
+            let wrote = session.write(&local, at as u64, offset, n as u64);
+            settle(rdma, supply, label, first, held, wrote)?;
             written += n as u64;
-            // A buffer of the budget goes back for the next chunk.
-            if let Holder::Buf(buf) = held {
-                supply.written(buf);
-            }
         }
     })();
     rdma.ended(token, label, len, start, outcome)
+}
+
+/// After a chunk's WRITE (`wrote`): on failure, what held its bytes let
+/// go as far as the NIC allows; else the first byte's time (for the
+/// `first` chunk) recorded, and a buffer of the budget handed back for the
+/// next chunk.
+fn settle(
+    rdma: &Rdma,
+    supply: &mut dyn Supply,
+    label: &Label<'_>,
+    first: bool,
+    held: Holder,
+    wrote: Result<(), TransferFailure>,
+) -> Result<(), TransferFailure> {
+    if let Err(failure) = wrote {
+        match held {
+            Holder::Buf(buf) => rdma.release(buf, failure.local_quiet),
+            Holder::Pinned(pinned) if !failure.local_quiet => {
+                // The NIC may still read them: never deregistered, never
+                // freed.
+                eprintln!(
+                    "hipobj-s3-server: a cached object's {} registered bytes are leaked (the \
+                     NIC may still use them)",
+                    pinned.len()
+                );
+                std::mem::forget(pinned);
+            }
+            Holder::Pinned(_) => {}
+        }
+        return Err(failure);
+    }
+    if first {
+        crate::gateway::metrics::rdma_first_byte(label.arrived.elapsed().as_secs_f64());
+    }
+    if let Holder::Buf(buf) = held {
+        supply.written(buf);
+    }
+    Ok(())
 }
 
 /// A PUT's body: the chunks [`read_chunks`] READ, as they come. Its length
