@@ -333,9 +333,7 @@ impl RdmaS3 {
         // opened again.
         let bytes_from = match (file, resp.output.body.take()) {
             (Some(ObjectFile(file)), _) => Source::File {
-                file,
-                first,
-                total,
+                span: FileSpan { file, first, total },
                 checked: false,
             },
             (None, Some(body)) => Source::Body {
@@ -361,14 +359,8 @@ impl RdmaS3 {
             arrived,
         };
         let ((written, filled), in_place) = match (kept.filter(|_| want > 0), bytes_from) {
-            (
-                None,
-                Source::File {
-                    file, first, total, ..
-                },
-            ) if get_chunks(want, rdma.chunk_bytes()) <= 1 => {
-                let file = FileSpan { file, first, total };
-                (get_in_one(&job, getting, file, sums).await?, false)
+            (None, Source::File { span, .. }) if get_chunks(want, rdma.chunk_bytes()) <= 1 => {
+                (get_in_one(&job, getting, span, sums).await?, false)
             }
             (kept, bytes_from) => {
                 // A cached object's bytes are WRITTEN from where the cache
@@ -595,15 +587,9 @@ fn wants_checksum(headers: &HeaderMap) -> bool {
 
 /// Where a GET's bytes come from.
 enum Source {
-    /// The file the backend answered from (its answer's bytes start at
-    /// `first` of it, which must be `total` bytes long: `checked` at the
+    /// The file the backend answered from (its length `checked` at the
     /// first chunk).
-    File {
-        file: Arc<std::fs::File>,
-        first: u64,
-        total: u64,
-        checked: bool,
-    },
+    File { span: FileSpan, checked: bool },
     /// The backend's stream, and what is left of its last piece.
     Body { body: StreamingBlob, pending: Bytes },
 }
@@ -825,10 +811,33 @@ type Got = (
 );
 
 /// The bytes at `first` of a file `total` bytes long: a backend's answer.
+#[derive(Clone)]
 struct FileSpan {
     file: Arc<std::fs::File>,
     first: u64,
     total: u64,
+}
+
+impl FileSpan {
+    /// Reads `out.len()` bytes at `offset` of the answer; the file must be
+    /// `total` bytes long (looked at unless `checked`: a file changed in
+    /// place behind the backend's back fails the request).
+    fn read(&self, checked: bool, offset: usize, out: &mut [u8]) -> Result<(), String> {
+        use std::os::unix::fs::FileExt;
+        if !checked {
+            let now = self.file.metadata().map_err(|e| e.to_string())?.len();
+            if now != self.total {
+                return Err(format!(
+                    "the object's file is {now} bytes, the backend said {}: it changed \
+                     meanwhile",
+                    self.total
+                ));
+            }
+        }
+        self.file
+            .read_exact_at(out, self.first + offset as u64)
+            .map_err(|e| format!("reading the object's file: {e}"))
+    }
 }
 
 /// A GET of at most one chunk from a file, whole in one blocking call:
@@ -836,7 +845,7 @@ struct FileSpan {
 /// WRITTEN, the final message sent, all on the writer's thread
 /// ([`OneChunk`]). The hand-offs between threads of [`get_in_chunks`]
 /// cost a small GET more than its bytes do (`benches/small_gets.rs`).
-async fn get_in_one(job: &Job, getting: Getting, file: FileSpan, sums: Wanted) -> S3Result<Got> {
+async fn get_in_one(job: &Job, getting: Getting, span: FileSpan, sums: Wanted) -> S3Result<Got> {
     let rdma = job.rdma.clone();
     let (written, filled) = job
         .blocking(move || {
@@ -851,7 +860,7 @@ async fn get_in_one(job: &Job, getting: Getting, file: FileSpan, sums: Wanted) -
             };
             let mut one = OneChunk {
                 rdma: &rdma,
-                file: &file,
+                span: &span,
                 want,
                 sums: &sums,
                 buf,
@@ -953,7 +962,7 @@ fn verdict(
 struct OneChunk<'a> {
     rdma: &'a Rdma,
     /// The file the backend answered from.
-    file: &'a FileSpan,
+    span: &'a FileSpan,
     /// The chunk's length (0: an empty object, no buffer).
     want: usize,
     sums: &'a Wanted,
@@ -978,8 +987,7 @@ impl stream::Supply for OneChunk<'_> {
             None => None,
             Some(mut buf) => {
                 let out = &mut buf.bytes_mut()[..self.want];
-                let FileSpan { file, first, total } = self.file;
-                if let Err(e) = read_chunk(file, false, *first, *total, 0, out) {
+                if let Err(e) = self.span.read(false, 0, out) {
                     self.rdma.give_back(buf);
                     self.out = Some(Err(Fill::Failed(e)));
                     return Err(Disconnected);
@@ -1088,26 +1096,19 @@ async fn fill_one(
     n: usize,
 ) -> Result<Filled, Fill> {
     match source {
-        Source::File {
-            file,
-            first,
-            total,
-            checked,
-        } => {
-            let read = Arc::clone(&file);
+        Source::File { span, checked } => {
+            let read = span.clone();
             let (got, buf) = job
                 .blocking(move || {
                     let out = &mut buf.bytes_mut()[..n];
-                    let got = read_chunk(&read, checked, first, total, offset, out);
+                    let got = read.read(checked, offset, out);
                     (got, buf)
                 })
                 .await
                 .map_err(Fill::Failed)?;
             let rest = Source::File {
                 checked: checked || got.is_ok(),
-                file,
-                first,
-                total,
+                span,
             };
             Ok((got, buf, rest))
         }
@@ -1152,31 +1153,6 @@ where
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| format!("the transfer's thread failed: {e}"))
-}
-
-/// Reads `out.len()` bytes at `first + offset` of `file`, which must be
-/// `total` bytes long (looked at unless `checked`: a file changed in place
-/// behind the backend's back fails the request).
-fn read_chunk(
-    file: &std::fs::File,
-    checked: bool,
-    first: u64,
-    total: u64,
-    offset: usize,
-    out: &mut [u8],
-) -> Result<(), String> {
-    use std::os::unix::fs::FileExt;
-    if !checked {
-        let now = file.metadata().map_err(|e| e.to_string())?.len();
-        if now != total {
-            return Err(format!(
-                "the object's file is {now} bytes, the backend said {total}: it changed \
-                 meanwhile"
-            ));
-        }
-    }
-    file.read_exact_at(out, first + offset as u64)
-        .map_err(|e| format!("reading the object's file: {e}"))
 }
 
 /// `e` answered with `x-amz-rdma-reply: status`.
@@ -1360,20 +1336,27 @@ mod tests {
         let path = dir.join("object");
         let bytes: Vec<u8> = (0..=255).collect();
         std::fs::write(&path, &bytes).unwrap();
-        let file = std::fs::File::open(&path).unwrap();
+        let file = Arc::new(std::fs::File::open(&path).unwrap());
+        let span = |first, total| FileSpan {
+            file: Arc::clone(&file),
+            first,
+            total,
+        };
         // Another version renamed over the path: the open file is still
         // the one answered for.
         std::fs::write(dir.join("other"), [0u8; 256]).unwrap();
         std::fs::rename(dir.join("other"), &path).unwrap();
         let mut out = [0u8; 16];
-        read_chunk(&file, false, 100, 256, 0, &mut out).expect("read");
+        span(100, 256).read(false, 0, &mut out).expect("read");
         assert_eq!(out[..], bytes[100..116]);
-        read_chunk(&file, true, 100, 256, 16, &mut out).expect("the next chunk");
+        span(100, 256)
+            .read(true, 16, &mut out)
+            .expect("the next chunk");
         assert_eq!(out[..], bytes[116..132]);
-        let changed = read_chunk(&file, false, 0, 300, 0, &mut out).unwrap_err();
+        let changed = span(0, 300).read(false, 0, &mut out).unwrap_err();
         assert!(changed.contains("changed meanwhile"), "{changed}");
         assert!(
-            read_chunk(&file, true, 250, 256, 0, &mut out).is_err(),
+            span(250, 256).read(true, 0, &mut out).is_err(),
             "past the end"
         );
         std::fs::remove_dir_all(&dir).unwrap();
