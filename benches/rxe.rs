@@ -79,6 +79,8 @@ use hipobj::server::{ClientQp, DialPolicy, LocalBuf, Op, ServerConfig, ServerSid
 
 #[path = "../tests/common/lane.rs"]
 mod lane;
+#[path = "common/rusage.rs"]
+mod rusage;
 
 use lane::device;
 /// Concurrent streams, and the pool's connections (`HIPOBJ_MAX_TRANSFERS`).
@@ -679,19 +681,9 @@ fn sched_times() -> Outcome<(Duration, Duration)> {
 }
 
 /// This process's time on a CPU so far, user and system, every thread's
-/// together (ended threads included): `getrusage(RUSAGE_SELF)`.
+/// together (ended threads included).
 fn process_cpu() -> Duration {
-    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `usage` is a live, writable rusage for the call's duration.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
-        return Duration::ZERO;
-    }
-    let time = |t: libc::timeval| {
-        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
-            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
+    rusage::usage().cpu
 }
 
 /// The host's CPU time by kind, from the `cpu` line of `/proc/stat` (both

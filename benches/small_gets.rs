@@ -18,6 +18,8 @@
 
 #[path = "../tests/common/gateway.rs"]
 mod gateway;
+#[path = "common/rusage.rs"]
+mod rusage;
 #[path = "../tests/common/s3.rs"]
 mod s3server;
 
@@ -37,23 +39,6 @@ const THREADS: usize = 16;
 /// The object's length.
 const LEN: usize = 64 << 10;
 
-/// The process's CPU seconds and context switches so far.
-fn usage() -> (f64, u64) {
-    // SAFETY: `getrusage` fills the zeroed struct it is given and keeps no
-    // pointer to it.
-    let ru = unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
-        ru
-    };
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    let switches = ru.ru_nvcsw + ru.ru_nivcsw;
-    (
-        secs(ru.ru_utime) + secs(ru.ru_stime),
-        u64::try_from(switches).unwrap_or(0),
-    )
-}
-
 /// Runs `gets` GETs, `THREADS` at a time, each by `one` (given its
 /// thread's index), and prints per GET: µs of wall time, of CPU time,
 /// and context switches.
@@ -67,7 +52,7 @@ fn cell(name: &str, gets: usize, one: &(dyn Fn(usize) + Sync)) {
             s.spawn(move || one(t));
         }
     });
-    let (cpu0, sw0) = usage();
+    let before = rusage::usage();
     let start = Instant::now();
     std::thread::scope(|s| {
         for t in 0..THREADS {
@@ -79,13 +64,14 @@ fn cell(name: &str, gets: usize, one: &(dyn Fn(usize) + Sync)) {
         }
     });
     let wall = start.elapsed().as_secs_f64();
-    let (cpu1, sw1) = usage();
+    let after = rusage::usage();
     let n = (gets / THREADS * THREADS) as f64;
     println!("small_get_{name}_wall {:.1} us", wall / n * 1e6);
-    println!("small_get_{name}_cpu {:.1} us", (cpu1 - cpu0) / n * 1e6);
+    let cpu = after.cpu.saturating_sub(before.cpu).as_secs_f64();
+    println!("small_get_{name}_cpu {:.1} us", cpu / n * 1e6);
     println!(
         "small_get_{name}_switches {:.1} per GET",
-        (sw1 - sw0) as f64 / n
+        after.switches.saturating_sub(before.switches) as f64 / n
     );
 }
 
