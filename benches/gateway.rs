@@ -109,12 +109,7 @@ fn main() {
 
     let world = World::new();
     let gw = gateway::Gateway::upstream(&world, &endpoint, &["--upstream-region", &region]);
-    let via = gateway::s3(
-        &gw.endpoint,
-        "us-east-1",
-        s3server::ACCESS_KEY,
-        s3server::SECRET_KEY,
-    );
+    let via = gw.s3();
     // The cache: room for the 256 MiB object inside the default RDMA
     // memory budget (1 GiB, which holds the cache), trusted (each GET
     // after the first a hit that asks the store nothing).
@@ -132,19 +127,9 @@ fn main() {
             "ttl=3600",
         ],
     );
-    let via_cache = gateway::s3(
-        &cached.endpoint,
-        "us-east-1",
-        s3server::ACCESS_KEY,
-        s3server::SECRET_KEY,
-    );
+    let via_cache = cached.s3();
     let local = gateway::Gateway::start(&world);
-    let via_local = gateway::s3(
-        &local.endpoint,
-        "us-east-1",
-        s3server::ACCESS_KEY,
-        s3server::SECRET_KEY,
-    );
+    let via_local = local.s3();
     let client = gateway::bench_client(&world);
 
     for (mib, rounds) in [(16usize, 25), (256, 7)] {

@@ -82,12 +82,7 @@ fn main() {
         .unwrap_or(4000);
     let world = World::new();
     let gw = gateway::Gateway::start(&world);
-    let s3 = gateway::s3(
-        &gw.endpoint,
-        "us-east-1",
-        s3server::ACCESS_KEY,
-        s3server::SECRET_KEY,
-    );
+    let s3 = gw.s3();
     let client = gateway::bench_client(&world);
     let data: Vec<u8> = (0..LEN).map(|i| (i % 251).to_le_bytes()[0]).collect();
     objects::put_http(Object::new(&s3, s3server::BUCKET, "small"), &data, false)

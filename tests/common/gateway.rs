@@ -194,6 +194,11 @@ impl Gateway {
         std::fs::read(root.join(BUCKET).join(key)).ok()
     }
 
+    /// The built-in S3 client of this gateway, signing with its keys.
+    pub fn s3(&self) -> hipobj::s3::S3 {
+        s3(&self.endpoint, "us-east-1", ACCESS_KEY, SECRET_KEY)
+    }
+
     /// The root.
     pub fn root(&self) -> &Path {
         self.root.as_ref().expect("a gateway over a root")
