@@ -208,6 +208,10 @@ def _add_token(request: Any, **_: Any) -> None:
     token = getattr(_current, "token", None)
     if token is None:
         return
+    # botocore's headers append on assignment: a second run of this hook
+    # (registered again under another id) must not add a second token,
+    # which SigV4 would sign as "token,token" and no server matches.
+    del request.headers[TOKEN_HEADER]
     request.headers[TOKEN_HEADER] = token
 
 
@@ -230,11 +234,18 @@ def _rdma_checksums(params: Dict[str, Any], **_: Any) -> None:
                 del headers[name]
 
 
+_hooking = threading.Lock()
+
+
 def _hook(client: Any) -> None:
     """Installs `_add_token` and `_rdma_checksums` on `client` (once:
-    botocore keeps one handler per unique id)."""
-    client.meta.events.register("before-sign.s3", _add_token, unique_id="hipobj-rdma-token")
-    client.meta.events.register("before-call.s3", _rdma_checksums, unique_id="hipobj-rdma-checksums")
+    botocore keeps one handler per unique id). Under a lock: botocore
+    checks the id, then adds the handler, with nothing held in between, so
+    the transfers that start a new client's first requests together would
+    each install them."""
+    with _hooking:
+        client.meta.events.register("before-sign.s3", _add_token, unique_id="hipobj-rdma-token")
+        client.meta.events.register("before-call.s3", _rdma_checksums, unique_id="hipobj-rdma-checksums")
 
 
 def _headers(response: Dict[str, Any]) -> Dict[str, str]:

@@ -2,6 +2,11 @@
 ``before-send`` event answers each request here instead of on the network,
 after botocore has built and signed it as it would for a real server.
 
+Every signed request's SigV4 is checked as a server checks it (the signed
+headers' values as they arrived) and refused 403 SignatureDoesNotMatch
+when it does not match: a header the client signed other than it sent it
+(a token added twice, say) fails here as it would on the network.
+
 Checksums as the repository's gateway treats them (``docs/protocol.md``,
 *Checksums*): a PUT's or part's ``x-amz-checksum-crc64nvme`` is compared
 with the bytes stored (with a token, those read by RDMA), a mismatch
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import hmac
 import io
 import re
 import threading
@@ -55,7 +61,10 @@ class _Raw(io.BytesIO):
 class FakeS3:
     """Objects by (bucket, key), and the requests seen."""
 
-    def __init__(self) -> None:
+    def __init__(self, secret: str = "SK") -> None:
+        #: The secret key of the clients' access key: every signed
+        #: request's SigV4 is checked with it, as a server does.
+        self.secret = secret
         self.lib = hipobj.library()
         self.lib.hipobjFakeServe.argtypes = [ctypes.c_char_p, ctypes.c_int]
         self.lib.hipobjFakeServe.restype = ctypes.c_int
@@ -156,6 +165,10 @@ class FakeS3:
         token = token.decode() if isinstance(token, bytes) else token
         self.requests.append((request.method, key, token is not None))
         self.headers.append({k.lower(): (v.decode() if isinstance(v, bytes) else v) for k, v in request.headers.items()})
+        refused = self._signature_refused(request)
+        if refused is not None:
+            xml = f"<Error><Code>SignatureDoesNotMatch</Code><Message>{refused}</Message></Error>".encode()
+            return self._respond(request, 403, {"Content-Type": "application/xml"}, xml)
         body = request.body or b""
         if hasattr(body, "read"):
             body = body.read()
@@ -190,6 +203,45 @@ class FakeS3:
         if request.method == "PUT":
             return self._put(request, bucket, key, token, body, query)
         return self._respond(request, 405, {})
+
+    def _signature_refused(self, request) -> Optional[str]:
+        """Why a request's SigV4 does not match what was sent (as a server
+        checks it: the signed headers' values as they arrived, each name's
+        once), or ``None`` when it does or the request is not signed."""
+        auth = self._header(request, "Authorization")
+        if auth is None:
+            return None
+        m = re.fullmatch(
+            r"AWS4-HMAC-SHA256 Credential=[^/]+/(\d{8})/([^/]+)/s3/aws4_request, "
+            r"SignedHeaders=([a-z0-9;-]+), Signature=([0-9a-f]{64})",
+            auth,
+        )
+        if m is None:
+            return f"an Authorization header this fake does not read: {auth}"
+        day, region, signed, signature = m.groups()
+        url = urllib.parse.urlsplit(request.url)
+        quote = lambda text: urllib.parse.quote(text, safe="-_.~")  # noqa: E731
+        pairs = urllib.parse.parse_qsl(url.query, keep_blank_values=True)
+        query = "&".join(sorted(f"{quote(k)}={quote(v)}" for k, v in pairs))
+        lines = []
+        for name in signed.split(";"):
+            value = url.netloc if name == "host" else self._header(request, name)
+            if value is None:
+                return f"the signed header {name} was not sent"
+            lines.append(f"{name}:{' '.join(value.split())}\n")
+        payload = self._header(request, "x-amz-content-sha256")
+        canonical = "\n".join([request.method, url.path or "/", query, "".join(lines), signed, payload or ""])
+        scope = f"{day}/{region}/s3/aws4_request"
+        to_sign = "\n".join(
+            ["AWS4-HMAC-SHA256", self._header(request, "x-amz-date") or "", scope,
+             hashlib.sha256(canonical.encode()).hexdigest()]
+        )
+        key = ("AWS4" + self.secret).encode()
+        for part in (day, region, "s3", "aws4_request"):
+            key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+        if hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest() != signature:
+            return "the signature does not match the request as it arrived"
+        return None
 
     @staticmethod
     def _header(request, name: str) -> Optional[str]:

@@ -476,6 +476,51 @@ def test_transfers_on_many_threads_each_land_their_own_bytes(s3, session):
     assert session.stats.rdma == 24
 
 
+def test_a_client_whose_first_transfers_start_together_signs_one_token_each(s3, session, monkeypatch):
+    # botocore registers an event handler by checking its unique id, then
+    # adding it, with nothing held in between: the transfers that start a
+    # new client's first requests together must not each install the
+    # package's hooks (before _add_token replaced the header, a second one
+    # appended a second token, and every request of that client was
+    # refused: SignatureDoesNotMatch). The window is widened here to where
+    # all 16 transfers meet in it.
+    trie = s3.meta.events._emitter._handlers
+    append = trie.append_item
+
+    def slow_append(*args, **kwargs):
+        time.sleep(0.2)
+        return append(*args, **kwargs)
+
+    monkeypatch.setattr(trie, "append_item", slow_append)
+    from hipobj import _session
+
+    signed = []
+    add_token = _session._add_token
+    monkeypatch.setattr(_session, "_add_token", lambda request, **kw: (signed.append(1), add_token(request, **kw)))
+    datas = [pattern(4096 + i, 60 + i) for i in range(16)]
+    puts = session.put_objects(s3, [dict(Bucket="bucket", Key=f"t{i}", source=d) for i, d in enumerate(datas)])
+    assert [t.path for t in puts] == ["rdma"] * 16
+    assert all(s3.fake.objects[("bucket", f"t{i}")] == d.tobytes() for i, d in enumerate(datas))
+    # The hook ran once a request: it was installed once.
+    assert len(signed) == 16
+
+
+def test_a_hook_installed_twice_still_sends_one_token(s3, session):
+    # However often botocore runs _add_token on a request (a hook another
+    # library registered again, under another id), the request carries
+    # one x-amz-rdma-token.
+    from hipobj import _session
+
+    s3.meta.events.register("before-sign.s3", _session._add_token, unique_id="another-copy")
+    put(s3, "k", pattern(MIB, 61))
+    into = numpy.zeros(MIB, dtype=numpy.uint8)
+    assert session.get_object(s3, Bucket="bucket", Key="k", into=into).path == "rdma"
+    assert numpy.array_equal(into, pattern(MIB, 61))
+    source = pattern(MIB, 62)
+    assert session.put_object(s3, Bucket="bucket", Key="up", source=source).path == "rdma"
+    assert s3.fake.objects[("bucket", "up")] == source.tobytes()
+
+
 def test_the_module_s_functions_use_the_open_session(s3, session):
     data = pattern(MIB, 30)
     put(s3, "k", data)

@@ -209,13 +209,20 @@ impl RdmaS3 {
     /// takes its place among the RDMA requests in progress. A decline or a
     /// refusal is logged.
     fn ask<T>(&self, req: &S3Request<T>, what: &str) -> Ask {
-        let Some(value) = req.headers.get(TOKEN) else {
+        let mut tokens = req.headers.get_all(TOKEN).iter();
+        let Some(value) = tokens.next() else {
             return Ask::Plain;
         };
+        let more = tokens.count();
         let source = req.extensions.get::<Peer>().map(|p| p.0.ip());
         // RDMA off first: whatever the token looks like, that is the reason.
         let why = match (&self.rdma, parse_header(value.as_bytes())) {
             (Err(off), _) => format!("RDMA is off ({off})"),
+            // Which buffer the client meant is not for the server to pick.
+            _ if more > 0 => format!(
+                "{TOKEN} is given {} times: a request names one buffer",
+                more + 1
+            ),
             (_, Err(e)) => e.to_string(),
             (_, Ok(token)) if token.transport != Transport::RcCm => format!(
                 "transport {:#04x}: this server connects through RDMA CM (0x02) only",
@@ -1594,6 +1601,39 @@ mod tests {
 
     /// A token longer than `--rdma-max-bytes` is declined naming it, and
     /// the server's budget is untouched.
+    /// Two tokens in one request: the server serves neither (which buffer
+    /// the client meant is not its to pick) and declines, naming why,
+    /// with nothing reserved and nothing stored.
+    #[test]
+    fn a_request_with_two_tokens_is_declined_naming_it() {
+        use crate::gateway::cli::tests::{args, required};
+        let o = crate::gateway::cli::parse(&args(&required()))
+            .unwrap()
+            .unwrap();
+        let fake = Fake::new("twice", o.limits(), o.rdma_timeout);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let one = token(4791, 4096);
+        let mut twice = put("twice", b"", Some(&one));
+        twice
+            .headers
+            .append(TOKEN, HeaderValue::from_str(&token(4792, 4096)).unwrap());
+        let e = runtime
+            .block_on(fake.s3.put_object(twice))
+            .expect_err("declined");
+        assert_eq!(*e.code(), s3s::S3ErrorCode::NotImplemented, "{e:?}");
+        let why = e.message().unwrap_or_default();
+        assert!(
+            why.contains("x-amz-rdma-token is given 2 times: a request names one buffer"),
+            "{why}"
+        );
+        assert_eq!(fake.rdma.memory_in_use(), 0);
+        assert_eq!(fake.rdma.requests_in_progress(), 0);
+        assert!(!fake.root.join(BUCKET).join("twice").exists());
+    }
+
     #[test]
     fn a_token_longer_than_rdma_max_bytes_is_declined_naming_it() {
         use crate::gateway::cli::tests::{args, required};
