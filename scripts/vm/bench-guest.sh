@@ -19,7 +19,9 @@
 # inflight (16 transfers in flight through the Rust API, as 16 threads and
 # as one thread's tickets, after perftest -q 16 at 64 KiB and 1 MiB), or
 # http (the S3 request's own share: SERVER, a hipobj-s3-server, on rxe0,
-# and COMMAND, the hipobj command, both release builds; below).
+# and COMMAND, the hipobj command, both release builds; below), or cost
+# (what the protocol's fixed cost at 64 KiB with 16 in flight is made
+# of: below).
 #
 # A perftest run that fails or outlives its time limit is recorded in
 # OUT/failed.txt and the others go on: ib_read_bw with 16 QPs and 16 MiB
@@ -218,6 +220,70 @@ if [[ $sections == inflight ]]; then
                 bw "$rep" "$tool" "$size" 16
                 library "_r$rep" inflight "$op" "$size" 16
             done
+        done
+    done
+    exit 0
+fi
+
+# SECTIONS cost: what a 64 KiB GET with 16 in flight is made of, against
+# perftest. In each turn: the message rate of 52-byte SENDs (a PROOF's
+# size) on 16 QPs (ib_send_bw -q 16); then perftest -q 16 at 64 KiB
+# (ib_write_bw) and the library's bench (GET 64 KiB, 16 in flight), each
+# at VOLUME_MIB and at three times it, under `perf stat -a` (the context
+# switches and system calls of the whole guest, both ends included). The
+# difference between a tool's two runs, over the transfers between them,
+# is what a transfer costs, set-up apart. Figures in cost.txt:
+# send_52B_x16_mpps_rN, cost_<tool>_<mib>_{transfers,switches,syscalls,
+# mib_per_s}_rN (tool: perftest, library; MiB/s: the tool's own figure).
+if [[ $sections == cost ]]; then
+    : >"$out/cost.txt"
+    events=context-switches,raw_syscalls:sys_enter
+    # counted NAME REP TRANSFERS COMMAND...: COMMAND under perf stat -a; its
+    # switches and system calls, the transfers and its seconds to cost.txt.
+    counted() {
+        local name=$1 rep=$2 transfers=$3
+        shift 3
+        local status=0
+        perf stat -a -x, -o "$raw/$name.r$rep.perf" -e "$events" -- "$@" >"$raw/$name.r$rep.out" 2>&1 ||
+            status=$?
+        if ((status != 0)); then
+            echo "$name status $status (turn $rep): $(tail -1 "$raw/$name.r$rep.out")" >>"$out/failed.txt"
+            return 0
+        fi
+        awk -F, -v n="$name" -v r="_r$rep" '
+            $3 == "context-switches" { print n "_switches" r, $1, "count" }
+            $3 == "raw_syscalls:sys_enter" { print n "_syscalls" r, $1, "count" }' \
+            "$raw/$name.r$rep.perf" >>"$out/cost.txt"
+        echo "${name}_transfers_r$rep $transfers count" >>"$out/cost.txt"
+    }
+    for rep in $(seq "$repeats"); do
+        name="send_52B_x16_r$rep"
+        echo "bench-guest: $name" >&2
+        if pair "$name" ib_send_bw -s 52 -q 16 -n 4000; then
+            awk '$1 == 52 && NF >= 5 { print "send_52B_x16_mpps_r'"$rep"'", $5, "Mpps" }' \
+                "$raw/$name.client" >>"$out/cost.txt"
+        fi
+        for mib in "$volume_mib" $((volume_mib * 3)); do
+            transfers=$((mib * 16))
+            echo "bench-guest: cost, perftest and the library at $mib MiB (turn $rep)" >&2
+            port=$((port + 1))
+            timeout -k 10 "$limit" ib_write_bw "${common[@]}" -s 65536 -q 16 -n "$mib" -p "$port" \
+                >"$raw/cost_perftest_$mib.r$rep.server" 2>&1 &
+            server=$!
+            if wait_listen "$port"; then
+                counted "cost_perftest_$mib" "$rep" "$transfers" timeout -k 10 "$limit" \
+                    ib_write_bw "${common[@]}" -s 65536 -q 16 -n "$mib" -p "$port" 192.0.2.1
+                avg=$(perftest_avg "$raw/cost_perftest_$mib.r$rep.out" 65536)
+                [[ -z $avg ]] || echo "cost_perftest_${mib}_mib_per_s_r$rep $avg MiB/s" >>"$out/cost.txt"
+            else
+                echo "cost_perftest_$mib: the ib_write_bw server did not listen (turn $rep)" >>"$out/failed.txt"
+            fi
+            wait "$server" || true
+            counted "cost_library_$mib" "$rep" "$transfers" timeout -k 10 "$limit" \
+                "$bench" throughput get 65536 16 --volume-mib "$mib"
+            awk -v m="$mib" -v n="cost_library_${mib}_mib_per_s_r$rep" \
+                '$1 == "get_64KiB_x16_seconds" && $2 > 0 { print n, m / $2, "MiB/s" }' \
+                "$raw/cost_library_$mib.r$rep.out" >>"$out/cost.txt"
         done
     done
     exit 0

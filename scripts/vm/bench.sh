@@ -20,7 +20,10 @@
 # hipobj-s3-server, both built into target/bench-release), against
 # perftest -q 16 and the bound the same server's plain-HTTP answers to
 # 1-byte requests leave (under 2 minutes a repetition, after the
-# builds: 10 minutes for the release ones on two cores).
+# builds: 10 minutes for the release ones on two cores); `cost`: what a
+# 64 KiB GET with 16 in flight is made of (the message rate of small
+# SENDs; context switches and system calls a transfer of perftest and of
+# the library's bench; about 2 minutes a repetition at 32 MiB).
 # Outputs under target/vm/out/bench: machine.txt, perftest.txt, library.txt
 # (`name value unit` lines), failed.txt (perftest and library runs that
 # failed, and why),
@@ -33,8 +36,9 @@ volume_mib=${1:-64}
 repeats=${2:-1}
 netdev_mtu=${3:-9000}
 sections=${4:-all}
-[[ $sections == all || $sections == processes || $sections == cpu || $sections == inflight || $sections == http ]] ||
-    { echo "vm/bench: SECTIONS is all, processes, cpu, inflight or http" >&2; exit 2; }
+[[ $sections == all || $sections == processes || $sections == cpu || $sections == inflight || $sections == http ||
+    $sections == cost ]] ||
+    { echo "vm/bench: SECTIONS is all, processes, cpu, inflight, http or cost" >&2; exit 2; }
 for n in "$volume_mib" "$repeats" "$netdev_mtu"; do
     [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "vm/bench: VOLUME_MIB, REPEATS and NETDEV_MTU are positive integers" >&2; exit 2; }
 done
@@ -70,7 +74,7 @@ flock /tmp/hipobj-vm.lock timeout -k 30 1800 \
     bash scripts/vm/run.sh --mtu "$netdev_mtu" bash scripts/vm/bench-guest.sh "$binary" "$out" "$volume_mib" "$repeats" "$sections" ${s3_programs[@]+"${s3_programs[@]}"} 2>&1 |
     tee "$out/console.log" || status=$?
 echo "after $(cat /proc/loadavg)" >>"$out/host-load.txt"
-if ((status != 0)) || [[ ! -s "$out/library.txt" ]]; then
+if ((status != 0)) || { [[ ! -s "$out/library.txt" ]] && [[ ! -s "$out/cost.txt" ]]; }; then
     echo "vm/bench: the run failed (status $status); see $out/console.log and $out/raw" >&2
     exit 1
 fi
@@ -203,6 +207,40 @@ if machine.get("sections") == "http":
         print(f"| {op.upper()} | {spread(refs, 1)} | {inr} | {spread(rdma, 1)}, {ratio:.3f} | "
               f"{spread(req, 0)} | {bound:.3f} | {ratio / bound:.3f} | ≥ 0.75 or ≥ 0.9 of the "
               f"bound: {verdict(met)} | {spread(plain, 1) if plain else '—'} |")
+    sys.exit(0)
+if machine.get("sections") == "cost":
+    cost = figures("cost.txt")
+    print("What a GET of 64 KiB with 16 in flight is made of (the whole guest under perf stat -a; "
+          "per transfer: the difference between each tool's runs at VOLUME_MIB and three times "
+          "it, over the transfers between them). Medians of the turns.")
+    print()
+    mpps = runs(cost, "send_52B_x16_mpps")
+    if mpps:
+        print(f"- 52-byte SENDs on 16 QPs (a PROOF's size): {spread(mpps, 4)} million a second: "
+              f"{1 / median(mpps):.1f} µs of the guest's time a message with its acknowledgement")
+    print()
+    print("| per transfer | perftest -q 16 (ib_write_bw) | the library's bench (client and server) |")
+    print("|---|---|---|")
+    rows = {}
+    for tool in ("perftest", "library"):
+        names = sorted({k.split("_")[2] for k in cost if k.startswith(f"cost_{tool}_")}, key=int)
+        for what in ("switches", "syscalls"):
+            per = []
+            for r in range(1, repeats + 1):
+                if len(names) != 2:
+                    break
+                small, large = (f"cost_{tool}_{m}" for m in names)
+                keys = [f"{small}_{what}_r{r}", f"{large}_{what}_r{r}",
+                        f"{small}_transfers_r{r}", f"{large}_transfers_r{r}"]
+                if all(k in cost for k in keys):
+                    a, b, ta, tb = (cost[k] for k in keys)
+                    per.append((b - a) / (tb - ta))
+            rows.setdefault(what, {})[tool] = spread(per, 2) if per else "did not finish"
+        times = [65536 / (v * 1048576) * 1e6 for m in names[-1:] for v in runs(cost, f"cost_{tool}_{m}_mib_per_s")]
+        rows.setdefault("time", {})[tool] = spread(times, 0) if times else "did not finish"
+    print(f"| context switches, the whole guest | {rows['switches']['perftest']} | {rows['switches']['library']} |")
+    print(f"| system calls, the whole guest | {rows['syscalls']['perftest']} | {rows['syscalls']['library']} |")
+    print(f"| time, µs (the tool's own MiB/s, the larger run) | {rows['time']['perftest']} | {rows['time']['library']} |")
     sys.exit(0)
 if machine.get("sections") == "inflight":
     print("16 transfers in flight through the Rust API: 16 threads with one each (`Client::get`/"
