@@ -496,7 +496,12 @@ def test_a_client_whose_first_transfers_start_together_signs_one_token_each(s3, 
 
     signed = []
     add_token = _session._add_token
-    monkeypatch.setattr(_session, "_add_token", lambda request, **kw: (signed.append(1), add_token(request, **kw)))
+
+    def counted_add_token(request, **kwargs):
+        signed.append(request)
+        add_token(request, **kwargs)
+
+    monkeypatch.setattr(_session, "_add_token", counted_add_token)
     datas = [pattern(4096 + i, 60 + i) for i in range(16)]
     puts = session.put_objects(s3, [dict(Bucket="bucket", Key=f"t{i}", source=d) for i, d in enumerate(datas)])
     assert [t.path for t in puts] == ["rdma"] * 16
