@@ -221,6 +221,7 @@ fn put_get_and_cp_without_rdma_go_over_plain_http_byte_exact_and_say_so() {
         serde_json::from_str(stderr(&out).lines().last().unwrap()).expect("JSON on stderr");
     assert_eq!(summary["bytes"], 200_000);
     assert_eq!(summary["fallback"], 1);
+    assert!(summary.get("objects").is_none(), "one object's summary");
     assert!(summary["library"]
         .as_str()
         .unwrap()
@@ -1337,7 +1338,12 @@ fn a_directory_goes_up_and_a_prefix_comes_down_recursively_many_at_a_time() {
     let summary: serde_json::Value =
         serde_json::from_slice(&out.stdout).expect("the summary as JSON");
     assert_eq!(summary["objects"], 6);
+    assert_eq!(summary["objects_planned"], 6);
     assert_eq!(summary["jobs"], 4);
+    assert_eq!(
+        summary["operation"],
+        format!("get s3://bucket/tree/ -> {back_s}")
+    );
     let total: usize = files.iter().map(|(_, b)| b.len()).sum();
     assert_eq!(summary["bytes"], total);
     let want: std::collections::BTreeMap<String, Vec<u8>> = files

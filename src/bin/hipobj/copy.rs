@@ -1,26 +1,20 @@
 //! `hipobj get`, `put` and `cp`.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::ops::Range;
-use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use parking_lot::Mutex;
 
-use hipobj::client::{Client, ClientStats};
-use hipobj::s3::objects::{self, Cancel, Object, Plan, Rdma, Summary, TransferError, Unchecked};
+use hipobj::s3::objects::{self, Object};
 
-use crate::units::{human, mib_per_s, rate};
-use crate::{client, interrupt, parse_s3_prefix, parse_s3_url, s3, Common, Failure, Transfer};
-
-/// The largest chunk: one registration covers at most 4 GiB.
-const MAX_CHUNK: u64 = 4 << 30;
-/// Transfers this long or longer get a progress bar (on a terminal).
-const PROGRESS_FROM: u64 = 1 << 20;
+use crate::files::{named, Input, Partial};
+use crate::setup::{failure, finish_bar, library, plan, progress_bar, rdma, MAX_CHUNK};
+use crate::summary::Report;
+use crate::units::human;
+use crate::{interrupt, parse_s3_prefix, parse_s3_url, s3, Common, Failure, Transfer};
 
 /// `hipobj cp`: a download or an upload, by which side is `s3://`.
 pub fn cp(
@@ -107,79 +101,6 @@ fn resolve_range(range: Option<RangeSpec>, size: u64) -> Result<Range<u64>, Fail
         )));
     }
     Ok(first..end)
-}
-
-/// The plan of `transfer`'s options.
-pub(crate) fn plan(common: &Common, transfer: &Transfer, cancel: Cancel) -> Result<Plan, Failure> {
-    if transfer.chunk == 0 || transfer.chunk > MAX_CHUNK {
-        return Err(Failure::usage(format!(
-            "--chunk is 1 byte to {}",
-            human(MAX_CHUNK)
-        )));
-    }
-    if transfer.streams == 0 {
-        return Err(Failure::usage("--streams is at least 1"));
-    }
-    Ok(Plan {
-        chunk: usize::try_from(transfer.chunk).map_err(|_| Failure::usage("--chunk"))?,
-        streams: transfer.streams,
-        device: common.device.is_some(),
-        fallback: !common.no_fallback,
-        verify: !transfer.no_verify,
-        retries: transfer.retries,
-        cancel,
-    })
-}
-
-/// The library, or the reason transfers go without it; an error where that
-/// is not allowed.
-pub(crate) fn library(common: &Common) -> Result<Result<Client, String>, Failure> {
-    match client(common) {
-        Ok(client) => Ok(Ok(client)),
-        Err(why) if common.no_fallback => Err(format!("{why} (and --no-fallback)").into()),
-        Err(why) if common.device.is_some() => {
-            Err(format!("--device needs the library: {why}").into())
-        }
-        Err(why) => Ok(Err(why)),
-    }
-}
-
-pub(crate) fn rdma<'a>(library: &'a Result<Client, String>) -> Rdma<'a> {
-    match library {
-        Ok(client) => Rdma::On(client),
-        Err(why) => Rdma::Off(why),
-    }
-}
-
-/// A progress bar on standard error for `total` bytes, shown only on a
-/// terminal, for long transfers, unless `--no-progress`.
-pub(crate) fn progress_bar(total: u64, transfer: &Transfer, what: &str) -> ProgressBar {
-    if transfer.no_progress || total < PROGRESS_FROM {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template(
-        "{msg} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_message(what.to_owned());
-    bar
-}
-
-/// Leaves the bar on the screen with the summary's own rate (the running
-/// rate of the bar is a recent one, not the whole transfer's).
-pub(crate) fn finish_bar(bar: &ProgressBar, bytes: u64, seconds: f64) {
-    if bar.is_hidden() {
-        return;
-    }
-    if let Ok(style) = ProgressStyle::with_template(&format!(
-        "{{msg}} [{{bar:30}}] {{binary_bytes}}/{{binary_total_bytes}} {}",
-        rate(bytes, seconds)
-    )) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.finish();
 }
 
 /// Where a download lands when `destination` names a directory (an
@@ -303,151 +224,16 @@ pub fn get(
     let mut summary = summary.map_err(|e| failure(e, "download"))?;
     summary.retries += retried.into_inner();
     finish_bar(&bar, summary.bytes, seconds);
-    report(
-        &format!("get {source} -> {landed}"),
-        &summary,
+    Report {
+        what: &format!("get {source} -> {landed}"),
+        summary: &summary,
         seconds,
-        &library,
-        transfer,
-        destination == Some("-"),
-    );
+        library: &library,
+        put: false,
+        many: None,
+    }
+    .print(transfer, destination == Some("-"));
     Ok(())
-}
-
-/// A transfer's error, in the command's words.
-pub(crate) fn failure(e: TransferError, what: &str) -> Failure {
-    match e {
-        TransferError::Cancelled => format!("interrupted: the {what} stopped").into(),
-        TransferError::Changed { .. } | TransferError::Resized { .. } => {
-            format!("{e}; nothing was kept: run the command again to get the new version").into()
-        }
-        TransferError::Corrupt { .. } if what == "download" => {
-            format!("{e}; nothing was kept").into()
-        }
-        e => e.to_string().into(),
-    }
-}
-
-/// `e` with `what` it happened to.
-fn named(what: &str, e: std::io::Error) -> std::io::Error {
-    std::io::Error::new(e.kind(), format!("{what}: {e}"))
-}
-
-/// A download written beside its destination and renamed over it only once
-/// whole: a failed download leaves the destination as it was. The file is
-/// new (never one that was there: a planted link is not followed), has a
-/// name no one can guess, and is readable by its owner alone until it
-/// takes the destination's place, with a new file's mode.
-pub(crate) struct Partial {
-    file: File,
-    path: PathBuf,
-    destination: PathBuf,
-    kept: bool,
-}
-
-impl Partial {
-    pub(crate) fn create(destination: &Path, len: u64) -> Result<Partial, Failure> {
-        let shown = destination.display();
-        let name = destination
-            .file_name()
-            .ok_or_else(|| Failure::usage(format!("{shown} is not a file name")))?;
-        let dir = match destination.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir,
-            _ => Path::new("."),
-        };
-        if !dir.is_dir() {
-            return Err(format!("{shown}: the directory {} does not exist", dir.display()).into());
-        }
-        let mut attempts = 0;
-        let (file, path) = loop {
-            let mut partial_name = std::ffi::OsString::from(".");
-            partial_name.push(name);
-            partial_name.push(format!(".hipobj-{:016x}", random()?));
-            let path = destination.with_file_name(partial_name);
-            let opened = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&path);
-            match opened {
-                Ok(file) => break (file, path),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempts < 8 => {
-                    attempts += 1;
-                }
-                Err(e) => {
-                    return Err(format!("{shown}: cannot create a file beside it: {e}").into())
-                }
-            }
-        };
-        interrupt::partial(path.clone());
-        let partial = Partial {
-            file,
-            path,
-            destination: destination.to_owned(),
-            kept: false,
-        };
-        partial
-            .file
-            .set_len(len)
-            .map_err(|e| format!("{shown}: {e}"))?;
-        Ok(partial)
-    }
-
-    /// Writes `bytes` at `offset`; an error names the destination.
-    pub(crate) fn write_at(&self, bytes: &[u8], offset: u64) -> std::io::Result<()> {
-        self.file
-            .write_all_at(bytes, offset)
-            .map_err(|e| named(&self.destination.display().to_string(), e))
-    }
-
-    /// Gives the file a new file's mode, makes it durable and renames it
-    /// over the destination, then makes the rename durable.
-    pub(crate) fn keep(mut self) -> Result<(), Failure> {
-        let shown = self.destination.display().to_string();
-        let mode = 0o666 & !umask();
-        self.file
-            .set_permissions(std::fs::Permissions::from_mode(mode))
-            .and_then(|()| self.file.sync_all())
-            .and_then(|()| std::fs::rename(&self.path, &self.destination))
-            .map_err(|e| format!("{shown}: {e}"))?;
-        self.kept = true;
-        interrupt::forget_partial(&self.path);
-        let dir = match self.destination.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir,
-            _ => Path::new("."),
-        };
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| format!("{shown}: renamed into place, but {}: {e}", dir.display()))?;
-        Ok(())
-    }
-}
-
-impl Drop for Partial {
-    fn drop(&mut self) {
-        if !self.kept {
-            let _ = std::fs::remove_file(&self.path);
-            interrupt::forget_partial(&self.path);
-        }
-    }
-}
-
-/// 64 random bits for a file name.
-fn random() -> Result<u64, Failure> {
-    getrandom::u64().map_err(|e| Failure::from(format!("no randomness: {e}")))
-}
-
-/// The process's umask (`Umask:` of /proc/self/status), 022 if unknown.
-fn umask() -> u32 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Umask:"))
-                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
-        })
-        .unwrap_or(0o022)
 }
 
 /// `hipobj put`.
@@ -498,192 +284,16 @@ pub fn put(
         Some(n) => format!("{source} (through GPU {n} memory)"),
         None => source.to_owned(),
     };
-    report(
-        &format!("put {from} -> {destination}"),
-        &summary,
+    Report {
+        what: &format!("put {from} -> {destination}"),
+        summary: &summary,
         seconds,
-        &library,
-        transfer,
-        false,
-    );
+        library: &library,
+        put: true,
+        many: None,
+    }
+    .print(transfer, false);
     Ok(())
-}
-
-/// What `put` reads: a file, or standard input read whole.
-pub(crate) struct Input {
-    file: Option<File>,
-    bytes: Vec<u8>,
-    pub(crate) len: u64,
-}
-
-impl Input {
-    pub(crate) fn open(source: &str) -> Result<Input, Failure> {
-        if source == "-" {
-            let mut bytes = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut bytes)
-                .map_err(|e| format!("standard input: {e}"))?;
-            let len = bytes.len() as u64;
-            return Ok(Input {
-                file: None,
-                bytes,
-                len,
-            });
-        }
-        let file = File::open(source).map_err(|e| format!("{source}: {e}"))?;
-        let meta = file.metadata().map_err(|e| format!("{source}: {e}"))?;
-        if !meta.is_file() {
-            return Err(format!("{source} is not a regular file").into());
-        }
-        Ok(Input {
-            file: Some(file),
-            bytes: Vec::new(),
-            len: meta.len(),
-        })
-    }
-
-    pub(crate) fn read_at(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
-        match &self.file {
-            Some(file) => file.read_exact_at(out, offset),
-            None => {
-                let at = usize::try_from(offset).map_err(std::io::Error::other)?;
-                let bytes = self
-                    .bytes
-                    .get(at..at + out.len())
-                    .ok_or_else(|| std::io::Error::other("past the end of standard input"))?;
-                out.copy_from_slice(bytes);
-                Ok(())
-            }
-        }
-    }
-}
-
-/// The counters' `name=value` pairs as a JSON object.
-pub(crate) fn counters_json(stats: &ClientStats) -> serde_json::Value {
-    let text = stats.to_string();
-    let map = text
-        .split_whitespace()
-        .filter_map(|pair| pair.split_once('='))
-        .map(|(k, v)| {
-            (
-                k.to_owned(),
-                serde_json::Value::from(v.parse::<u64>().unwrap_or(0)),
-            )
-        })
-        .collect();
-    serde_json::Value::Object(map)
-}
-
-/// How the transfers went, in words.
-pub(crate) fn paths(summary: &Summary) -> String {
-    let rdma = summary.direct + summary.staged;
-    let mut parts = Vec::new();
-    if rdma > 0 {
-        parts.push(format!(
-            "by RDMA {rdma} of {} transfers (direct {}, staged {})",
-            summary.transfers, summary.direct, summary.staged
-        ));
-    }
-    if summary.fallback > 0 {
-        parts.push(format!(
-            "over plain HTTP {} of {} transfers: {}",
-            summary.fallback,
-            summary.transfers,
-            summary.fallback_reason.as_deref().unwrap_or("declined")
-        ));
-    }
-    if parts.is_empty() {
-        parts.push("an empty object, by a plain request".to_owned());
-    }
-    match summary.retries {
-        0 => {}
-        1 => parts.push("1 request retried".to_owned()),
-        n => parts.push(format!("{n} requests retried")),
-    }
-    parts.join("; ")
-}
-
-/// Whether every transfer's bytes were checked, and what was (or why
-/// not), in words.
-pub(crate) fn verification(summary: &Summary, put: bool) -> (bool, String) {
-    let how = if put {
-        "CRC-64/NVME sent with the bytes, for the server to check"
-    } else {
-        "CRC-64/NVME of the bytes that arrived compared with the server's"
-    };
-    let why = match summary.unverified_reason {
-        Some(Unchecked::Off) => "--no-verify".to_owned(),
-        Some(why) => why.to_string(),
-        None => String::new(),
-    };
-    if summary.all_verified() {
-        (true, format!("verified ({how})"))
-    } else if summary.verified > 0 {
-        (
-            false,
-            format!(
-                "verified {} of {} transfers ({how}); not the others: {why}",
-                summary.verified, summary.transfers
-            ),
-        )
-    } else {
-        (false, format!("not verified: {why}"))
-    }
-}
-
-/// Prints the summary: a line (and the counters, or why there is no RDMA
-/// when the line did not say it) on standard error, or JSON.
-fn report(
-    what: &str,
-    summary: &Summary,
-    seconds: f64,
-    library: &Result<Client, String>,
-    transfer: &Transfer,
-    stdout_taken: bool,
-) {
-    let (verified, verification) = verification(summary, what.starts_with("put"));
-    if transfer.json {
-        let value = serde_json::json!({
-            "operation": what,
-            "bytes": summary.bytes,
-            "seconds": seconds,
-            "mib_per_s": mib_per_s(summary.bytes, seconds),
-            "transfers": summary.transfers,
-            "rdma_direct": summary.direct,
-            "rdma_staged": summary.staged,
-            "fallback": summary.fallback,
-            "fallback_reason": summary.fallback_reason,
-            "parts": summary.parts,
-            "retries": summary.retries,
-            "verified": verified,
-            "verification": verification,
-            "library": library.as_ref().err(),
-            "counters": library.as_ref().ok().map(|c| counters_json(&c.stats())),
-        });
-        if stdout_taken {
-            eprintln!("{value}");
-        } else {
-            println!("{value}");
-        }
-        return;
-    }
-    let multipart = if summary.parts > 0 {
-        format!(", multipart in {} parts", summary.parts)
-    } else {
-        String::new()
-    };
-    eprintln!(
-        "hipobj: {what}: {} in {seconds:.2} s ({}){multipart}; {}; {verification}",
-        human(summary.bytes),
-        rate(summary.bytes, seconds),
-        paths(summary)
-    );
-    match library {
-        Ok(client) => eprintln!("hipobj: counters: {}", client.stats()),
-        // The summary gave the reason with the fallback.
-        Err(_) if summary.fallback > 0 => {}
-        Err(why) => eprintln!("hipobj: no RDMA: {why}"),
-    }
 }
 
 #[cfg(test)]
@@ -706,67 +316,5 @@ mod tests {
         assert!(parse_range("100-10")
             .unwrap_err()
             .contains("before its first"));
-    }
-
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("hipobj-copy-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
-
-    #[test]
-    fn a_partial_file_never_follows_a_planted_link() {
-        let dir = scratch("link");
-        let victim = dir.join("victim");
-        std::fs::write(&victim, b"precious").unwrap();
-        let destination = dir.join("out.bin");
-        // The name the partial file once had, predictable from the pid.
-        let planted = dir.join(format!(".out.bin.hipobj-{}", std::process::id()));
-        std::os::unix::fs::symlink(&victim, &planted).unwrap();
-        let partial = Partial::create(&destination, 4).unwrap();
-        partial.write_at(b"evil", 0).unwrap();
-        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
-        partial.keep().unwrap();
-        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
-        assert_eq!(std::fs::read(&destination).unwrap(), b"evil");
-        assert!(std::fs::symlink_metadata(&destination)
-            .unwrap()
-            .file_type()
-            .is_file());
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn a_partial_file_is_its_owner_s_alone_until_kept_with_a_new_file_s_mode() {
-        let dir = scratch("mode");
-        let destination = dir.join("out.bin");
-        let partial = Partial::create(&destination, 4).unwrap();
-        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode(&partial.path), 0o600);
-        let other = Partial::create(&destination, 4).unwrap();
-        assert_ne!(partial.path, other.path, "names no one can guess");
-        drop(other);
-        partial.keep().unwrap();
-        assert_eq!(mode(&destination), 0o666 & !umask());
-        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
-        assert_eq!(left.len(), 1, "only the destination");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn a_failed_write_names_the_destination() {
-        let dir = scratch("full");
-        let destination = dir.join("out.bin");
-        let mut partial = Partial::create(&destination, 4).unwrap();
-        // A device that is always full.
-        partial.file = File::options().write(true).open("/dev/full").unwrap();
-        let e = partial.write_at(b"data", 0).unwrap_err().to_string();
-        assert!(
-            e.contains(&destination.display().to_string()) && e.contains("No space left"),
-            "{e}"
-        );
-        drop(partial);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

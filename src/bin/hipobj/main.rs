@@ -14,8 +14,11 @@
 
 mod bench;
 mod copy;
+mod files;
 mod interrupt;
 mod many;
+mod setup;
+mod summary;
 mod units;
 
 use std::process::ExitCode;

@@ -26,11 +26,9 @@ use hipobj::client::Client;
 use hipobj::s3::objects::{self, Object, Plan, Summary, TransferError};
 use hipobj::s3::S3;
 
-use crate::copy::{
-    counters_json, failure, finish_bar, library, paths, plan, progress_bar, rdma, verification,
-    Input, Partial,
-};
-use crate::units::{human, mib_per_s, rate};
+use crate::files::{Input, Partial};
+use crate::setup::{failure, finish_bar, library, plan, progress_bar, rdma};
+use crate::summary::{Many, Report};
 use crate::{interrupt, s3, Common, Failure, Transfer};
 
 /// One object of the copy.
@@ -193,69 +191,20 @@ impl Ran<'_> {
             return Err(stopped(e, &totals, self.planned, verb));
         }
         finish_bar(bar, totals.summary.bytes, seconds);
-        report(
-            self.what,
-            &totals,
-            self.planned,
+        Report {
+            what: self.what,
+            summary: &totals.summary,
             seconds,
-            self.jobs,
             library,
-            transfer,
-            self.put,
-        );
+            put: self.put,
+            many: Some(Many {
+                objects: totals.objects,
+                planned: self.planned,
+                jobs: self.jobs,
+            }),
+        }
+        .print(transfer, false);
         Ok(())
-    }
-}
-
-/// Prints the summary of a copy of many objects.
-#[allow(clippy::too_many_arguments)]
-fn report(
-    what: &str,
-    totals: &Totals,
-    planned: usize,
-    seconds: f64,
-    jobs: usize,
-    library: &Result<Client, String>,
-    transfer: &Transfer,
-    put: bool,
-) {
-    let summary = &totals.summary;
-    let (verified, verification) = verification(summary, put);
-    if transfer.json {
-        let value = serde_json::json!({
-            "operation": what,
-            "objects": totals.objects,
-            "objects_planned": planned,
-            "jobs": jobs,
-            "bytes": summary.bytes,
-            "seconds": seconds,
-            "mib_per_s": mib_per_s(summary.bytes, seconds),
-            "transfers": summary.transfers,
-            "rdma_direct": summary.direct,
-            "rdma_staged": summary.staged,
-            "fallback": summary.fallback,
-            "fallback_reason": summary.fallback_reason,
-            "parts": summary.parts,
-            "retries": summary.retries,
-            "verified": verified,
-            "verification": verification,
-            "library": library.as_ref().err(),
-            "counters": library.as_ref().ok().map(|c| counters_json(&c.stats())),
-        });
-        println!("{value}");
-        return;
-    }
-    eprintln!(
-        "hipobj: {what}: {} objects, {} in {seconds:.2} s ({}), {jobs} at a time; {}; {verification}",
-        totals.objects,
-        human(summary.bytes),
-        rate(summary.bytes, seconds),
-        paths(summary)
-    );
-    match library {
-        Ok(client) => eprintln!("hipobj: counters: {}", client.stats()),
-        Err(_) if summary.fallback > 0 => {}
-        Err(why) => eprintln!("hipobj: no RDMA: {why}"),
     }
 }
 
