@@ -355,6 +355,30 @@ def _finish(session: _session.Session, pending: List[_Pending], framework: str) 
     return [{t.name: _view(framework, p.buffer, t) for t in p.header.tensors} for p in pending]
 
 
+def _loading(session: Optional[_session.Session], span: int) -> _session.Session:
+    """The session a load uses (the active one by default), once its
+    `span` is checked: both loads refuse a bad one before any request."""
+    if span < 1:
+        raise ValueError("span is a number of bytes: 1 or more")
+    return _session_of(session)
+
+
+def _load(
+    session: _session.Session,
+    client: Any,
+    Bucket: str,
+    files: List[Tuple[str, Header]],
+    framework: str,
+    device: Optional[str],
+    span: int,
+    verify: Optional[bool],
+) -> List[Dict[str, Any]]:
+    """The tensors of each file (its key and the header read first), every
+    file's spans in flight together."""
+    pending = [_start(session, client, Bucket, key, header, framework, device, span, verify) for key, header in files]
+    return _finish(session, pending, framework)
+
+
 def load(
     client: Any,
     Bucket: str,
@@ -372,12 +396,9 @@ def load(
     default. Every byte is of the version whose header was read first:
     an object replaced during the load raises ``ObjectChangedError``
     (once every span in flight has ended)."""
-    if span < 1:
-        raise ValueError("span is a number of bytes: 1 or more")
-    session = _session_of(session)
+    session = _loading(session, span)
     header = read_header(client, Bucket, Key)
-    pending = _start(session, client, Bucket, Key, header, framework, device, span, verify)
-    return _finish(session, [pending], framework)[0]
+    return _load(session, client, Bucket, [(Key, header)], framework, device, span, verify)[0]
 
 
 def metadata(client: Any, Bucket: str, Key: str) -> Dict[str, str]:
@@ -402,7 +423,7 @@ def load_sharded(
     Every tensor the index names must be in its shard. Each shard is read
     at the version whose header was read first, as ``load`` reads a file
     (the index itself is read once)."""
-    session = _session_of(session)
+    session = _loading(session, span)
     where = f"GET {Bucket}/{IndexKey}"
     try:
         index = json.loads(client.get_object(Bucket=Bucket, Key=IndexKey)["Body"].read())
@@ -423,12 +444,9 @@ def load_sharded(
         missing = [n for n, s in weight_map.items() if s == shard and n not in names]
         if missing:
             raise FormatError(f"{where}: {shard} has no {', '.join(sorted(missing)[:5])}")
-    pending = [
-        _start(session, client, Bucket, key, header, framework, device, span, verify)
-        for key, header in zip(keys, headers)
-    ]
     tensors: Dict[str, Any] = {}
-    for shard, loaded in zip(shards, _finish(session, pending, framework)):
+    loads = _load(session, client, Bucket, list(zip(keys, headers)), framework, device, span, verify)
+    for shard, loaded in zip(shards, loads):
         for name, tensor in loaded.items():
             if weight_map.get(name, shard) == shard:
                 tensors[name] = tensor

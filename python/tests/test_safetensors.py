@@ -86,6 +86,19 @@ def test_a_state_dict_is_saved_by_parallel_parts_and_safetensors_reads_it_back(s
     assert st.save(s3, {"x": numpy.ones(4, dtype=numpy.int8)}, "bucket", "small", session=session).parts == 0
 
 
+def test_a_span_below_one_byte_is_refused_by_both_loads_before_any_request(s3, session, fake):
+    s3.fake.objects[("bucket", "m")] = safetensors.numpy.save(state(3))
+    s3.fake.objects[("bucket", "i.json")] = json.dumps({"weight_map": {k: "m" for k in state(3)}}).encode()
+    mrs = fake.hipobjFakeLiveObjects(b"mr")
+    for span in (0, -1):
+        with pytest.raises(ValueError, match="span is a number of bytes"):
+            st.load(s3, "bucket", "m", session=session, span=span)
+        with pytest.raises(ValueError, match="span is a number of bytes"):
+            st.load_sharded(s3, "bucket", "i.json", session=session, span=span)
+    assert s3.fake.requests == [], "nothing was asked of the store"
+    assert fake.hipobjFakeLiveObjects(b"mr") == mrs, "nothing stays registered"
+
+
 def test_a_sharded_model_loads_through_its_index_with_every_shard_in_flight(s3, session):
     shards = [state(10 + i) for i in range(3)]
     weight_map = {}
