@@ -9,6 +9,7 @@ pub mod args;
 pub mod buffers;
 pub mod connections;
 pub mod instance;
+pub mod keys;
 pub mod mailbox;
 pub mod nic;
 pub mod options;

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::pool::{Pool, SlotInfo};
+use super::slots::{SlotInfo, Slots};
 use crate::core::args::Direction;
 use crate::core::buffers::BufEntry;
 use crate::core::mailbox::Mailbox;
@@ -416,8 +416,8 @@ impl Cooling {
 pub struct Env<'a> {
     /// The instance's counters.
     pub stats: &'a Stats,
-    /// Where free slots go.
-    pub pool: &'a Pool,
+    /// Where free slots go: the pool, as far as a transition may touch it.
+    pub pool: &'a dyn Slots,
     /// The pool's CQ (of every QP, and of a replacement QP).
     pub cq: &'a Arc<dyn Cq>,
     /// QP number -> slot, of the QPs the connections have now (for the
@@ -816,7 +816,7 @@ impl Conn {
     /// transfer a thread waits on (or a thread leased it), or a token a
     /// server has proved (it ends at its final message). A token no server
     /// has proved holds its connection until its deadline.
-    pub fn frees_soon(&self, pool: &Pool) -> bool {
+    pub fn frees_soon(&self, pool: &dyn Slots) -> bool {
         match &self.job {
             Job::Armed(a, phase) => !a.detached || !matches!(phase, Phase::Waiting),
             Job::Leased => true,
@@ -1820,7 +1820,7 @@ impl Conn {
         }
         let mut keys = Vec::with_capacity(taken.len());
         for _ in &taken {
-            let Ok(random) = crate::core::transfer::random_bytes() else {
+            let Ok(random) = crate::core::keys::random_bytes() else {
                 break;
             };
             keys.push(u32::from_le_bytes([
@@ -1856,7 +1856,7 @@ impl Conn {
             let current = info.window_rkey.unwrap_or_default();
             let part = Share {
                 name: info.qp_num,
-                rkey: crate::core::transfer::fresh_window_key(current, random),
+                rkey: crate::core::keys::fresh_window_key(current, random),
                 addr: addr + at,
                 len: share_len.min(len - at),
             };

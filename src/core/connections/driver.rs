@@ -17,26 +17,26 @@
 //! every later lease fails with the reason.
 
 use crate::log::{log, Level};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::core::stats::Stats;
-use crate::core::sync::Mutex;
 use crate::core::tokens::TokenBook;
 
+use super::commands::{Command, Commands};
 use super::conn::{
-    refuse, wr_parts, Armed, Conn, Cooling, Env, Event, Forward, Mode, RecvBuffers, Striping,
-    Timers, QP_CAPS,
+    refuse, wr_parts, Conn, Cooling, Env, Event, Forward, Mode, RecvBuffers, Striping, Timers,
+    QP_CAPS,
 };
 use super::pool::Pool;
-use crate::core::mailbox::Mailbox;
+use super::slots::Slots;
 use crate::core::polling::Polling;
 use crate::core::protocol::decode_connect_up_to;
 use crate::error::{Error, Result};
-use crate::platform::{wait_readable, AsyncKind, CmEvent, CmListener, Context, Cq, Mw, Pd, Waker};
+use crate::platform::{wait_readable, AsyncKind, CmEvent, CmListener, Context, Cq, Mw, Pd};
 /// Completion entries per connection on the pool's CQ: more than a
 /// connection ever has outstanding (its receives and three sends).
 const CQES_PER_CONN: u32 = 8;
@@ -50,143 +50,6 @@ const CM_BATCH: usize = 64;
 const MAX_EVENT_ERRORS: u32 = 64;
 /// How soon the driver looks again after a failure to read events.
 const RETRY_AFTER_TROUBLE: Duration = Duration::from_millis(10);
-
-/// What transfer threads (and calls of the application) ask of the driver.
-pub enum Command {
-    /// A transfer on a leased slot: a server may prove its token now.
-    Arm {
-        /// The slot.
-        index: usize,
-        /// Its lease's epoch.
-        epoch: u64,
-        /// The transfer.
-        armed: Box<Armed>,
-    },
-    /// The transfer's S3 conversation ended (`ok`: answered success).
-    Replied {
-        /// The slot.
-        index: usize,
-        /// Its lease's epoch.
-        epoch: u64,
-        /// Whether the server answered success.
-        ok: bool,
-    },
-    /// The lease's thread gave the transfer up (or unwound): revoke, free.
-    Abort {
-        /// The slot.
-        index: usize,
-        /// Its lease's epoch.
-        epoch: u64,
-    },
-    /// A lease dropped before its transfer was armed.
-    Release {
-        /// The slot.
-        index: usize,
-        /// Its lease's epoch.
-        epoch: u64,
-    },
-    /// Ends every application-driven token on the buffer at `base`
-    /// (deregistration revokes its access), then fills `done`.
-    EndTokens {
-        /// The buffer's registered address.
-        base: usize,
-        /// Filled once they ended.
-        done: Arc<Mailbox>,
-    },
-    /// The application released the token with this QP and secret
-    /// (`hipObjPutRdmaToken`). It ends nothing; the job is marked, so that
-    /// while no server has proved it, its connection may go to a newer
-    /// token when the pool runs out.
-    Released {
-        /// The token's QP number.
-        qp_num: u32,
-        /// The token's secret.
-        secret: u32,
-    },
-    /// A token is being minted and no connection is free: end the oldest
-    /// released token no server has proved, if any. `done` gets `Ok` when
-    /// a connection is (or will soon be) free, `Err(Busy)` when every
-    /// connection holds an application-driven token that is not released.
-    Reclaim {
-        /// Answered once decided.
-        done: Arc<Mailbox>,
-    },
-    /// The instance is shut down: end every application-driven token (its
-    /// access revoked), refuse any later one, then fill `done`. Transfers
-    /// that threads wait on run to their end.
-    Close {
-        /// Filled once every token has ended.
-        done: Arc<Mailbox>,
-    },
-    /// Shut down: end every job, disconnect every connection, exit.
-    Stop,
-}
-
-struct Queue {
-    commands: VecDeque<Command>,
-    dead: Option<Error>,
-}
-
-/// The driver's command queue and the eventfd that wakes it.
-pub struct Commands {
-    queue: Mutex<Queue>,
-    waker: Waker,
-}
-
-impl Commands {
-    /// An empty queue.
-    pub fn new() -> Result<Commands> {
-        Ok(Commands {
-            queue: Mutex::new(Queue {
-                commands: VecDeque::new(),
-                dead: None,
-            }),
-            waker: Waker::new()?,
-        })
-    }
-
-    /// Queues `command`; `wake` makes the driver look now. Fails (and
-    /// drops the command) once the driver stopped.
-    pub fn send(&self, command: Command, wake: bool) -> Result<()> {
-        let mut queue = self.queue.lock();
-        if let Some(dead) = &queue.dead {
-            return Err(dead.clone());
-        }
-        queue.commands.push_back(command);
-        drop(queue);
-        if wake {
-            self.waker.wake();
-        }
-        Ok(())
-    }
-
-    /// Whether a command is queued.
-    pub(crate) fn pending(&self) -> bool {
-        !self.queue.lock().commands.is_empty()
-    }
-
-    pub(crate) fn take(&self) -> VecDeque<Command> {
-        std::mem::take(&mut self.queue.lock().commands)
-    }
-
-    /// No command is accepted any more; those queued are answered `why`.
-    pub(crate) fn kill(&self, why: &Error) {
-        let left = {
-            let mut queue = self.queue.lock();
-            queue.dead.get_or_insert_with(|| why.clone());
-            std::mem::take(&mut queue.commands)
-        };
-        for command in left {
-            match command {
-                Command::Arm { armed, .. } => armed.mailbox.fill(Err(why.clone())),
-                Command::EndTokens { done, .. }
-                | Command::Reclaim { done }
-                | Command::Close { done } => done.fill(Ok(())),
-                _ => {}
-            }
-        }
-    }
-}
 
 /// What the driver serves, built by [`build`].
 pub struct Parts {
@@ -475,7 +338,7 @@ struct Shared {
 impl Shared {
     fn env(&mut self) -> Env<'_> {
         Env {
-            pool: &self.pool,
+            pool: &*self.pool,
             cq: &self.cq,
             by_qp: &mut self.by_qp,
             cooling: &mut self.cooling,
@@ -686,7 +549,7 @@ impl State {
                     conn.handle(Event::Abort { epoch, why }, &mut shared.env());
                     relay(conns, shared);
                     done.fill(Ok(()));
-                } else if conns.iter().any(|c| c.frees_soon(&shared.pool)) {
+                } else if conns.iter().any(|c| c.frees_soon(&*shared.pool)) {
                     // A transfer will end soon and free its connection.
                     done.fill(Ok(()));
                 } else {

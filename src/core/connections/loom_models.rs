@@ -14,8 +14,9 @@ use std::sync::Arc;
 
 use loom::thread;
 
-use super::driver::{Command, Commands};
-use super::pool::{Pool, SlotInfo};
+use super::commands::{Command, Commands};
+use super::pool::Pool;
+use super::slots::{SlotInfo, Slots};
 use crate::core::mailbox::Mailbox;
 use crate::error::Error;
 use crate::platform::Pd;

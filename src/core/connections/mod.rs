@@ -22,9 +22,11 @@
 //! connection and hands each event to its transition, `pool` the free list
 //! and the leases. `docs/architecture.md` draws the states.
 
+mod commands;
 mod conn;
 mod driver;
 mod pool;
+mod slots;
 
 #[cfg(all(test, loom))]
 mod loom_models;
@@ -34,13 +36,15 @@ use std::time::{Duration, Instant};
 
 pub use conn::{Armed, Grant, Mode, Striping, MAX_WRONG_PROOFS};
 pub use driver::Settings;
-pub use pool::{remember_peer, AbortHandle, Lease, Pool, SlotInfo};
+pub use pool::{remember_peer, AbortHandle, Lease, Pool};
+pub use slots::SlotInfo;
 
 use crate::core::mailbox::Mailbox;
 use crate::core::protocol::VERSION_3;
 use crate::error::Result;
 use crate::platform::{CmListener, Context, Pd};
-use driver::{Command, Commands, Driver};
+use commands::{Command, Commands};
+use driver::Driver;
 
 /// A pool of connections and the driver thread that owns them. Dropping it
 /// stops the driver (which ends every job, revoking its access, and

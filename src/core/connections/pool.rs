@@ -15,30 +15,11 @@ use std::sync::Arc;
 
 use crate::core::sync::{Condvar, Mutex};
 
+use super::commands::{Command, Commands};
 use super::conn::Armed;
-use super::driver::{Command, Commands};
+use super::slots::{SlotInfo, Slots};
 use crate::error::{Error, Result};
-use crate::platform::{Gid, Pd};
-
-/// What a thread leasing a slot needs to know about it, as the driver left
-/// it on the free list.
-#[derive(Clone)]
-pub struct SlotInfo {
-    /// Index in the pool.
-    pub index: usize,
-    /// The lease's epoch: the driver ignores commands of another one.
-    pub epoch: u64,
-    /// The connection's name: its first QP's number, which tokens carry.
-    pub qp_num: u32,
-    /// The rkey the connection's memory window carries now, where the
-    /// device has windows (the token's rkey is its index with a new key).
-    pub window_rkey: Option<u32>,
-    /// The server the connection is established with, if any.
-    pub peer: Option<Gid>,
-    /// The QP's protection domain (where a transfer registers its range on
-    /// a device without windows).
-    pub pd: Arc<dyn Pd>,
-}
+use crate::platform::Gid;
 
 struct Inner {
     free: Vec<SlotInfo>,
@@ -171,75 +152,6 @@ impl Pool {
         Some(free.swap_remove(pos))
     }
 
-    /// Puts a clean slot back (the driver only).
-    pub fn put_back(&self, info: SlotInfo) {
-        let mut inner = self.inner.lock();
-        if !inner.free.iter().any(|s| s.index == info.index) {
-            inner.free.push(info);
-        }
-        drop(inner);
-        self.available.notify_one();
-    }
-
-    /// Takes up to `count` free slots for the shares of a striped transfer
-    /// (the driver, for the primary at slot `primary`): those established
-    /// with `peer` first, then those with no server; never one another
-    /// server keeps (its next transfer would lose the connection).
-    pub fn take_for_stripes(
-        &self,
-        count: usize,
-        peer: Option<Gid>,
-        primary: usize,
-    ) -> Vec<SlotInfo> {
-        let mut inner = self.inner.lock();
-        let mut taken = Vec::with_capacity(count);
-        for want in [peer, None] {
-            if want.is_none() && peer.is_none() && !taken.is_empty() {
-                break;
-            }
-            while taken.len() < count {
-                let Some(pos) = inner
-                    .free
-                    .iter()
-                    .position(|s| s.peer == want && s.index != primary)
-                else {
-                    break;
-                };
-                taken.push(inner.free.swap_remove(pos));
-            }
-        }
-        taken
-    }
-
-    /// Takes slot `index` off the free list if it is there (the driver,
-    /// for a free connection it retired).
-    pub fn take_free(&self, index: usize) {
-        let mut inner = self.inner.lock();
-        if let Some(pos) = inner.free.iter().position(|s| s.index == index) {
-            inner.free.swap_remove(pos);
-        }
-    }
-
-    /// Whether slot `index` is on the free list (not leased).
-    pub fn is_free(&self, index: usize) -> bool {
-        self.inner.lock().free.iter().any(|s| s.index == index)
-    }
-
-    /// Replaces what the free list says of `info`'s slot, if it is there
-    /// (the driver, after changing a free connection).
-    pub fn refresh(&self, info: SlotInfo) {
-        let mut inner = self.inner.lock();
-        if let Some(slot) = inner.free.iter_mut().find(|s| s.index == info.index) {
-            *slot = info;
-        }
-    }
-
-    /// Counts a connection that could not be reset.
-    pub fn retire(&self) {
-        self.inner.lock().retired += 1;
-        self.available.notify_all();
-    }
-
     /// Closes the pool: leases fail with `NotInitialized` from now on,
     /// including those waiting.
     pub fn close(&self) {
@@ -285,6 +197,61 @@ impl Pool {
     /// Connections in the pool.
     pub fn total(&self) -> usize {
         self.total
+    }
+}
+
+impl Slots for Pool {
+    fn put_back(&self, info: SlotInfo) {
+        let mut inner = self.inner.lock();
+        if !inner.free.iter().any(|s| s.index == info.index) {
+            inner.free.push(info);
+        }
+        drop(inner);
+        self.available.notify_one();
+    }
+
+    fn take_for_stripes(&self, count: usize, peer: Option<Gid>, primary: usize) -> Vec<SlotInfo> {
+        let mut inner = self.inner.lock();
+        let mut taken = Vec::with_capacity(count);
+        for want in [peer, None] {
+            if want.is_none() && peer.is_none() && !taken.is_empty() {
+                break;
+            }
+            while taken.len() < count {
+                let Some(pos) = inner
+                    .free
+                    .iter()
+                    .position(|s| s.peer == want && s.index != primary)
+                else {
+                    break;
+                };
+                taken.push(inner.free.swap_remove(pos));
+            }
+        }
+        taken
+    }
+
+    fn take_free(&self, index: usize) {
+        let mut inner = self.inner.lock();
+        if let Some(pos) = inner.free.iter().position(|s| s.index == index) {
+            inner.free.swap_remove(pos);
+        }
+    }
+
+    fn is_free(&self, index: usize) -> bool {
+        self.inner.lock().free.iter().any(|s| s.index == index)
+    }
+
+    fn refresh(&self, info: SlotInfo) {
+        let mut inner = self.inner.lock();
+        if let Some(slot) = inner.free.iter_mut().find(|s| s.index == info.index) {
+            *slot = info;
+        }
+    }
+
+    fn retire(&self) {
+        self.inner.lock().retired += 1;
+        self.available.notify_all();
     }
 }
 
