@@ -16,9 +16,9 @@
 //! | `hipobj_s3_requests_in_progress` | | S3 requests being answered |
 //! | `hipobj_s3_errors_total` | `op`, `status`, `code` | answers of 400 or more, by S3 error code |
 //! | `hipobj_s3_rdma_refusals_total` | `op`, `reason` | tokens not served by RDMA: `declined` (501: RDMA off, a token it cannot use), `busy` (503), `failed` (500), `bad_digest` (400), `s3_error` (the S3 error of the request itself: the backend's answer, whatever its status) |
-//! | `hipobj_s3_rdma_memory_in_use_bytes` | | the memory budget that transfers and the cache's objects hold ([`Rdma::memory_in_use`]) |
-//! | `hipobj_s3_rdma_requests_in_progress` | | RDMA requests admitted ([`Rdma::requests_in_progress`]) |
-//! | `hipobj_s3_rdma_budget_waiting`, `hipobj_s3_rdma_budget_waits_total` | | RDMA transfers waiting their turn for room in the memory budget now, and those that have waited ([`Rdma::budget_waits`]) |
+//! | `hipobj_s3_rdma_memory_in_use_bytes` | | the memory budget that transfers and the cache's objects hold ([`Rdma::memory_in_use`](crate::gateway::rdma::Rdma::memory_in_use)) |
+//! | `hipobj_s3_rdma_requests_in_progress` | | RDMA requests admitted ([`Rdma::requests_in_progress`](crate::gateway::rdma::Rdma::requests_in_progress)) |
+//! | `hipobj_s3_rdma_budget_waiting`, `hipobj_s3_rdma_budget_waits_total` | | RDMA transfers waiting their turn for room in the memory budget now, and those that have waited ([`Rdma::budget_waits`](crate::gateway::rdma::Rdma::budget_waits)) |
 //! | `hipobj_s3_rdma_memory_limit_bytes`, `hipobj_s3_rdma_requests_limit` | | `--rdma-memory-bytes` and `--rdma-max-requests` (0 with RDMA off) |
 //! | `hipobj_s3_upstream_request_duration_seconds` | `op`, `outcome` | requests to the store behind the server ([`upstream_observed`]) |
 //! | `hipobj_s3_cache_requests_total` | `outcome` | GETs and HEADs the cache saw (`--cache-bytes`): `hit`, `miss`, `head_hit` (a HEAD answered from a fresh entry under `ttl`), `bypass` (a GET it does not answer: a version, a part, conditions, overridden headers), `too_large` (an object not kept), `corrupt` (a fill whose bytes failed the store's checksum), `no_memory` (a fill not kept: transfers held the RDMA memory budget), `disk_corrupt` (a file of the disk tier that failed its checks, deleted) |
@@ -61,8 +61,6 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-
-use crate::gateway::rdma::Rdma;
 
 /// The content type of the OpenMetrics text format.
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -193,12 +191,33 @@ pub fn rdma_limits(memory_bytes: u64, max_requests: usize) {
         .set(i64::try_from(max_requests).unwrap_or(i64::MAX));
 }
 
+/// The RDMA side's gauges as a scrape reads them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RdmaNow {
+    /// The memory budget held by transfers and the cache's objects.
+    pub memory_in_use: u64,
+    /// RDMA requests admitted.
+    pub requests_in_progress: usize,
+    /// Transfers waiting their turn for room in the budget now.
+    pub budget_waiting: usize,
+    /// Transfers that have waited so far.
+    pub budget_waited: u64,
+}
+
+/// Where a scrape reads the RDMA gauges (the gateway's RDMA side, which
+/// this module knows only as this).
+pub trait RdmaGauges: Send + Sync {
+    /// The gauges now.
+    fn now(&self) -> RdmaNow;
+}
+
 /// The metrics in OpenMetrics text, the RDMA gauges read now.
-pub fn render(rdma: Option<&Rdma>) -> String {
+pub fn render(rdma: Option<&dyn RdmaGauges>) -> String {
     let m = &*METRICS;
-    let (memory, requests) = rdma.map_or((0, 0), |r| (r.memory_in_use(), r.requests_in_progress()));
-    if let Some(rdma) = rdma {
-        let (waiting, waited) = rdma.budget_waits();
+    let now = rdma.map(RdmaGauges::now);
+    let (memory, requests) = now.map_or((0, 0), |n| (n.memory_in_use, n.requests_in_progress));
+    if let Some(now) = now {
+        let (waiting, waited) = (now.budget_waiting, now.budget_waited);
         m.rdma_budget_waiting
             .set(i64::try_from(waiting).unwrap_or(i64::MAX));
         let seen = m
@@ -216,7 +235,7 @@ pub fn render(rdma: Option<&Rdma>) -> String {
 }
 
 /// Serves `GET /metrics` on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, rdma: Option<Arc<Rdma>>) {
+pub async fn serve(listener: TcpListener, rdma: Option<Arc<dyn RdmaGauges>>) {
     loop {
         let socket = match listener.accept().await {
             Ok((socket, _)) => socket,
@@ -241,7 +260,7 @@ pub async fn serve(listener: TcpListener, rdma: Option<Arc<Rdma>>) {
 }
 
 /// The metrics endpoint's answer.
-fn answer(method: &Method, uri: &Uri, rdma: Option<&Rdma>) -> Response<s3s::Body> {
+fn answer(method: &Method, uri: &Uri, rdma: Option<&dyn RdmaGauges>) -> Response<s3s::Body> {
     let (status, content_type, body) = match (method, uri.path()) {
         (&Method::GET | &Method::HEAD, "/metrics") => (StatusCode::OK, CONTENT_TYPE, render(rdma)),
         (_, "/metrics") => (

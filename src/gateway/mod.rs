@@ -508,7 +508,8 @@ async fn serve(
             say(&format!(
                 "hipobj-s3-server metrics on http://{local}/metrics"
             ))?;
-            Some(tokio::spawn(metrics::serve(listener, rdma.clone().ok())))
+            let gauges = rdma.clone().ok().map(|r| r as Arc<dyn metrics::RdmaGauges>);
+            Some(tokio::spawn(metrics::serve(listener, gauges)))
         }
         None => None,
     };

@@ -846,6 +846,18 @@ fn list(names: &[String]) -> String {
     }
 }
 
+impl crate::gateway::metrics::RdmaGauges for Rdma {
+    fn now(&self) -> crate::gateway::metrics::RdmaNow {
+        let (budget_waiting, budget_waited) = self.budget_waits();
+        crate::gateway::metrics::RdmaNow {
+            memory_in_use: self.memory_in_use(),
+            requests_in_progress: self.requests_in_progress(),
+            budget_waiting,
+            budget_waited,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

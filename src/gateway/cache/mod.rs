@@ -55,9 +55,9 @@ use s3s::{s3_error, S3Error, S3Request, S3Response, S3Result, StdError};
 use tokio::sync::watch;
 
 use super::backend::{delegate_s3, sibling, Backend};
+use super::checksum::Stored;
 use super::metrics;
 use super::rdma::{Held, Pinned, Room};
-use super::s3::Stored;
 use super::stream::ChunkStream;
 
 mod disk;
