@@ -93,6 +93,11 @@ cargo clippy --locked --workspace --all-targets --features "$workspace_features"
 # shares with the library (same versions, same features) are checked once.
 CARGO_TARGET_DIR="$target" cargo clippy --locked --all-targets --manifest-path fuzz/Cargo.toml -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --features cli,fake-platform,s3-server
+# No two files of different concerns import each other, in the library,
+# the command and the model streamer's backend (scripts/import-cycles.py).
+for crate_src in src src/bin/hipobj streamers3/src; do
+    python3 scripts/import-cycles.py "$crate_src"
+done
 # A cdylib: its documentation is its own code's, private items included.
 RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps -p hipobj-streamers3 --document-private-items
 
