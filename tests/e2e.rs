@@ -1024,19 +1024,10 @@ fn a_ranged_get_across_the_4_gib_mark_of_a_larger_object() {
     file.write_all_at(&bytes, range.start)
         .expect("the bytes around the mark");
     drop(file);
-    // s3s-fs's info file (`.bucket-B.object-K.internal.json` at the root,
-    // B and K in URL-safe base64 without padding), with an ETag of the
-    // form a multipart upload's has, which is not a hash of the body.
-    let encode = |s: &str| {
-        use base64::Engine as _;
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s)
-    };
+    // The local backend's info file, with an ETag of the form a multipart
+    // upload's has, which is not a hash of the body.
     std::fs::write(
-        server.root().join(format!(
-            ".bucket-{}.object-{}.internal.json",
-            encode(s3::BUCKET),
-            encode("sparse")
-        )),
+        hipobj::gateway::local::info_file(server.root(), s3::BUCKET, "sparse"),
         r#"{"e_tag":"4a0f5c1b2e3d4c5b6a798877665544ff-2"}"#,
     )
     .expect("the object's info file");

@@ -665,18 +665,9 @@ impl Local {
         }
     }
 
-    /// Where s3s-fs 0.14.1 keeps `bucket/key`'s ETag and checksums: its
-    /// `FileSystem::get_internal_info_path` (fs.rs) names the file by the
-    /// bucket's and the key's names in URL-safe base64, without padding,
-    /// at the root. The version is pinned (`=0.14.1`), and
-    /// `tests/gateway_local.rs` reads the file by that name.
+    /// [`info_file`] of this backend's root.
     fn info_file(&self, bucket: &str, key: &str) -> PathBuf {
-        let encode = |s: &str| URL_SAFE_NO_PAD.encode(s);
-        self.root.join(format!(
-            ".bucket-{}.object-{}.internal.json",
-            encode(bucket),
-            encode(key)
-        ))
+        info_file(&self.root, bucket, key)
     }
 
     /// Removes the `checksum_*` fields of `bucket/key`'s info file when it
@@ -1483,6 +1474,20 @@ impl ByteStream for Verified {
     fn remaining_length(&self) -> RemainingLength {
         self.body.remaining_length()
     }
+}
+
+/// Where s3s-fs 0.14.1 keeps `bucket/key`'s ETag and checksums under the
+/// backend's `root`: its `FileSystem::get_internal_info_path` (fs.rs)
+/// names the file by the bucket's and the key's names in URL-safe base64,
+/// without padding, at the root. The version is pinned (`=0.14.1`), and
+/// `tests/gateway_local.rs` reads the file by that name.
+pub fn info_file(root: &Path, bucket: &str, key: &str) -> PathBuf {
+    let encode = |s: &str| URL_SAFE_NO_PAD.encode(s);
+    root.join(format!(
+        ".bucket-{}.object-{}.internal.json",
+        encode(bucket),
+        encode(key)
+    ))
 }
 
 #[cfg(test)]
