@@ -84,6 +84,8 @@ snapshot() {
 # Runs one perftest server and its client: pair NAME TOOL ARGS... Leaves
 # the device's counters that moved in raw/NAME.counters. A failure is
 # recorded in failed.txt and returns 1.
+# client_wrap: a command the client runs under (perf stat), if any.
+client_wrap=()
 pair() {
     local name=$1 tool=$2
     shift 2
@@ -93,7 +95,8 @@ pair() {
     local server=$!
     local status=0
     if wait_listen "$port"; then
-        timeout -k 10 "$limit" "$tool" "${common[@]}" "$@" -p "$port" 192.0.2.1 >"$raw/$name.client" 2>&1 || status=$?
+        "${client_wrap[@]}" timeout -k 10 "$limit" "$tool" "${common[@]}" "$@" -p "$port" 192.0.2.1 \
+            >"$raw/$name.client" 2>&1 || status=$?
     else
         echo "bench-guest: $name: the $tool server did not listen" >&2
         status=1
@@ -238,23 +241,15 @@ fi
 if [[ $sections == cost ]]; then
     : >"$out/cost.txt"
     events=context-switches,raw_syscalls:sys_enter
-    # counted NAME REP TRANSFERS COMMAND...: COMMAND under perf stat -a; its
-    # switches and system calls, the transfers and its seconds to cost.txt.
-    counted() {
-        local name=$1 rep=$2 transfers=$3
-        shift 3
-        local status=0
-        perf stat -a -x, -o "$raw/$name.r$rep.perf" -e "$events" -- "$@" >"$raw/$name.r$rep.out" 2>&1 ||
-            status=$?
-        if ((status != 0)); then
-            echo "$name status $status (turn $rep): $(tail -1 "$raw/$name.r$rep.out")" >>"$out/failed.txt"
-            return 0
-        fi
-        awk -F, -v n="$name" -v r="_r$rep" '
+    # counts NAME KEY REP TRANSFERS: the switches and system calls perf stat
+    # wrote to raw/NAME.perf, and the transfers, to cost.txt as KEY_..._rREP.
+    counts() {
+        local name=$1 key=$2 rep=$3 transfers=$4
+        awk -F, -v n="$key" -v r="_r$rep" '
             $3 == "context-switches" { print n "_switches" r, $1, "count" }
             $3 == "raw_syscalls:sys_enter" { print n "_syscalls" r, $1, "count" }' \
-            "$raw/$name.r$rep.perf" >>"$out/cost.txt"
-        echo "${name}_transfers_r$rep $transfers count" >>"$out/cost.txt"
+            "$raw/$name.perf" >>"$out/cost.txt"
+        echo "${key}_transfers_r$rep $transfers count" >>"$out/cost.txt"
     }
     for rep in $(seq "$repeats"); do
         name="send_52B_x16_r$rep"
@@ -266,24 +261,26 @@ if [[ $sections == cost ]]; then
         for mib in "$volume_mib" $((volume_mib * 3)); do
             transfers=$((mib * 16))
             echo "bench-guest: cost, perftest and the library at $mib MiB (turn $rep)" >&2
-            port=$((port + 1))
-            timeout -k 10 "$limit" ib_write_bw "${common[@]}" -s 65536 -q 16 -n "$mib" -p "$port" \
-                >"$raw/cost_perftest_$mib.r$rep.server" 2>&1 &
-            server=$!
-            if wait_listen "$port"; then
-                counted "cost_perftest_$mib" "$rep" "$transfers" timeout -k 10 "$limit" \
-                    ib_write_bw "${common[@]}" -s 65536 -q 16 -n "$mib" -p "$port" 192.0.2.1
-                avg=$(perftest_avg "$raw/cost_perftest_$mib.r$rep.out" 65536)
+            name="cost_perftest_${mib}_r$rep"
+            client_wrap=(perf stat -a -x, -o "$raw/$name.perf" -e "$events" --)
+            if pair "$name" ib_write_bw -s 65536 -q 16 -n "$mib"; then
+                counts "$name" "cost_perftest_$mib" "$rep" "$transfers"
+                avg=$(perftest_avg "$raw/$name.client" 65536)
                 [[ -z $avg ]] || echo "cost_perftest_${mib}_mib_per_s_r$rep $avg MiB/s" >>"$out/cost.txt"
-            else
-                echo "cost_perftest_$mib: the ib_write_bw server did not listen (turn $rep)" >>"$out/failed.txt"
             fi
-            wait "$server" || true
-            counted "cost_library_$mib" "$rep" "$transfers" timeout -k 10 "$limit" \
-                "$bench" throughput get 65536 16 --volume-mib "$mib"
+            client_wrap=()
+            name="cost_library_${mib}_r$rep"
+            status=0
+            perf stat -a -x, -o "$raw/$name.perf" -e "$events" -- timeout -k 10 "$limit" \
+                "$bench" throughput get 65536 16 --volume-mib "$mib" >"$raw/$name.out" 2>&1 || status=$?
+            if ((status != 0)); then
+                echo "$name status $status: $(tail -1 "$raw/$name.out")" >>"$out/failed.txt"
+                continue
+            fi
+            counts "$name" "cost_library_$mib" "$rep" "$transfers"
             awk -v m="$mib" -v n="cost_library_${mib}_mib_per_s_r$rep" \
                 '$1 == "get_64KiB_x16_seconds" && $2 > 0 { print n, m / $2, "MiB/s" }' \
-                "$raw/cost_library_$mib.r$rep.out" >>"$out/cost.txt"
+                "$raw/$name.out" >>"$out/cost.txt"
         done
     done
     exit 0
