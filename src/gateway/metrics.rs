@@ -215,19 +215,20 @@ pub trait RdmaGauges: Send + Sync {
 pub fn render(rdma: Option<&dyn RdmaGauges>) -> String {
     let m = &*METRICS;
     let now = rdma.map(RdmaGauges::now);
-    let (memory, requests) = now.map_or((0, 0), |n| (n.memory_in_use, n.requests_in_progress));
     if let Some(now) = now {
-        let (waiting, waited) = (now.budget_waiting, now.budget_waited);
         m.rdma_budget_waiting
-            .set(i64::try_from(waiting).unwrap_or(i64::MAX));
+            .set(i64::try_from(now.budget_waiting).unwrap_or(i64::MAX));
         let seen = m
             .rdma_budget_waits_seen
-            .fetch_max(waited, std::sync::atomic::Ordering::AcqRel);
-        m.rdma_budget_waits.inc_by(waited.saturating_sub(seen));
+            .fetch_max(now.budget_waited, std::sync::atomic::Ordering::AcqRel);
+        m.rdma_budget_waits
+            .inc_by(now.budget_waited.saturating_sub(seen));
     }
-    m.rdma_memory.set(i64::try_from(memory).unwrap_or(i64::MAX));
+    let now = now.unwrap_or_default();
+    m.rdma_memory
+        .set(i64::try_from(now.memory_in_use).unwrap_or(i64::MAX));
     m.rdma_requests
-        .set(i64::try_from(requests).unwrap_or(i64::MAX));
+        .set(i64::try_from(now.requests_in_progress).unwrap_or(i64::MAX));
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut out, &m.registry);
