@@ -1561,18 +1561,30 @@ mod tests {
         twice
             .headers
             .append(TOKEN, HeaderValue::from_str(&token(4792, 4096)).unwrap());
-        let e = runtime
-            .block_on(fake.s3.put_object(twice))
-            .expect_err("declined");
-        assert_eq!(*e.code(), s3s::S3ErrorCode::NotImplemented, "{e:?}");
-        let why = e.message().unwrap_or_default();
-        assert!(
-            why.contains("x-amz-rdma-token is given 2 times: a request names one buffer"),
-            "{why}"
+        let answer = runtime.block_on(fake.s3.put_object(twice));
+        assert_put_declined(
+            &fake,
+            answer,
+            "twice",
+            "x-amz-rdma-token is given 2 times: a request names one buffer",
         );
+    }
+
+    /// `answer` to the PUT of `key` is a decline (501) naming `why`, with
+    /// nothing reserved, nothing in progress and nothing stored.
+    fn assert_put_declined(
+        fake: &Fake,
+        answer: S3Result<S3Response<PutObjectOutput>>,
+        key: &str,
+        why: &str,
+    ) {
+        let e = answer.expect_err("declined");
+        assert_eq!(*e.code(), s3s::S3ErrorCode::NotImplemented, "{e:?}");
+        let said = e.message().unwrap_or_default();
+        assert!(said.contains(why), "{said}");
         assert_eq!(fake.rdma.memory_in_use(), 0);
         assert_eq!(fake.rdma.requests_in_progress(), 0);
-        assert!(!fake.root.join(BUCKET).join("twice").exists());
+        assert!(!fake.root.join(BUCKET).join(key).exists());
     }
 
     #[test]
@@ -1592,18 +1604,13 @@ mod tests {
             .build()
             .unwrap();
         let long = token(4791, 2 << 20);
-        let e = runtime
-            .block_on(fake.s3.put_object(put("long", b"", Some(&long))))
-            .expect_err("declined");
-        assert_eq!(*e.code(), s3s::S3ErrorCode::NotImplemented, "{e:?}");
-        let why = e.message().unwrap_or_default();
-        assert!(
-            why.contains("2097152 bytes is more than --rdma-max-bytes 1048576"),
-            "{why}"
+        let answer = runtime.block_on(fake.s3.put_object(put("long", b"", Some(&long))));
+        assert_put_declined(
+            &fake,
+            answer,
+            "long",
+            "2097152 bytes is more than --rdma-max-bytes 1048576",
         );
-        assert_eq!(fake.rdma.memory_in_use(), 0);
-        assert_eq!(fake.rdma.requests_in_progress(), 0);
-        assert!(!fake.root.join(BUCKET).join("long").exists());
     }
 
     /// Limits whose memory budget is smaller than the objects below: a
