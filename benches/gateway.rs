@@ -38,7 +38,7 @@ use std::time::Instant;
 
 use hipobj::s3::objects::{self, Object, Path as Via, Policy};
 use hipobj::s3::{Request, S3};
-use hipobj::testing::world::World;
+use hipobj_testing::world::World;
 
 /// RDMA only, not verified: the figures are the transfers'.
 const RDMA_ONLY: Policy = Policy {

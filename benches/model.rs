@@ -1,6 +1,6 @@
 //! Whole transfers on a modelled 400 Gb/s link (the fake fabric in
 //! simulated time: 48.5 GB/s a port, 28 GB/s a queue pair, 3 µs round
-//! trip; `src/testing/fabric/model.rs`), with the test server in process:
+//! trip; `testing/src/fabric/model.rs`), with the test server in process:
 //! what the protocol's messages and one queue pair's cap cost a transfer on
 //! a fast NIC, whatever this machine's CPUs do.
 //!
@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use hipobj::core::transfer::Direction;
 use hipobj::core::Options;
-use hipobj::testing::fabric::LinkModel;
-use hipobj::testing::world::{HostClient, World, WorldSpec};
+use hipobj_testing::fabric::LinkModel;
+use hipobj_testing::world::{HostClient, World, WorldSpec};
 
 const GIB: usize = 1 << 30;
 

@@ -35,8 +35,8 @@ use hipobj::core::args::Slice;
 use hipobj::core::transfer::Direction;
 use hipobj::core::Options;
 use hipobj::server::Op;
-use hipobj::testing::fabric::Traffic;
-use hipobj::testing::world::{HostClient, World, WorldSpec, CLIENT_NIC, SERVER_NIC};
+use hipobj_testing::fabric::Traffic;
+use hipobj_testing::world::{HostClient, World, WorldSpec, CLIENT_NIC, SERVER_NIC};
 
 struct Setup {
     world: World,

@@ -50,9 +50,9 @@ def areas(path):
             total = n
             continue
         fn = name.split(":", 1)[1] if ":" in name else name
-        if "hipobj::testing::world" in fn or "hipobj::server" in fn:
+        if "hipobj_testing::world" in fn or "hipobj::server" in fn:
             by["server"] += n
-        elif "hipobj::testing" in fn:
+        elif "hipobj_testing::" in fn:
             by["fake fabric"] += n
         elif "hipobj::" in fn:
             by["library"] += n

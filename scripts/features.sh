@@ -7,9 +7,10 @@
 test_features=s3-server,cli,vm-lane,garage-lane,seaweedfs-lane,cuda-device
 # The same, for a command that selects the workspace's other member too
 # (the model streamer's backend, streamers3/, with its fake-world feature,
-# which adds the library's fake-platform and capi: what the library's test
-# targets have already): PACKAGE/FEATURE names, so that the library is
-# built once with one feature set for both.
+# which adds the fakes of testing/ and the fake library's controls, whose
+# hipobj has the capi and server features the library's test targets have
+# already): PACKAGE/FEATURE names, so that the library is built once with
+# one feature set for all.
 workspace_features="hipobj-streamers3/fake-world,hipobj/default,hipobj/${test_features//,/,hipobj/}"
 
 # The test targets that need what this host may not have (the Soft-RoCE
@@ -18,16 +19,17 @@ workspace_features="hipobj-streamers3/fake-world,hipobj/default,hipobj/${test_fe
 # scripts/gpu/test.sh), never by the host's suite.
 lane_tests=(rxe e2e gateway_garage gateway_seaweedfs cuda)
 
-# The host's test targets: every [[test]] of the package but the lanes'
-# (from cargo metadata, so that a new test file is run without being
-# listed), as `--test NAME` arguments.
+# The host's test targets: every [[test]] of the library's package and of
+# the fake library's (testing/fake-library/) but the lanes' (from cargo
+# metadata, so that a new test file is run without being listed), as
+# `--test NAME` arguments.
 host_test_args() {
     cargo metadata --locked --no-deps --format-version 1 |
         python3 -c 'import json, sys
 lanes = set(sys.argv[1:])
 meta = json.load(sys.stdin)
 for package in meta["packages"]:
-    if package["name"] != "hipobj":
+    if package["name"] not in ("hipobj", "hipobj-fake"):
         continue
     for target in package["targets"]:
         if "test" in target["kind"] and target["name"] not in lanes:

@@ -25,9 +25,9 @@ rm -rf "$venv"
 source scripts/features.sh
 build_test_server
 cargo build --locked --release --lib
-cargo build --locked --profile fake --features fake-library --lib
+cargo build --locked --profile fake -p hipobj-fake
 cd "$root/python/tests"
 HIPOBJ_S3_SERVER="$target/debug/hipobj-s3-server" HIPOBJ_LIBRARY="$target/release/libhipobj.so" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider test_fsspec.py
-HIPOBJ_LIBRARY="$target/fake/libhipobj.so" \
+HIPOBJ_LIBRARY="$target/fake/libhipobj_fake.so" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider test_fsspec_fake.py

@@ -30,9 +30,6 @@ ONE_CONCERN = {
     # The loaded runtime's table makes the owners of device memory and
     # events, which call the table to free them.
     ("platform", "gpu"): "the GPU runtimes' binding",
-    # One fake world: the fake fabric holds its CM hub, the CM reaches the
-    # fabric's devices.
-    ("testing",): "the fakes",
 }
 
 

@@ -23,8 +23,8 @@
 #   DIR/lib/cmake/hipobj/hipobjConfigVersion.cmake
 #   DIR/lib/pkgconfig/hipobj.pc
 #
-# and with --fake the fake library (cargo build --profile fake --features
-# fake-library: target/fake/libhipobj.so), the same ABI on a fake RDMA world
+# and with --fake the fake library (cargo build --profile fake -p
+# hipobj-fake: target/fake/libhipobj_fake.so), the same ABI on a fake RDMA world
 # with the controls of include/hipobj_fake.h, for applications' own tests:
 #
 #   DIR/lib/hipobj-fake/libhipobj.so.M.m.p, .so.M, .so
@@ -150,14 +150,14 @@ fi
 [ -f "$lib" ] || die "library $lib not found (build it with cargo build --release, or pass --lib PATH)"
 
 if [ "$fake" -eq 1 ] && [ -z "$fake_lib" ]; then
-    fake_lib="$target_dir/fake/libhipobj.so"
+    fake_lib="$target_dir/fake/libhipobj_fake.so"
     if [ "$build" -eq 1 ]; then
-        (cd "$root" && cargo build --locked --profile fake --features fake-library --lib) ||
-            die "cargo build --profile fake --features fake-library failed"
+        (cd "$root" && cargo build --locked --profile fake -p hipobj-fake) ||
+            die "cargo build --profile fake -p hipobj-fake failed"
     fi
 fi
 if [ "$fake" -eq 1 ]; then
-    [ -f "$fake_lib" ] || die "fake library $fake_lib not found (build it with cargo build --profile fake --features fake-library, or pass --fake-lib PATH)"
+    [ -f "$fake_lib" ] || die "fake library $fake_lib not found (build it with cargo build --profile fake -p hipobj-fake, or pass --fake-lib PATH)"
     [ -f "$root/include/hipobj_fake.h" ] || die "$root/include/hipobj_fake.h not found"
 fi
 

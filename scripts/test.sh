@@ -92,7 +92,10 @@ cargo clippy --locked --workspace --all-targets --features "$workspace_features"
 # The fuzz workspace in the same target directory: the dependencies it
 # shares with the library (same versions, same features) are checked once.
 CARGO_TARGET_DIR="$target" cargo clippy --locked --all-targets --manifest-path fuzz/Cargo.toml -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --features cli,fake-platform,s3-server
+# The library and, in the same pass, the fakes (testing/) and the fake
+# library (testing/fake-library/).
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps -p hipobj -p hipobj-testing -p hipobj-fake \
+    --features hipobj/cli,hipobj/s3-server
 # No two files of different concerns import each other, in the library,
 # the command and the model streamer's backend (scripts/import-cycles.py).
 for crate_src in src src/bin/hipobj streamers3/src; do

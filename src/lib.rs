@@ -35,5 +35,17 @@ pub mod platform;
 pub mod s3;
 #[cfg(feature = "server")]
 pub mod server;
-#[cfg(feature = "fake-platform")]
-pub mod testing;
+
+// The fakes (testing/, the crate hipobj-testing) in this crate's own unit
+// tests. A unit test is compiled into a second build of this crate, whose
+// traits are not those of the hipobj that hipobj-testing implements them
+// for, so the fakes' source is compiled into that build as a module; it
+// names this crate `hipobj`, as it does in its own crate. Nothing of it is
+// in a build that is not this crate's unit tests.
+#[cfg(test)]
+extern crate self as hipobj;
+// The unit tests use only some of the fakes.
+#[cfg(test)]
+#[path = "../testing/src/lib.rs"]
+#[allow(dead_code, unused_imports)]
+mod testing;

@@ -43,14 +43,7 @@ fn build_program(file: &str, extra: &[&str]) -> (common::Scratch, PathBuf) {
 
 /// Fails with the program's output unless it exited 0.
 fn assert_passed(file: &str, output: &Output) {
-    assert!(
-        output.status.success(),
-        "{file} against {} failed ({}):\n--- stderr ---\n{}--- stdout ---\n{}",
-        common::library_under_test().display(),
-        output.status,
-        String::from_utf8_lossy(&output.stderr),
-        String::from_utf8_lossy(&output.stdout)
-    );
+    common::assert_program_passed(file, &common::library_under_test(), output);
 }
 
 /// Compiles `tests/c/<file>` (see [`build_program`]), runs it, and fails
@@ -75,8 +68,6 @@ const PROGRAMS: &[&str] = &[
     "put_rdma_token.c",
     "threads.c",
     "cxx_consumer.cpp",
-    "fake_world.c",
-    "fork.c",
     "missing_libraries.c",
 ];
 
@@ -141,63 +132,6 @@ fn put_rdma_token() {
 #[test]
 fn threads() {
     run_program("threads.c", &[]);
-}
-
-#[test]
-fn fake_world() {
-    run_program("fake_world.c", &[]);
-}
-
-/// `HIPOBJ_STATS`: the same program's transfers, counted, in one line at
-/// `hipObjShutdown` (and none without it).
-#[test]
-fn fake_world_prints_its_stats_at_shutdown() {
-    let (_scratch, exe) = build_program("fake_world.c", &[]);
-    let mut cmd = common::command_without_hipobj_env(&exe);
-    let quiet = common::run_with_timeout(&mut cmd, TIMEOUT);
-    assert_passed("fake_world.c", &quiet);
-    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("hipobj-stats:"));
-    let mut cmd = common::command_without_hipobj_env(&exe);
-    cmd.env("HIPOBJ_STATS", "1");
-    let output = common::run_with_timeout(&mut cmd, TIMEOUT);
-    assert_passed("fake_world.c", &output);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let lines: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("hipobj-stats: "))
-        .collect();
-    assert_eq!(lines.len(), 1, "{stderr}");
-    for expected in [
-        // The host buffer's two GETs and PUT, the fake GPU buffer's GET and
-        // PUT (the application-driven token is not a hipObjGet).
-        " direct=5 ",
-        " staged=0 ",
-        " failed_s3=1 ",
-        " failed_other=3 ",
-        " failed_rdma=0 ",
-        " staging_copies=0 ",
-    ] {
-        assert!(lines[0].contains(expected), "{expected:?} in {}", lines[0]);
-    }
-    // Seven proofs: the five transfers' and the two application-driven
-    // tokens'. The second token may find the first one's connection still
-    // revoking, and take another (a second handshake).
-    let count = |name: &str| -> u64 {
-        lines[0]
-            .split(' ')
-            .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{name} in {}", lines[0]))
-    };
-    assert_eq!(count("handshakes") + count("reused"), 7, "{}", lines[0]);
-    assert!((1..=2).contains(&count("handshakes")), "{}", lines[0]);
-}
-
-/// `fork` after `hipObjInit`: the child's calls fail at once, it may
-/// initialize afresh, and the parent goes on.
-#[test]
-fn fork() {
-    run_program("fork.c", &[]);
 }
 
 #[test]

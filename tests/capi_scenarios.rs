@@ -12,7 +12,7 @@ use std::time::Duration;
 use hipobj::capi::*;
 use hipobj::core::{Code, Config, Options, CURRENT};
 use hipobj::server::Op;
-use hipobj::testing::world::{TestServer, World};
+use hipobj_testing::world::{TestServer, World};
 use parking_lot::Mutex;
 
 static TURN: Mutex<()> = Mutex::new(());
@@ -484,11 +484,11 @@ fn a_null_nic_hint_is_read_from_the_environment() {
         "no GPU",
         "nicHint",
         "HIPOBJ_NIC_HINT",
-        hipobj::testing::world::CLIENT_NIC,
+        hipobj_testing::world::CLIENT_NIC,
     ] {
         assert!(said.contains(needed), "{needed:?} in {said}");
     }
-    init(Some(hipobj::testing::world::CLIENT_NIC)).expect("the hint from the environment");
+    init(Some(hipobj_testing::world::CLIENT_NIC)).expect("the hint from the environment");
     assert_eq!(
         Options::from_lookup(|name| (name == "HIPOBJ_NIC_HINT").then(|| "rxe0".into())).nic_hint,
         Some("rxe0".to_owned())

@@ -8,7 +8,7 @@ use hipobj::client::{Buffer, Client, ClientError, GpuSelect, Route, S3Side};
 use hipobj::core::buffers::BufKind;
 use hipobj::core::{Code, Error, Options};
 use hipobj::server::Op;
-use hipobj::testing::world::{Behaviour, TestServer, World, WorldSpec};
+use hipobj_testing::world::{Behaviour, TestServer, World, WorldSpec};
 
 fn options() -> Options {
     Options {

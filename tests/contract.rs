@@ -1,9 +1,9 @@
-//! The platform contract checks (`hipobj::testing::contract`) against the
+//! The platform contract checks (`hipobj_testing::contract`) against the
 //! fakes: one test per check, from the same lists the Soft-RoCE lane
 //! (`tests/rxe.rs`) and a GPU machine (`tests/cuda.rs`) run.
 
-hipobj::contract_tests!(hipobj::testing::contract::Env::fake);
+hipobj_testing::contract_tests!(hipobj_testing::contract::Env::fake);
 
 mod gpu {
-    hipobj::gpu_contract_tests!(hipobj::testing::contract::GpuEnv::fake);
+    hipobj_testing::gpu_contract_tests!(hipobj_testing::contract::GpuEnv::fake);
 }

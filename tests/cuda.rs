@@ -19,12 +19,12 @@ use hipobj::platform::gpu::cuda::{
 };
 use hipobj::platform::Gpu;
 use hipobj::server::Op;
-use hipobj::testing::contract::{GpuEnv, GPU_BUSY};
-use hipobj::testing::real_gpu::RealGpu;
-use hipobj::testing::world::{World, WorldSpec, CLIENT_NIC};
+use hipobj_testing::contract::{GpuEnv, GPU_BUSY};
+use hipobj_testing::real_gpu::RealGpu;
+use hipobj_testing::world::{World, WorldSpec, CLIENT_NIC};
 
 mod contract {
-    hipobj::gpu_contract_tests!(hipobj::testing::contract::GpuEnv::cuda);
+    hipobj_testing::gpu_contract_tests!(hipobj_testing::contract::GpuEnv::cuda);
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {

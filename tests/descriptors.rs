@@ -10,7 +10,7 @@ use hipobj::core::args::{BufferRange, Slice};
 use hipobj::core::transfer::Direction;
 use hipobj::core::{Config, Current, Options};
 use hipobj::server::Op;
-use hipobj::testing::world::World;
+use hipobj_testing::world::World;
 
 fn open_descriptors() -> usize {
     std::fs::read_dir("/proc/self/fd")

@@ -14,9 +14,9 @@ use hipobj::core::{Error, Options, Result};
 use hipobj::doctor::{diagnose, render, Inputs, Report, Verdict};
 use hipobj::platform::topology::SysfsTopology;
 use hipobj::platform::{Cm, Gpu, GpuRuntime, Mtu, Platform, Topology, Verbs};
-use hipobj::testing::fabric::{DeviceSpec, Fabric};
-use hipobj::testing::gpu::{FakeGpu, FakeGpuDevice};
-use hipobj::testing::{Counters, Faults};
+use hipobj_testing::fabric::{DeviceSpec, Fabric};
+use hipobj_testing::gpu::{FakeGpu, FakeGpuDevice};
+use hipobj_testing::{Counters, Faults};
 
 /// A fake NIC named as in a fixture, at the address of the GID the
 /// library picks there (the IPv4-mapped RoCE v2 one), at its index.

@@ -10,7 +10,7 @@ use hipobj::core::args::{BufferRange, Slice};
 use hipobj::core::transfer::Direction;
 use hipobj::core::{Code, Config, Current, Options};
 use hipobj::server::Op;
-use hipobj::testing::world::{World, WorldSpec};
+use hipobj_testing::world::{World, WorldSpec};
 
 fn options() -> Options {
     Options {

@@ -11,8 +11,8 @@ use std::time::Duration;
 use hipobj::core::transfer::Direction;
 use hipobj::core::Options;
 use hipobj::server::ServerConfig;
-use hipobj::testing::fabric::Traffic;
-use hipobj::testing::world::{HostClient, TestServer, World, WorldSpec, CLIENT_NIC, SERVER_NIC};
+use hipobj_testing::fabric::Traffic;
+use hipobj_testing::world::{HostClient, TestServer, World, WorldSpec, CLIENT_NIC, SERVER_NIC};
 
 const LEN: usize = 65536;
 const N: u64 = 50;

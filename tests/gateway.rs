@@ -18,7 +18,7 @@ use std::time::Duration;
 use hipobj::client::{Client, GpuSelect};
 use hipobj::s3::objects::{self, Object, Path as Via, Policy};
 use hipobj::s3::{Credentials, S3Config, S3};
-use hipobj::testing::world::World;
+use hipobj_testing::world::World;
 use s3server::{ACCESS_KEY, BUCKET, SECRET_KEY};
 
 const MIB: usize = 1 << 20;

@@ -27,7 +27,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use hipobj::s3::objects::{self, Object};
-use hipobj::testing::world::World;
+use hipobj_testing::world::World;
 use store::{client, pattern, unique, via, wait_until, Lane, Store, NO_FALLBACK};
 
 /// Garage's lane: its settings are `HIPOBJ_GARAGE_*`.

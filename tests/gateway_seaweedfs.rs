@@ -62,7 +62,7 @@ fn object_tags_go_through_the_gateway() {
 fn seaweedfs_s_own_departures_from_s3_come_through_the_gateway_as_they_came() {
     use aws_sdk_s3::primitives::ByteStream;
     let seaweedfs = seaweedfs();
-    let world = hipobj::testing::world::World::new();
+    let world = hipobj_testing::world::World::new();
     let gateway = seaweedfs.gateway(&world, &seaweedfs.endpoint, &[]);
     let c = store::sdk(&gateway);
     let bucket = seaweedfs.bucket.as_str();

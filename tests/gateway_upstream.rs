@@ -1121,7 +1121,7 @@ fn an_rdma_get_of_an_answer_the_gateway_cannot_read_fails_with_502() {
     use hipobj::s3::objects::{self, Object, Policy};
     for answer in UNREADABLE_GETS {
         let fake = Fake::answering(answer);
-        let world = hipobj::testing::world::World::new();
+        let world = hipobj_testing::world::World::new();
         let credentials = Credentials::new(UPSTREAM_KEY, UPSTREAM_SECRET, None, None, "test");
         let gw = gateway::Gateway::upstream_signed(&world, &fake.endpoint, &[], credentials);
         let client = rdma_client(&world);
@@ -1390,7 +1390,7 @@ fn a_single_put_names_the_algorithm_of_its_checksum() {
     named(&heads[0]);
 
     let fake = Fake::answering(ok);
-    let world = hipobj::testing::world::World::new();
+    let world = hipobj_testing::world::World::new();
     let credentials = Credentials::new(UPSTREAM_KEY, UPSTREAM_SECRET, None, None, "test");
     let gw = gateway::Gateway::upstream_signed(&world, &fake.endpoint, &[], credentials);
     let client = rdma_client(&world);
@@ -1493,7 +1493,7 @@ fn a_plain_put_whose_header_checksum_is_wrong_never_reaches_the_store_whole() {
 }
 
 /// A client of the library on `world`'s fake fabric, without a GPU.
-fn rdma_client(world: &hipobj::testing::world::World) -> hipobj::client::Client {
+fn rdma_client(world: &hipobj_testing::world::World) -> hipobj::client::Client {
     hipobj::client::Client::builder()
         .platform(world.platform())
         .gpu(hipobj::client::GpuSelect::None)
@@ -2630,7 +2630,7 @@ fn upstream_ops(url: &str, op: &str) -> u64 {
 /// upstream at `endpoint` (signing with the upstream's keys), with `extra`
 /// options.
 fn gateway_in_front(
-    world: &hipobj::testing::world::World,
+    world: &hipobj_testing::world::World,
     endpoint: &str,
     extra: &[&str],
 ) -> gateway::Gateway {
@@ -2673,7 +2673,7 @@ fn rdma_get(
 #[test]
 fn an_rdma_get_of_a_whole_object_costs_the_store_one_get_and_no_head() {
     let (up, up_metrics) = counted_upstream();
-    let world = hipobj::testing::world::World::new();
+    let world = hipobj_testing::world::World::new();
     let gw = gateway_in_front(&world, &up.endpoint, &[]);
     let data = pattern(5 << 20, 41);
     runtime().block_on(async { put(&client(&gw.endpoint), "whole", &data).await });
@@ -2706,7 +2706,7 @@ fn an_rdma_get_of_a_whole_object_costs_the_store_one_get_and_no_head() {
 #[test]
 fn concurrent_rdma_readers_of_a_cold_object_land_byte_exact_the_store_asked_once() {
     let (up, up_metrics) = counted_upstream();
-    let world = hipobj::testing::world::World::new();
+    let world = hipobj_testing::world::World::new();
     let gw = gateway_in_front(&world, &up.endpoint, &["--cache-bytes", "134217728"]);
     let data = pattern(24 << 20, 31);
     runtime().block_on(async { put(&client(&gw.endpoint), "cold", &data).await });
@@ -2744,7 +2744,7 @@ fn concurrent_rdma_readers_of_a_cold_object_land_byte_exact_the_store_asked_once
 #[test]
 fn a_read_of_an_object_too_large_to_keep_costs_the_store_one_get() {
     let (up, up_metrics) = counted_upstream();
-    let world = hipobj::testing::world::World::new();
+    let world = hipobj_testing::world::World::new();
     let gw = gateway_in_front(
         &world,
         &up.endpoint,
@@ -2824,7 +2824,7 @@ fn a_read_of_an_object_too_large_to_keep_costs_the_store_one_get() {
 #[test]
 fn the_cache_s_bytes_are_charged_to_the_rdma_memory_budget() {
     let (up, up_metrics) = counted_upstream();
-    let world = hipobj::testing::world::World::new();
+    let world = hipobj_testing::world::World::new();
     let options = [
         "--rdma-memory-bytes",
         "25165824",
@@ -2937,7 +2937,7 @@ fn the_cache_s_bytes_are_charged_to_the_rdma_memory_budget() {
 #[test]
 fn rdma_gets_through_the_cache_land_byte_exact_the_store_asked_once() {
     let (up, up_metrics) = counted_upstream();
-    let world = hipobj::testing::world::World::new();
+    let world = hipobj_testing::world::World::new();
     let gw = gateway_in_front(
         &world,
         &up.endpoint,

@@ -16,7 +16,7 @@ use hipobj::core::transfer::Direction;
 use hipobj::core::{Code, Config, Current, Instance, Options};
 use hipobj::platform::{AsyncKind, ConnectOutcome, ConnectRequest, QpCaps, WcStatus};
 use hipobj::server::{ClientQp, Op, ServerConfig};
-use hipobj::testing::world::{
+use hipobj_testing::world::{
     Behaviour, Scripted, TestServer, World, WorldSpec, CLIENT_IP, CLIENT_NIC, SERVER_NIC,
 };
 
@@ -1201,7 +1201,7 @@ fn completions_that_arrive_late_change_nothing_but_their_own_operation() {
     let up = Up::new();
     let server = up.world.server.clone();
     let fabric = up.world.platform.fabric.clone();
-    let client_nic = hipobj::testing::world::CLIENT_NIC;
+    let client_nic = hipobj_testing::world::CLIENT_NIC;
     // The bind before the accept completes late, but in time: the server
     // waits, then the transfer runs.
     fabric.hold_completions(client_nic, true);

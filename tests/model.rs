@@ -1,5 +1,5 @@
 //! Whole transfers on the fake fabric's modelled link
-//! (`src/testing/fabric/model.rs`): what a transfer costs in simulated
+//! (`testing/src/fabric/model.rs`): what a transfer costs in simulated
 //! time is its bytes at the queue pair's or the link's rate plus the
 //! protocol's round trips, the same whatever this machine's CPUs do. These
 //! are exact figures of the model, not times.
@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use hipobj::core::transfer::Direction;
 use hipobj::core::Options;
-use hipobj::testing::fabric::LinkModel;
-use hipobj::testing::world::{HostClient, World, WorldSpec};
+use hipobj_testing::fabric::LinkModel;
+use hipobj_testing::world::{HostClient, World, WorldSpec};
 
 const MIB: usize = 1 << 20;
 /// A slow link, so that small buffers take many round trips: 4 GB/s a

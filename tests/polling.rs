@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use hipobj::core::transfer::Direction;
 use hipobj::core::{Code, Options};
-use hipobj::testing::world::{Behaviour, HostClient, World, WorldSpec};
+use hipobj_testing::world::{Behaviour, HostClient, World, WorldSpec};
 
 const LEN: usize = 32768;
 

@@ -48,14 +48,14 @@ fn ipv4_gid_index(ctx: &Arc<dyn platform::Context>) -> (u8, platform::Gid) {
 
 // ---------------------------------------------------------------- contract
 //
-// The platform contract checks (`hipobj::testing::contract`), one test per
+// The platform contract checks (`hipobj_testing::contract`), one test per
 // check, from the list `tests/contract.rs` runs against the fakes, here
 // against the production verbs, CM and sysfs topology on rxe0.
 
 mod contract {
     use std::time::Duration;
 
-    use hipobj::testing::contract::Env;
+    use hipobj_testing::contract::Env;
 
     /// Long enough for Soft-RoCE, emulated, to have done what it must not.
     const QUIET: Duration = Duration::from_millis(500);
@@ -70,7 +70,7 @@ mod contract {
         .unwrap_or_else(|e| panic!("the production platform: {e}"))
     }
 
-    hipobj::contract_tests!(rxe0);
+    hipobj_testing::contract_tests!(rxe0);
 }
 
 // ---------------------------------------------------------------- end of contract
@@ -584,7 +584,7 @@ mod hostile {
     use hipobj::core::{Code, Config, Current, Instance, Options};
     use hipobj::platform::{self, Access, WcStatus};
     use hipobj::server::{ClientQp, DialPolicy, LocalBuf, Op, ServerConfig, ServerSide};
-    use hipobj::testing::world::Scripted;
+    use hipobj_testing::world::Scripted;
 
     const LEN: usize = 65536;
     const HALF: usize = LEN / 2;

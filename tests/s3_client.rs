@@ -24,7 +24,7 @@ use hipobj::s3::objects::{
 };
 use hipobj::s3::{Checksum, Credentials, S3Config, S3Error, S3};
 use hipobj::server::Op;
-use hipobj::testing::world::{Behaviour, World};
+use hipobj_testing::world::{Behaviour, World};
 use parking_lot::Mutex;
 use s3server::{S3Server, ACCESS_KEY, BUCKET, SECRET_KEY};
 

@@ -9,7 +9,7 @@ use hipobj::core::args::{BufferRange, Slice, SyncDirection, TokenOp};
 use hipobj::core::transfer::Direction;
 use hipobj::core::{Code, Config, Current, Instance, Options};
 use hipobj::server::Op;
-use hipobj::testing::world::{Behaviour, World, CLIENT_NIC, SERVER_NIC};
+use hipobj_testing::world::{Behaviour, World, CLIENT_NIC, SERVER_NIC};
 
 fn options() -> Options {
     Options {
@@ -133,7 +133,7 @@ fn device_memory_registers_as_dmabuf_and_is_synchronized_after_a_get() {
 }
 
 fn staged_world() -> World {
-    let mut spec = hipobj::testing::world::WorldSpec::default();
+    let mut spec = hipobj_testing::world::WorldSpec::default();
     spec.client.supports_dmabuf = false;
     World::with(spec)
 }
@@ -572,7 +572,7 @@ fn registration_rules() {
 
 #[test]
 fn a_staging_copy_past_its_deadline_is_abandoned_and_holds_its_buffer() {
-    use hipobj::testing::gpu::CopyMode;
+    use hipobj_testing::gpu::CopyMode;
     let world = staged_world();
     let current = Current::new();
     let opts = Options {
@@ -634,7 +634,7 @@ fn a_staging_copy_past_its_deadline_is_abandoned_and_holds_its_buffer() {
 
 #[test]
 fn a_copy_still_running_at_teardown_leaks_its_staging_buffer() {
-    use hipobj::testing::gpu::CopyMode;
+    use hipobj_testing::gpu::CopyMode;
     let world = staged_world();
     let current = Current::new();
     let opts = Options {
@@ -676,7 +676,7 @@ fn a_callback_that_starts_a_transfer_with_no_connection_free_gets_busy() {
         up: &'a Up,
         base: usize,
         inner: Option<hipobj::core::Result<()>>,
-        session: hipobj::testing::world::Session<'a>,
+        session: hipobj_testing::world::Session<'a>,
     }
     impl hipobj::core::transfer::S3Client for Nested<'_> {
         fn send_request(&mut self, token: &[u8; 89]) -> Result<(), i32> {
@@ -748,7 +748,7 @@ fn a_callback_that_starts_a_transfer_with_no_connection_free_gets_busy() {
 
 #[test]
 fn sixteen_threads_of_transfers_keep_every_byte_and_every_lease() {
-    let world = World::with(hipobj::testing::world::WorldSpec {
+    let world = World::with(hipobj_testing::world::WorldSpec {
         server_bytes: 16 * 4096,
         ..Default::default()
     });
@@ -1073,7 +1073,7 @@ fn the_token_rkey_is_a_window_over_exactly_the_transfer() {
 
 #[test]
 fn without_memory_windows_each_transfer_registers_exactly_its_range() {
-    let mut spec = hipobj::testing::world::WorldSpec::default();
+    let mut spec = hipobj_testing::world::WorldSpec::default();
     spec.client.supports_mw = false;
     let up = Up::new(World::with(spec));
     let inst = up.instance();

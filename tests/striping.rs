@@ -17,7 +17,7 @@ use hipobj::core::transfer::{Direction, S3Client};
 use hipobj::core::Options;
 use hipobj::platform::{SendOp, SendWr, WcStatus};
 use hipobj::server::{probe, ClientQp, LocalBuf, Op, ServerConfig, ServerConn};
-use hipobj::testing::world::{HostClient, Scripted, TestServer, World, WorldSpec};
+use hipobj_testing::world::{HostClient, Scripted, TestServer, World, WorldSpec};
 
 /// The transfer: 1 MiB, striped over four connections of 256 KiB each.
 const LEN: usize = 1 << 20;

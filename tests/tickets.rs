@@ -15,7 +15,7 @@ use hipobj::client::{Client, ClientError, Route, S3Side, Transfer};
 use hipobj::core::token::parse_header;
 use hipobj::core::Options;
 use hipobj::server::Op;
-use hipobj::testing::world::{TestServer, World};
+use hipobj_testing::world::{TestServer, World};
 
 const LONG: Option<Duration> = Some(Duration::from_secs(20));
 

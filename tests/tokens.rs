@@ -11,8 +11,8 @@ use hipobj::core::args::{BufferRange, Slice, SyncDirection, TokenOp};
 use hipobj::core::transfer::Direction;
 use hipobj::core::{Code, Config, Current, Instance, Options};
 use hipobj::server::Op;
-use hipobj::testing::gpu::DeviceAlloc;
-use hipobj::testing::world::{Behaviour, Scripted, World, WorldSpec};
+use hipobj_testing::gpu::DeviceAlloc;
+use hipobj_testing::world::{Behaviour, Scripted, World, WorldSpec};
 
 const LEN: usize = 8192;
 

@@ -1,6 +1,6 @@
 """The unit tests (``test_fake.py``) run on the fake libhipobj
-(``scripts/install.sh --fake``, or ``cargo build --profile fake --features
-fake-library``): a fake RoCE NIC, a fake GPU and an RDMA S3 server in this
+(``scripts/install.sh --fake``, or ``cargo build --profile fake -p
+hipobj-fake``, which writes ``target/fake/libhipobj_fake.so``): a fake RoCE NIC, a fake GPU and an RDMA S3 server in this
 process. ``HIPOBJ_LIBRARY`` names it; ``scripts/python-test.sh`` builds it
 and sets it. The lane's tests (``test_lane.py``) run with the real library
 in the Soft-RoCE VM instead (``HIPOBJ_PYTHON_LANE=1``, set by the lane),
@@ -16,7 +16,7 @@ LANE = os.environ.get("HIPOBJ_PYTHON_LANE") == "1"
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 if not LANE:
-    os.environ.setdefault("HIPOBJ_LIBRARY", str(REPO / "target" / "fake" / "libhipobj.so"))
+    os.environ.setdefault("HIPOBJ_LIBRARY", str(REPO / "target" / "fake" / "libhipobj_fake.so"))
     # A server that never sends its final message costs this much.
     os.environ.setdefault("HIPOBJ_COMPLETION_TIMEOUT_MS", "300")
 

@@ -6,7 +6,7 @@
 # safetensors' own loader.
 #
 #   bash scripts/gpu/python.sh build   here: the fake library
-#                                      (target/fake/libhipobj.so) and the
+#                                      (target/fake/libhipobj_fake.so) and the
 #                                      wheels the GPU machine lacks (boto3
 #                                      and its needs, awscrt) under .whl/
 #   bash scripts/gpu/python.sh run     there (PyTorch, CuPy, NumPy,
@@ -19,14 +19,14 @@ cd "$root"
 mode=${1:-run}
 case "$mode" in
 build)
-    cargo build --locked --profile fake --features fake-library --lib
+    cargo build --locked --profile fake -p hipobj-fake
     mkdir -p .whl
     python3 -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d .whl "boto3>=1.36" "awscrt>=0.23.4"
     # What the machine has already (KINDS.md's list) is not carried.
     rm -f .whl/urllib3-* .whl/python_dateutil-* .whl/six-*
-    du -sh .whl target/fake/libhipobj.so
+    du -sh .whl target/fake/libhipobj_fake.so
     ;;
 run)
     if compgen -G '.whl/*.whl' >/dev/null; then
@@ -34,7 +34,7 @@ run)
         export PYTHONPATH=/tmp/site
     fi
     export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
-    export HIPOBJ_LIBRARY="$root/target/fake/libhipobj.so" HIPOBJ_FAKE_REAL_GPU=cuda
+    export HIPOBJ_LIBRARY="$root/target/fake/libhipobj_fake.so" HIPOBJ_FAKE_REAL_GPU=cuda
     export HIPOBJ_COMPLETION_TIMEOUT_MS=${HIPOBJ_COMPLETION_TIMEOUT_MS:-10000}
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     python3 -c 'import torch, cupy, safetensors, boto3; print("torch", torch.__version__, "cupy", cupy.__version__, "safetensors", safetensors.__version__, "boto3", boto3.__version__)'

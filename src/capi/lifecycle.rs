@@ -1,10 +1,29 @@
-//! `hipObjInit` and `hipObjShutdown`.
+//! `hipObjInit` and `hipObjShutdown`, and the platform `hipObjInit` runs
+//! on.
+
+use std::sync::{Arc, OnceLock};
 
 use super::args::opt_string;
 use super::boundary::enter;
 use super::types::{hipObjConfig_t, hipObjError_t};
 use crate::core::{Config, Error, Options, CURRENT};
-use crate::platform;
+use crate::platform::{self, Platform};
+
+/// Where `hipObjInit` takes its platform from: [`platform::system`] unless
+/// a library built over this one handed it another with
+/// [`use_platform`].
+static PLATFORM: OnceLock<fn() -> Arc<dyn Platform>> = OnceLock::new();
+
+/// Makes every later `hipObjInit` of this process run on the platform
+/// `source` gives instead of the system's. For a library that links this
+/// one into a shared object of its own and calls this as it is loaded,
+/// before any `hipObjInit`: the fake library applications link their
+/// tests against (`hipobj-fake`) hands over its fake world this way. The
+/// release library never calls it. Returns `false`, changing nothing, if a
+/// source was already given.
+pub fn use_platform(source: fn() -> Arc<dyn Platform>) -> bool {
+    PLATFORM.set(source).is_ok()
+}
 
 /// Initializes the library: reads the `HIPOBJ_*` environment, loads
 /// libibverbs, resolves the GPU, chooses the RDMA NIC nearest to it (among
@@ -50,12 +69,9 @@ pub unsafe extern "C" fn hipObjInit(config: *mut hipObjConfig_t) -> hipObjError_
                 no_gpu: false,
             }
         };
-        // Test builds may run on the fake world (src/testing/c_world.rs).
-        #[cfg(feature = "fake-platform")]
-        let platform =
-            crate::testing::c_world::platform_for_init().unwrap_or_else(platform::system);
-        #[cfg(not(feature = "fake-platform"))]
-        let platform = platform::system();
+        let platform = PLATFORM
+            .get()
+            .map_or_else(platform::system, |source| source());
         CURRENT.init_with(platform, config, Options::from_env())
     })
 }

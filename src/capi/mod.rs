@@ -2,17 +2,15 @@
 //!
 //! Each export is one call to `boundary::enter`; the files follow the
 //! header's sections. Raw pointers are turned into Rust values here, and
-//! nothing below this module calls an export. Fake-platform builds add the
-//! controls of `hipobj_fake.h` (`fake.rs`), which are not part of the ABI.
+//! nothing below this module calls an export. The fake library
+//! (`hipobj-fake`) links this module and adds the controls of
+//! `hipobj_fake.h`, which are not part of the ABI.
 
 #![allow(non_snake_case)]
 
 mod args;
 mod boundary;
 pub mod buffers;
-/// cbindgen:ignore
-#[cfg(feature = "fake-platform")]
-pub mod fake;
 pub mod lifecycle;
 pub mod tokens;
 pub mod transfer;

@@ -43,15 +43,15 @@
 //! ```
 
 //!
-//! On the fake platform (feature `fake-platform`, as the tests build it), a
-//! whole GET runs anywhere: a fake NIC, a fake GPU and an RDMA S3 server
+//! On the fake platform (the crate `hipobj-testing`, testing/, a
+//! dev-dependency of the tests and of an application's own), a whole GET
+//! runs anywhere: a fake NIC, a fake GPU and an RDMA S3 server
 //! in the same process, whose answer the S3 side hands back.
 //!
 //! ```
-//! # #[cfg(feature = "fake-platform")] {
 //! use hipobj::client::{Client, GpuSelect, Route, S3Side};
 //! use hipobj::server::Op;
-//! use hipobj::testing::world::World;
+//! use hipobj_testing::world::World;
 //!
 //! struct WorldRequest<'a>(&'a World);
 //! impl S3Side for WorldRequest<'_> {
@@ -74,7 +74,6 @@
 //! let mut back = [0u8; 10];
 //! buffer.read_at(0, &mut back).unwrap();
 //! assert_eq!(&back, b"hello, GPU");
-//! # }
 //! ```
 
 #![forbid(unsafe_code)]
@@ -440,10 +439,9 @@ impl Client {
     /// the child does not have), hands the transfer back.
     ///
     /// ```
-    /// # #[cfg(feature = "fake-platform")] {
     /// use hipobj::client::{Client, S3Side, Transfer};
     /// use hipobj::server::Op;
-    /// use hipobj::testing::world::{TestServer, World};
+    /// use hipobj_testing::world::{TestServer, World};
     /// use std::sync::Arc;
     ///
     /// /// An S3 side that owns what it needs (it runs on the client's
@@ -468,7 +466,6 @@ impl Client {
     ///     done.result.unwrap();
     ///     assert_eq!(done.buffer.as_slice().unwrap(), &[7u8; 4096][..]);
     /// }
-    /// # }
     /// ```
     pub fn submit(&self, transfer: Transfer) -> std::result::Result<Ticket, Transfer> {
         self.engine.submit(&self.instance, transfer, None)

@@ -9,14 +9,16 @@
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 
 /// A loaded library and the name it was found under.
-pub(crate) struct Loaded {
-    pub(crate) lib: Library,
-    pub(crate) name: &'static str,
+pub struct Loaded {
+    /// The library, open for the rest of the process.
+    pub lib: Library,
+    /// The soname it was opened under.
+    pub name: &'static str,
 }
 
 /// Opens the first of `names` that loads. The error names every soname
 /// tried and the loader's reason for the first (preferred) one.
-pub(crate) fn open_first(names: &[&'static str]) -> Result<Loaded, String> {
+pub fn open_first(names: &[&'static str]) -> Result<Loaded, String> {
     let mut first_failure = None;
     for &name in names {
         // SAFETY: loading runs the library's initializers. The names are the
@@ -43,7 +45,7 @@ pub(crate) fn open_first(names: &[&'static str]) -> Result<Loaded, String> {
 /// `T` must be the exact C type of the symbol (for a function, a function
 /// pointer with its C prototype), and the value must not be used after
 /// `lib` is unloaded (ours never are).
-pub(crate) unsafe fn symbol<T: Copy>(loaded: &Loaded, symbol: &'static [u8]) -> Result<T, String> {
+pub unsafe fn symbol<T: Copy>(loaded: &Loaded, symbol: &'static [u8]) -> Result<T, String> {
     // SAFETY: the caller guarantees that `T` is the symbol's type.
     match unsafe { loaded.lib.get::<T>(symbol) } {
         Ok(sym) => Ok(*sym),

@@ -13,7 +13,7 @@
 //! a destroy that fails is logged, counted and leaked, never a panic.
 
 pub mod cm;
-pub(crate) mod dl;
+pub mod dl;
 pub mod gpu;
 pub mod system;
 pub mod topology;

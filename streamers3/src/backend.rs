@@ -245,8 +245,8 @@ impl Backend {
             let mut builder = Client::builder().gpu(GpuSelect::None);
             // A test build on the fake world, when HIPOBJ_TEST_WORLD=1.
             #[cfg(feature = "fake-world")]
-            if let Some(platform) = hipobj::testing::c_world::platform_for_init() {
-                builder = builder.platform(platform);
+            if std::env::var_os("HIPOBJ_TEST_WORLD").is_some_and(|v| v == "1") {
+                builder = builder.platform(hipobj_testing::c_world::platform());
             }
             builder
                 .build()

@@ -13,6 +13,11 @@
 //! `report` the log and the counters; `outer` the streamer's version.
 
 mod backend;
+// The test build (feature fake-world) exports the fake world's controls
+// (include/hipobj_fake.h) to the test's S3 look-alike: the fake library's
+// crate, linked in for its exports.
+#[cfg(feature = "fake-world")]
+extern crate hipobj_fake;
 mod outer;
 mod report;
 mod settings;

@@ -17,7 +17,7 @@ use hipobj::gateway::local::Local;
 use hipobj::gateway::rdma::Rdma;
 use hipobj::gateway::s3::RdmaS3;
 use hipobj::gateway::upstream::Upstream;
-use hipobj::testing::world::{World, SERVER_NIC};
+use hipobj_testing::world::{World, SERVER_NIC};
 
 use crate::s3server::{ACCESS_KEY, BUCKET, SECRET_KEY};
 

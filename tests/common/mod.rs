@@ -14,9 +14,15 @@ use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// The crate's root directory.
+/// The repository's root: hipobj's own manifest directory, also for the
+/// tests of a workspace member (the fake library's, testing/fake-library/,
+/// which share these helpers).
 pub fn manifest_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.ancestors()
+        .find(|dir| dir.join("include/hipobj.h").is_file())
+        .unwrap_or_else(|| panic!("no include/hipobj.h in {} or above", here.display()))
+        .to_path_buf()
 }
 
 /// The directory of the committed `hipobj.h`.
@@ -52,12 +58,19 @@ pub fn profile_dir() -> PathBuf {
 /// `$CARGO_TARGET_DIR/<profile>/libhipobj.so`) may be missing or stale and
 /// is only a fallback. Panics if none exists.
 pub fn built_library() -> PathBuf {
-    const NAME: &str = "libhipobj.so";
+    built_library_named("libhipobj.so")
+}
+
+/// The shared library `name` that cargo built for this test run, looked
+/// for as [`built_library`] looks for `libhipobj.so`: the fake library's
+/// tests find `libhipobj_fake.so` this way.
+pub fn built_library_named(name: &str) -> PathBuf {
     let profile = profile_dir();
-    let mut tried = vec![deps_dir().join(NAME), profile.join(NAME)];
-    if let (Some(target), Some(name)) = (std::env::var_os("CARGO_TARGET_DIR"), profile.file_name())
+    let mut tried = vec![deps_dir().join(name), profile.join(name)];
+    if let (Some(target), Some(profile)) =
+        (std::env::var_os("CARGO_TARGET_DIR"), profile.file_name())
     {
-        tried.push(PathBuf::from(target).join(name).join(NAME));
+        tried.push(PathBuf::from(target).join(profile).join(name));
     }
     tried
         .iter()
@@ -86,6 +99,19 @@ pub fn library_under_test() -> PathBuf {
         }
         _ => built_library(),
     }
+}
+
+/// Fails with the output of the program built from `file` against
+/// `library` unless it exited 0.
+pub fn assert_program_passed(file: &str, library: &Path, output: &Output) {
+    assert!(
+        output.status.success(),
+        "{file} against {} failed ({}):\n--- stderr ---\n{}--- stdout ---\n{}",
+        library.display(),
+        output.status,
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&output.stdout)
+    );
 }
 
 /// A fresh directory under the system temp dir, removed on drop unless the

@@ -42,7 +42,7 @@ use hipobj::client::{Buffer, Client, GpuSelect};
 use hipobj::core::Options;
 use hipobj::s3::objects::{self, Object, Path as Via, Plan, Policy, Rdma, Verified};
 use hipobj::s3::{Checksum, Credentials, Request, S3Config, S3Error, S3};
-use hipobj::testing::world::World;
+use hipobj_testing::world::World;
 
 use crate::gateway;
 use crate::s3server::{ACCESS_KEY, SECRET_KEY};

@@ -164,7 +164,12 @@ impl PointerAbi {
 }
 
 /// Declares a table of required functions: the struct of function
-/// pointers, the list of its symbol names, and `resolve`.
+/// pointers, the list of its symbol names, and `resolve`. The caller has
+/// `dl` and `Loaded` of [`crate::platform::dl`] in scope. Exported for the
+/// CUDA lab of the tests (`hipobj_testing::cuda_lab`), which declares the
+/// driver functions an application uses the same way.
+#[macro_export]
+#[doc(hidden)]
 macro_rules! fn_table {
     (
         $(#[$meta:meta])*
@@ -206,7 +211,7 @@ macro_rules! fn_table {
     };
 }
 
-pub(crate) use fn_table;
+pub use crate::fn_table;
 
 fn_table! {
     /// The HIP runtime functions this library calls, with the prototypes of
