@@ -872,7 +872,7 @@ fn a_bad_argument_prints_its_error_and_one_usage_line_and_exits_2() {
     assert_eq!(help.status.code(), Some(0));
     let usage = String::from_utf8_lossy(&help.stdout);
     assert!(
-        usage.lines().count() > 20 && usage.contains("--tls-cert PEM"),
+        usage.lines().count() > 20 && usage.contains("--tls-cert <PEM>"),
         "{usage}"
     );
 }

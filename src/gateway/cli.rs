@@ -1,14 +1,19 @@
 //! The command line, and the config file that holds the same options.
 //!
-//! One parser reads both: the config file (`--config FILE`, TOML) is turned
-//! into the option list the command line would give (`listen =
-//! "0.0.0.0:9000"` is `--listen=0.0.0.0:9000`, `bucket = ["a", "b"]` is
-//! `--bucket=a --bucket=b`, `no-rdma = true` is `--no-rdma=true`), so every
-//! option works in both, with the same checks and messages. What the
-//! command line gives overrides the file (a repeatable option given on
-//! the command line replaces the file's list); the access key and the
-//! secret key may also come from the environment, which comes between the
-//! two, as the AWS tools order their sources.
+//! One structure, [`Given`], is every option: its name, its value's form
+//! and check, and its help, declared once for clap (derive), which parses
+//! the command line and prints `--help`. The config file (`--config FILE`,
+//! TOML, read with serde into a table) goes through the same parser: each
+//! key is an option without its dashes (`listen = "0.0.0.0:9000"` is
+//! `--listen=0.0.0.0:9000`, `bucket = ["a", "b"]` is `--bucket=a
+//! --bucket=b`, `no-rdma = true` is `--no-rdma=true`), so every option works
+//! in both, with the same checks and messages. What the command line gives
+//! overrides the file (a repeatable option given on the command line
+//! replaces the file's list); the access key and the secret key may also
+//! come from the environment, which comes between the two, as the AWS tools
+//! order their sources. (The environment is read through the function the
+//! caller passes, not by clap, so that tests give it without touching the
+//! process's.)
 //!
 //! Secrets need never be on the command line, where every user of the
 //! machine reads them (`ps`): the secret key comes from a file
@@ -20,150 +25,15 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches, Parser};
+
+use crate::gateway::cache::Validate;
 use crate::gateway::rdma::MIN_CHUNKS;
 use crate::gateway::upstream::Settings;
 
-/// What `--help` prints.
-pub const USAGE: &str = "\
-usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE]
-                        [--access-key AK] [--secret-key-file PATH] [--credentials-file PATH]
-                        [--tls-cert PEM --tls-key PEM] [--metrics-listen ADDR:PORT]
-                        [--region REGION] [--bucket NAME]... [--device NAME] [--no-rdma]
-                        [--rdma-timeout-ms N] [--rdma-connect-timeout-ms N]
-                        [--delay-final-ms N] [--rdma-allow CIDR]...
-                        [--rdma-max-bytes N] [--rdma-memory-bytes N] [--rdma-max-requests N]
-                        [--rdma-max-connections N] [--rdma-max-connections-per-client N]
-                        [--rdma-chunk-bytes N] [--rdma-chunks N] [--shutdown-grace-ms N]
-                        [--http-header-timeout-ms N] [--http-idle-timeout-ms N]
-                        [--http-max-connections N] [--http-max-connections-per-client N]
-                        [--domain NAME]...
-       hipobj-s3-server --upstream URL --listen ADDR:PORT [the options above but --bucket]
-                        [--upstream-region REGION] [--upstream-profile NAME]
-                        [--upstream-path-style | --upstream-virtual-hosted-style]
-                        [--upstream-timeout-ms N] [--upstream-multipart-bytes N]
-                        [--upstream-part-bytes N] [--cache-bytes N]
-                        [--cache-max-object-bytes N] [--cache-validate always|ttl=SECONDS]
-       hipobj-s3-server --help | --version
-
-  --root DIR            where buckets and objects are stored (created if missing)
-  --upstream URL        serve the buckets and objects of this S3 store instead (http:// or
-                        https://, host, optional port: AWS, MinIO, Garage, Ceph RGW...); its
-                        credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or
-                        the shared config and credentials files (~/.aws), as the AWS tools
-                        find them. Exclusive with --root
-  --listen ADDR:PORT    S3 address; port 0 picks a free port
-  --config FILE         a TOML file of these options, each named without its dashes
-                        (listen = \"0.0.0.0:9000\", bucket = [\"a\", \"b\"], no-rdma = true);
-                        the command line overrides it
-  --access-key AK       the access key SigV4 requests are signed with (or HIPOBJ_ACCESS_KEY)
-  --secret-key-file PATH
-                        a file holding its secret key, one line (or HIPOBJ_SECRET_KEY)
-  --secret-key SK       the secret key itself: on the command line, every user of the machine
-                        sees it (ps); prefer the file, the environment or the config file
-  --credentials-file PATH
-                        more access keys (one per tenant, say): a line \"AK SK\" each; blank
-                        lines and lines starting with # are skipped
-  --tls-cert PEM        serve https: the certificate chain (PEM, the server's first)
-  --tls-key PEM         the certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1)
-  --metrics-listen ADDR:PORT
-                        serve Prometheus metrics at http://ADDR:PORT/metrics
-  --region REGION       the region requests must be signed for (default us-east-1)
-  --bucket NAME         creates this bucket (a directory of the root) if missing; repeatable
-  --device NAME         RDMA device (default: the first one with an active port)
-  --no-rdma             decline every x-amz-rdma-token (501), as a server without RDMA
-  --rdma-timeout-ms N   how long an RDMA transfer may go without progress: its dial and proof,
-                        each chunk, its final message (default 10000)
-  --rdma-connect-timeout-ms N
-                        how long connecting to a client may take, within that deadline
-                        (default 2000 on a hardware NIC; on a software one, Soft-RoCE or
-                        siw, the deadline alone); a client whose RDMA CM does not answer
-                        fails the transfer (500) after this long
-  --delay-final-ms N    test knob: pause between the data and the final message (default 0)
-  --rdma-allow CIDR     a network whose clients the server may connect to, besides the address
-                        each request comes from (the fabric's subnet behind a load balancer);
-                        repeatable
-  --rdma-max-bytes N    the largest RDMA transfer served (default 5368709120, S3's largest PUT);
-                        a longer token is declined (501)
-  --rdma-memory-bytes N registered memory the transfers in progress may hold at once (default
-                        1073741824, at least 12288): each transfer reserves all it holds (its
-                        chunks' buffers) before it starts; one that finds no room waits its
-                        turn, then fails (503 SlowDown) after --rdma-timeout-ms
-  --rdma-chunk-bytes N  a transfer moves in chunks of at most N bytes, one registered buffer
-                        each (default 8388608, or the largest buffer of which
-                        --rdma-memory-bytes holds three if less): a GET's bytes are written to
-                        the client as the backend gives them, a PUT's are handed to the backend
-                        as they are read
-  --rdma-chunks N       chunks one transfer holds at once (default 4, at least 3): its memory
-                        is at most N x --rdma-chunk-bytes
-  --rdma-max-requests N RDMA requests served at once (default 128); one more is answered 503
-                        SlowDown at once. The runtime has N + 256 blocking threads: RDMA requests
-                        hold at most N of them, the rest serve every request's file I/O
-  --rdma-max-connections N
-                        RDMA connections held at once, to all clients, dials in progress
-                        included (default 4096)
-  --rdma-max-connections-per-client N
-                        RDMA connections held for one access key to one client address,
-                        dials in progress included (default 1024)
-  --shutdown-grace-ms N on SIGTERM or SIGINT, how long the requests in progress may take to
-                        finish (default --rdma-timeout-ms + --delay-final-ms + 1000)
-  --http-header-timeout-ms N
-                        how long a request's header may take to arrive once its first byte
-                        has (default 30000); then the connection is closed, and logged
-  --http-idle-timeout-ms N
-                        how long a connection may wait for its next request, and a new one
-                        for its first byte (default 60000); then it is closed, and logged
-  --http-max-connections N
-                        S3 connections open at once, TLS handshakes included (default 4096);
-                        one more is closed at once, and logged
-  --http-max-connections-per-client N
-                        S3 connections open at once from one client address (default 1024;
-                        behind a balancer, the balancer is that one client)
-  --domain NAME         serve virtual-hosted-style requests for NAME: a request to
-                        BUCKET.NAME addresses BUCKET (and one to NAME is path-style);
-                        repeatable. Without it every request is path-style: no Host is
-                        taken for a bucket
-  --version             print the version and what the build holds
-  --upstream-region REGION
-                        the region requests to the upstream are signed for (--region by default)
-  --upstream-profile NAME
-                        the profile of the shared config and credentials files to take the
-                        upstream's credentials from (default: AWS_PROFILE, else default)
-  --upstream-path-style addresses the upstream as URL/BUCKET/KEY (the default: self-hosted
-                        stores such as MinIO, Garage and Ceph RGW expect it)
-  --upstream-virtual-hosted-style
-                        addresses the upstream as BUCKET.HOST/KEY (AWS's preferred style)
-  --upstream-timeout-ms N
-                        how long the gateway waits for the upstream at one stretch: to
-                        connect, to take the next piece of a body, to answer, to send the next
-                        piece of an object (default 30000; ten times that for CopyObject,
-                        UploadPartCopy and CompleteMultipartUpload); then 503
-  --upstream-multipart-bytes N
-                        the largest PutObject sent on as one streamed request (default and at
-                        most 5368709120, S3's largest, so that its ETag stays the body's MD5);
-                        a larger one (or one of unknown length) goes as a multipart upload,
-                        whose ETag is not an MD5, aborted if anything fails
-  --upstream-part-bytes N
-                        the part size of those uploads (default 16777216, 5242880 to
-                        5368709120); larger where the object needs more than 10000 parts
-  --cache-bytes N       keep whole objects read through the gateway in N bytes of memory
-                        and serve them from there (default: no cache); concurrent reads of
-                        one object cost the store one GET; a write through the gateway drops
-                        the object at once
-  --cache-max-object-bytes N
-                        the largest object kept (default: a quarter of the cache)
-  --cache-validate always|ttl=SECONDS
-                        always (the default): ask the store for the object's ETag before
-                        each hit; ttl=N: trust an entry N seconds after it was filled or
-                        checked, HEADs answered from it too (a change made behind the
-                        gateway may be served stale that long; none made through it is)
-  --cache-dir DIR       keep every object the cache keeps in a file of DIR too, read from
-                        there when memory no longer holds it and after a restart; each file
-                        checked against its CRC64/NVME before use (one that fails is deleted
-                        and the object read from the store); needs --cache-dir-bytes
-  --cache-dir-bytes N   the bytes the files in --cache-dir may take
-";
-
-/// What a bad command line prints after its error, instead of [`USAGE`].
+/// What a bad command line prints after its error, instead of the whole
+/// help.
 pub const SHORT_USAGE: &str =
     "usage: hipobj-s3-server --root DIR --listen ADDR:PORT [--config FILE] [OPTION]... \
      (or --upstream URL instead of --root); --help for all options";
@@ -188,67 +58,292 @@ pub fn version() -> String {
     )
 }
 
-/// How an option takes its value; the config file's values are checked
-/// against it.
+/// What `--help` prints: every option of [`Given`], with its help.
+pub fn usage() -> String {
+    Given::command().render_help().to_string()
+}
+
+/// The most RDMA requests served at once: each may hold a blocking thread,
+/// and tokio's pool takes at most a few thousand.
+const MAX_REQUESTS: usize = 4096;
+
+/// The longest RDMA transfer served unless `--rdma-max-bytes` says:
+/// S3's largest PUT.
+const DEFAULT_MAX_BYTES: u64 = 5 << 30;
+
+/// The default chunk.
+const DEFAULT_CHUNK_BYTES: usize = 8 << 20;
+
+/// Every option, as the command line and the config file give it: the
+/// one place that names them, checks each value alone, and says what each
+/// does. A value the command line does not give is `None` (or empty), so
+/// that the file's stays; defaults are applied when the two are merged
+/// ([`finish`]), each named in its option's help.
+#[derive(Parser, Debug)]
+#[command(
+    name = "hipobj-s3-server",
+    override_usage = "\
+hipobj-s3-server --root DIR --listen ADDR:PORT [OPTION]...
+       hipobj-s3-server --upstream URL --listen ADDR:PORT [OPTION]... (all but --bucket)
+       hipobj-s3-server --help | --version",
+    about = "An S3 server over a directory of this machine (--root) or over another S3 \
+             store (--upstream), that also serves hipobj clients by RDMA.",
+    no_binary_name = true,
+    disable_help_flag = true,
+    disable_version_flag = true,
+    max_term_width = 100
+)]
+struct Given {
+    /// Print this help.
+    #[arg(short = 'h', long, action = ArgAction::SetTrue)]
+    help: bool,
+    /// Print the version and what the build holds.
+    #[arg(short = 'V', long, action = ArgAction::SetTrue)]
+    version: bool,
+    /// A TOML file of these options, each named without its dashes
+    /// (listen = "0.0.0.0:9000", bucket = ["a", "b"], no-rdma = true); the
+    /// command line overrides it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Where buckets and objects are stored (created if missing).
+    #[arg(long, value_name = "DIR")]
+    root: Option<PathBuf>,
+    /// Serve the buckets and objects of this S3 store instead (http:// or
+    /// https://, host, optional port: AWS, MinIO, Garage, Ceph RGW...); its
+    /// credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or
+    /// the shared config and credentials files (~/.aws), as the AWS tools
+    /// find them. Exclusive with --root.
+    #[arg(long, value_name = "URL", value_parser = endpoint)]
+    upstream: Option<String>,
+    /// S3 address; port 0 picks a free port.
+    #[arg(long, value_name = "ADDR:PORT", value_parser = |v: &str| address("--listen", v))]
+    listen: Option<SocketAddr>,
+    /// The access key SigV4 requests are signed with (or HIPOBJ_ACCESS_KEY).
+    #[arg(long, value_name = "AK")]
+    access_key: Option<String>,
+    /// A file holding its secret key, one line (or HIPOBJ_SECRET_KEY).
+    #[arg(long, value_name = "PATH", conflicts_with = "secret_key")]
+    secret_key_file: Option<PathBuf>,
+    /// The secret key itself: on the command line, every user of the
+    /// machine sees it (ps); prefer the file, the environment or the config
+    /// file.
+    #[arg(long, value_name = "SK")]
+    secret_key: Option<String>,
+    /// More access keys (one per tenant, say): a line "AK SK" each; blank
+    /// lines and lines starting with # are skipped.
+    #[arg(long, value_name = "PATH")]
+    credentials_file: Option<PathBuf>,
+    /// Serve https: the certificate chain (PEM, the server's first).
+    #[arg(long, value_name = "PEM")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "PEM")]
+    tls_key: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics.
+    #[arg(long, value_name = "ADDR:PORT",
+          value_parser = |v: &str| address("--metrics-listen", v))]
+    metrics_listen: Option<SocketAddr>,
+    /// The region requests must be signed for (default us-east-1).
+    #[arg(long, value_name = "REGION")]
+    region: Option<String>,
+    /// Creates this bucket (a directory of the root) if missing; repeatable.
+    #[arg(long, value_name = "NAME", value_parser = bucket_name)]
+    bucket: Vec<String>,
+    /// RDMA device (default: the first one with an active port).
+    #[arg(long, value_name = "NAME")]
+    device: Option<String>,
+    /// Decline every x-amz-rdma-token (501), as a server without RDMA.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_name = "BOOL", hide_possible_values = true,
+          value_parser = |v: &str| flag("--no-rdma", v))]
+    no_rdma: Option<bool>,
+    /// How long an RDMA transfer may go without progress: its dial and
+    /// proof, each chunk, its final message (default 10000).
+    #[arg(long, value_name = "N", value_parser = |v: &str| millis("--rdma-timeout-ms", v, 1))]
+    rdma_timeout_ms: Option<Duration>,
+    /// How long connecting to a client may take, within that deadline
+    /// (default 2000 on a hardware NIC; on a software one, Soft-RoCE or
+    /// siw, the deadline alone); a client whose RDMA CM does not answer
+    /// fails the transfer (500) after this long.
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| millis("--rdma-connect-timeout-ms", v, 1))]
+    rdma_connect_timeout_ms: Option<Duration>,
+    /// Test knob: pause between the data and the final message (default 0).
+    #[arg(long, value_name = "N", value_parser = |v: &str| millis("--delay-final-ms", v, 0))]
+    delay_final_ms: Option<Duration>,
+    /// A network whose clients the server may connect to, besides the
+    /// address each request comes from (the fabric's subnet behind a load
+    /// balancer); repeatable.
+    #[arg(long, value_name = "CIDR", value_parser = network)]
+    rdma_allow: Vec<ipnet::IpNet>,
+    /// The largest RDMA transfer served (default 5368709120, S3's largest
+    /// PUT); a longer token is declined (501).
+    #[arg(long, value_name = "N", value_parser = |v: &str| count::<u64>("--rdma-max-bytes", v))]
+    rdma_max_bytes: Option<u64>,
+    /// Registered memory the transfers in progress may hold at once
+    /// (default 1073741824, at least 12288): each transfer reserves all it
+    /// holds (its chunks' buffers) before it starts; one that finds no room
+    /// waits its turn, then fails (503 SlowDown) after --rdma-timeout-ms.
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| count::<u64>("--rdma-memory-bytes", v))]
+    rdma_memory_bytes: Option<u64>,
+    /// A transfer moves in chunks of at most N bytes, one registered buffer
+    /// each (default 8388608, or the largest buffer of which
+    /// --rdma-memory-bytes holds three if less): a GET's bytes are written
+    /// to the client as the backend gives them, a PUT's are handed to the
+    /// backend as they are read.
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| count::<usize>("--rdma-chunk-bytes", v))]
+    rdma_chunk_bytes: Option<usize>,
+    /// Chunks one transfer holds at once (default 4, at least 3): its
+    /// memory is at most N x --rdma-chunk-bytes.
+    #[arg(long, value_name = "N", value_parser = chunks)]
+    rdma_chunks: Option<usize>,
+    /// RDMA requests served at once (default 128); one more is answered 503
+    /// SlowDown at once. The runtime has N + 256 blocking threads: RDMA
+    /// requests hold at most N of them, the rest serve every request's file
+    /// I/O.
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| count::<usize>("--rdma-max-requests", v))]
+    rdma_max_requests: Option<usize>,
+    /// RDMA connections held at once, to all clients, dials in progress
+    /// included (default 4096).
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| count::<usize>("--rdma-max-connections", v))]
+    rdma_max_connections: Option<usize>,
+    /// RDMA connections held for one access key to one client address,
+    /// dials in progress included (default 1024).
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| count::<usize>("--rdma-max-connections-per-client", v))]
+    rdma_max_connections_per_client: Option<usize>,
+    /// On SIGTERM or SIGINT, how long the requests in progress may take to
+    /// finish (default --rdma-timeout-ms + --delay-final-ms + 1000).
+    #[arg(long, value_name = "N", value_parser = |v: &str| millis("--shutdown-grace-ms", v, 0))]
+    shutdown_grace_ms: Option<Duration>,
+    /// How long a request's header may take to arrive once its first byte
+    /// has (default 30000); then the connection is closed, and logged.
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| millis("--http-header-timeout-ms", v, 1))]
+    http_header_timeout_ms: Option<Duration>,
+    /// How long a connection may wait for its next request, and a new one
+    /// for its first byte (default 60000); then it is closed, and logged.
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| millis("--http-idle-timeout-ms", v, 1))]
+    http_idle_timeout_ms: Option<Duration>,
+    /// S3 connections open at once, TLS handshakes included (default 4096);
+    /// one more is closed at once, and logged.
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| count::<usize>("--http-max-connections", v))]
+    http_max_connections: Option<usize>,
+    /// S3 connections open at once from one client address (default 1024;
+    /// behind a balancer, the balancer is that one client).
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| count::<usize>("--http-max-connections-per-client", v))]
+    http_max_connections_per_client: Option<usize>,
+    /// Serve virtual-hosted-style requests for NAME: a request to
+    /// BUCKET.NAME addresses BUCKET (and one to NAME is path-style);
+    /// repeatable. Without it every request is path-style: no Host is taken
+    /// for a bucket.
+    #[arg(long, value_name = "NAME", value_parser = domain_name)]
+    domain: Vec<String>,
+    /// The region requests to the upstream are signed for (--region by
+    /// default).
+    #[arg(long, value_name = "REGION")]
+    upstream_region: Option<String>,
+    /// The profile of the shared config and credentials files to take the
+    /// upstream's credentials from (default: AWS_PROFILE, else default).
+    #[arg(long, value_name = "NAME")]
+    upstream_profile: Option<String>,
+    /// Addresses the upstream as URL/BUCKET/KEY (the default: self-hosted
+    /// stores such as MinIO, Garage and Ceph RGW expect it).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_name = "BOOL", hide_possible_values = true,
+          value_parser = |v: &str| flag("--upstream-path-style", v))]
+    upstream_path_style: Option<bool>,
+    /// Addresses the upstream as BUCKET.HOST/KEY (AWS's preferred style).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_name = "BOOL", hide_possible_values = true,
+          value_parser = |v: &str| flag("--upstream-virtual-hosted-style", v))]
+    upstream_virtual_hosted_style: Option<bool>,
+    /// How long the gateway waits for the upstream at one stretch: to
+    /// connect, to take the next piece of a body, to answer, to send the
+    /// next piece of an object (default 30000; ten times that for
+    /// CopyObject, UploadPartCopy and CompleteMultipartUpload); then 503.
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| millis("--upstream-timeout-ms", v, 1))]
+    upstream_timeout_ms: Option<Duration>,
+    /// The largest PutObject sent on as one streamed request (default and
+    /// at most 5368709120, S3's largest, so that its ETag stays the body's
+    /// MD5); a larger one (or one of unknown length) goes as a multipart
+    /// upload, whose ETag is not an MD5, aborted if anything fails.
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| count::<u64>("--upstream-multipart-bytes", v))]
+    upstream_multipart_bytes: Option<u64>,
+    /// The part size of those uploads (default 16777216, 5242880 to
+    /// 5368709120); larger where the object needs more than 10000 parts.
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| count::<u64>("--upstream-part-bytes", v))]
+    upstream_part_bytes: Option<u64>,
+    /// Keep whole objects read through the gateway in N bytes of memory and
+    /// serve them from there (default: no cache); concurrent reads of one
+    /// object cost the store one GET; a write through the gateway drops the
+    /// object at once.
+    #[arg(long, value_name = "N", value_parser = |v: &str| count::<u64>("--cache-bytes", v))]
+    cache_bytes: Option<u64>,
+    /// The largest object kept (default: a quarter of the cache).
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| count::<u64>("--cache-max-object-bytes", v))]
+    cache_max_object_bytes: Option<u64>,
+    /// always (the default): ask the store for the object's ETag before
+    /// each hit; ttl=N: trust an entry N seconds after it was filled or
+    /// checked, HEADs answered from it too (a change made behind the
+    /// gateway may be served stale that long; none made through it is).
+    #[arg(long, value_name = "always|ttl=SECONDS", value_parser = Validate::parse)]
+    cache_validate: Option<Validate>,
+    /// Keep every object the cache keeps in a file of DIR too, read from
+    /// there when memory no longer holds it and after a restart; each file
+    /// checked against its CRC64/NVME before use (one that fails is deleted
+    /// and the object read from the store); needs --cache-dir-bytes.
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// The bytes the files in --cache-dir may take.
+    #[arg(long, value_name = "N", value_parser = |v: &str| count::<u64>("--cache-dir-bytes", v))]
+    cache_dir_bytes: Option<u64>,
+}
+
+/// How an option takes its value in the config file, from its clap
+/// declaration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
-    /// No value on the command line (`--no-rdma`, or `--no-rdma=true|false`);
-    /// `true` or `false` in the file.
+    /// A flag (`--no-rdma`, or `--no-rdma=true|false`): `true` or `false`.
     Flag,
-    /// One value: a string or a whole number in the file.
+    /// One value: a string or a whole number.
     Value,
-    /// A value each time it is given: an array in the file.
+    /// A value each time it is given: an array (or one value).
     Repeated,
 }
 
-/// Every option the config file may hold, with how it takes its value.
-/// An option added to the parser (`apply`) and to [`USAGE`] goes here too
-/// (a unit test compares the three).
-const OPTIONS: &[(&str, Kind)] = &[
-    ("--root", Kind::Value),
-    ("--listen", Kind::Value),
-    ("--access-key", Kind::Value),
-    ("--secret-key", Kind::Value),
-    ("--secret-key-file", Kind::Value),
-    ("--credentials-file", Kind::Value),
-    ("--tls-cert", Kind::Value),
-    ("--tls-key", Kind::Value),
-    ("--metrics-listen", Kind::Value),
-    ("--region", Kind::Value),
-    ("--bucket", Kind::Repeated),
-    ("--device", Kind::Value),
-    ("--no-rdma", Kind::Flag),
-    ("--rdma-timeout-ms", Kind::Value),
-    ("--rdma-connect-timeout-ms", Kind::Value),
-    ("--delay-final-ms", Kind::Value),
-    ("--rdma-allow", Kind::Repeated),
-    ("--rdma-max-bytes", Kind::Value),
-    ("--rdma-memory-bytes", Kind::Value),
-    ("--rdma-max-requests", Kind::Value),
-    ("--rdma-max-connections", Kind::Value),
-    ("--rdma-max-connections-per-client", Kind::Value),
-    ("--rdma-chunk-bytes", Kind::Value),
-    ("--rdma-chunks", Kind::Value),
-    ("--shutdown-grace-ms", Kind::Value),
-    ("--http-header-timeout-ms", Kind::Value),
-    ("--http-idle-timeout-ms", Kind::Value),
-    ("--http-max-connections", Kind::Value),
-    ("--http-max-connections-per-client", Kind::Value),
-    ("--domain", Kind::Repeated),
-    ("--upstream", Kind::Value),
-    ("--upstream-region", Kind::Value),
-    ("--upstream-profile", Kind::Value),
-    ("--upstream-path-style", Kind::Flag),
-    ("--upstream-virtual-hosted-style", Kind::Flag),
-    ("--upstream-timeout-ms", Kind::Value),
-    ("--upstream-multipart-bytes", Kind::Value),
-    ("--upstream-part-bytes", Kind::Value),
-    ("--cache-bytes", Kind::Value),
-    ("--cache-max-object-bytes", Kind::Value),
-    ("--cache-validate", Kind::Value),
-    ("--cache-dir", Kind::Value),
-    ("--cache-dir-bytes", Kind::Value),
-];
+/// The options the config file may hold (all but `--help`, `--version` and
+/// `--config`), by their long names, with how each takes its value.
+fn file_options() -> Vec<(String, Kind)> {
+    Given::command()
+        .get_arguments()
+        .filter_map(|arg| {
+            let name = arg.get_long()?;
+            if matches!(name, "help" | "version" | "config") {
+                return None;
+            }
+            let kind = if matches!(arg.get_action(), ArgAction::Append) {
+                Kind::Repeated
+            } else if arg.get_num_args().is_some_and(|n| n.min_values() == 0) {
+                Kind::Flag
+            } else {
+                Kind::Value
+            };
+            Some((name.to_owned(), kind))
+        })
+        .collect()
+}
 
 /// An access key requests may be signed with, and its secret key.
 #[derive(Clone, PartialEq, Eq)]
@@ -375,22 +470,37 @@ pub enum Command {
 /// name, and the environment's secrets (`env` looks a variable up). An
 /// error is a sentence naming the option, key or file at fault.
 pub fn command(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Command, String> {
-    let mut given = Given::new(Source::CommandLine);
-    match apply(&mut given, args)? {
-        Flow::Help => return Ok(Command::Help),
-        Flow::Version => return Ok(Command::Version),
-        Flow::Go => {}
+    let (mut given, cli) = parse_args(args)?;
+    if given.help {
+        return Ok(Command::Help);
     }
+    if given.version {
+        return Ok(Command::Version);
+    }
+    let from_command_line = Sources {
+        access_key: cli.contains_id("access_key"),
+        secret: cli.contains_id("secret_key") || cli.contains_id("secret_key_file"),
+    };
     if let Some(path) = given.config.clone() {
         // The file first, then the command line again over it.
-        let from_file = file_args(&path)?;
-        given = Given::new(Source::File);
-        apply(&mut given, &from_file).map_err(|e| format!("{}: {e}", path.display()))?;
-        given.source = Source::CommandLine;
-        apply(&mut given, args)?;
+        let shown = path.display();
+        let (mut from_file, _) =
+            parse_args(&file_args(&path)?).map_err(|e| format!("{shown}: {e}"))?;
+        from_file
+            .update_from_arg_matches(&cli)
+            .map_err(|e| said(&e))?;
+        // A secret the command line gives, in either form, replaces the
+        // file's.
+        if cli.contains_id("secret_key") {
+            from_file.secret_key_file = None;
+        }
+        if cli.contains_id("secret_key_file") {
+            from_file.secret_key = None;
+        }
+        given = from_file;
     }
     let mut warnings = Vec::new();
-    let options = finish(given, env, &mut warnings)?;
+    let options = finish(given, from_command_line, env, &mut warnings)?;
     Ok(Command::Run {
         options: Box::new(options),
         warnings,
@@ -406,247 +516,61 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
     }
 }
 
-/// Where a value was given.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Source {
-    /// The config file.
-    File,
-    /// The command line.
-    CommandLine,
+/// The options `args` give, and clap's record of which were given (to lay
+/// them over the config file's).
+fn parse_args(args: &[String]) -> Result<(Given, ArgMatches), String> {
+    let matches = Given::command()
+        .args_override_self(true)
+        .try_get_matches_from(args)
+        .map_err(|e| said(&e))?;
+    let given = Given::from_arg_matches(&matches).map_err(|e| said(&e))?;
+    Ok((given, matches))
 }
 
-/// A secret key as given: the key itself, or the file holding it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Secret {
-    /// `--secret-key`, `secret-key` or `HIPOBJ_SECRET_KEY`.
-    Key(String),
-    /// `--secret-key-file`.
-    File(PathBuf),
-}
-
-/// The values of a repeatable option, and where they were given: the
-/// command line's replace the file's.
-#[derive(Debug)]
-struct Listed<T> {
-    items: Vec<T>,
-    from: Option<Source>,
-}
-
-impl<T> Listed<T> {
-    fn new() -> Listed<T> {
-        Listed {
-            items: Vec::new(),
-            from: None,
+/// clap's error as the sentence the server prints: a value's own check
+/// says what is wrong with it (naming the option and the value);
+/// otherwise the option at fault.
+fn said(e: &clap::Error) -> String {
+    let context = |kind: ContextKind| match e.get(kind) {
+        Some(ContextValue::String(text)) => text.clone(),
+        Some(ContextValue::Strings(texts)) => texts.join(" "),
+        _ => String::new(),
+    };
+    // "--region <REGION>": the option's name alone.
+    let option = |kind: ContextKind| {
+        let text = context(kind);
+        text.split([' ', '=']).next().unwrap_or_default().to_owned()
+    };
+    match e.kind() {
+        ErrorKind::ValueValidation => match std::error::Error::source(e) {
+            Some(why) => why.to_string(),
+            None => format!("{}: a bad value", option(ContextKind::InvalidArg)),
+        },
+        ErrorKind::UnknownArgument => {
+            format!("unknown argument {}", context(ContextKind::InvalidArg))
         }
-    }
-
-    fn push(&mut self, from: Source, item: T) {
-        if self.from != Some(from) {
-            self.items.clear();
-            self.from = Some(from);
+        ErrorKind::InvalidValue | ErrorKind::NoEquals => {
+            format!("{} needs a value", option(ContextKind::InvalidArg))
         }
-        self.items.push(item);
-    }
-}
-
-/// What the arguments gave, before the environment and the checks that
-/// span several options.
-struct Given {
-    /// Where the arguments being applied come from.
-    source: Source,
-    config: Option<PathBuf>,
-    root: Option<PathBuf>,
-    listen: Option<SocketAddr>,
-    access_key: Option<(String, Source)>,
-    secret: Option<(Secret, Source)>,
-    credentials_file: Option<PathBuf>,
-    tls_cert: Option<PathBuf>,
-    tls_key: Option<PathBuf>,
-    metrics_listen: Option<SocketAddr>,
-    region: String,
-    buckets: Listed<String>,
-    device: Option<String>,
-    no_rdma: bool,
-    rdma_timeout: Duration,
-    rdma_connect_timeout: Option<Duration>,
-    delay_final: Duration,
-    rdma_allow: Listed<ipnet::IpNet>,
-    rdma_max_bytes: Option<u64>,
-    rdma_memory_bytes: u64,
-    rdma_max_requests: usize,
-    rdma_max_connections: usize,
-    rdma_max_connections_per_client: usize,
-    rdma_chunk_bytes: Option<usize>,
-    rdma_chunks: usize,
-    shutdown_grace: Option<Duration>,
-    http: crate::gateway::HttpLimits,
-    domains: Listed<String>,
-    upstream: UpstreamArgs,
-}
-
-impl Given {
-    /// The defaults.
-    fn new(source: Source) -> Given {
-        Given {
-            source,
-            config: None,
-            root: None,
-            listen: None,
-            access_key: None,
-            secret: None,
-            credentials_file: None,
-            tls_cert: None,
-            tls_key: None,
-            metrics_listen: None,
-            region: "us-east-1".to_owned(),
-            buckets: Listed::new(),
-            device: None,
-            no_rdma: false,
-            rdma_timeout: Duration::from_millis(10_000),
-            rdma_connect_timeout: None,
-            delay_final: Duration::ZERO,
-            rdma_allow: Listed::new(),
-            rdma_max_bytes: None,
-            rdma_memory_bytes: 1 << 30,
-            rdma_max_requests: 128,
-            rdma_max_connections: 4096,
-            rdma_max_connections_per_client: 1024,
-            rdma_chunk_bytes: None,
-            rdma_chunks: 4,
-            shutdown_grace: None,
-            http: crate::gateway::HttpLimits::default(),
-            domains: Listed::new(),
-            upstream: UpstreamArgs::default(),
+        // The one pair declared exclusive within a source.
+        ErrorKind::ArgumentConflict => {
+            "--secret-key and --secret-key-file both given: give one".to_owned()
         }
-    }
-
-    /// `--secret-key` or `--secret-key-file`: one of the two in each
-    /// source.
-    fn set_secret(&mut self, secret: Secret) -> Result<(), String> {
-        if let Some((old, from)) = &self.secret {
-            if *from == self.source
-                && std::mem::discriminant(old) != std::mem::discriminant(&secret)
-            {
-                return Err("--secret-key and --secret-key-file both given: give one".into());
-            }
-        }
-        self.secret = Some((secret, self.source));
-        Ok(())
+        _ => e.kind().to_string(),
     }
 }
 
-/// What the arguments ask for besides settings.
-enum Flow {
-    Go,
-    Help,
-    Version,
-}
-
-/// Applies the arguments to `g`. Options take their value as the next
-/// argument or after `=`; a flag takes none, or `=true`/`=false`.
-fn apply(g: &mut Given, args: &[String]) -> Result<Flow, String> {
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_owned())),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = || -> Result<String, String> {
-            match &inline {
-                Some(v) => Ok(v.clone()),
-                None => it.next().cloned().ok_or(format!("{name} needs a value")),
-            }
-        };
-        let source = g.source;
-        match name {
-            "--help" | "-h" => return Ok(Flow::Help),
-            "--version" | "-V" => return Ok(Flow::Version),
-            "--config" => g.config = Some(PathBuf::from(value()?)),
-            "--root" => g.root = Some(PathBuf::from(value()?)),
-            "--listen" => g.listen = Some(address(name, &value()?)?),
-            "--access-key" => g.access_key = Some((value()?, source)),
-            "--secret-key" => g.set_secret(Secret::Key(value()?))?,
-            "--secret-key-file" => g.set_secret(Secret::File(PathBuf::from(value()?)))?,
-            "--credentials-file" => g.credentials_file = Some(PathBuf::from(value()?)),
-            "--tls-cert" => g.tls_cert = Some(PathBuf::from(value()?)),
-            "--tls-key" => g.tls_key = Some(PathBuf::from(value()?)),
-            "--metrics-listen" => g.metrics_listen = Some(address(name, &value()?)?),
-            "--region" => g.region = value()?,
-            "--bucket" => g.buckets.push(source, bucket_name(value()?)?),
-            "--device" => g.device = Some(value()?),
-            "--no-rdma" => g.no_rdma = flag(name, inline.as_deref())?,
-            "--rdma-timeout-ms" => g.rdma_timeout = millis(name, &value()?, 1)?,
-            "--rdma-connect-timeout-ms" => {
-                g.rdma_connect_timeout = Some(millis(name, &value()?, 1)?)
-            }
-            "--delay-final-ms" => g.delay_final = millis(name, &value()?, 0)?,
-            "--rdma-allow" => {
-                let v = value()?;
-                let net = v
-                    .parse::<ipnet::IpNet>()
-                    .map_err(|e| format!("--rdma-allow {v}: {e} (expected ADDR/PREFIX)"))?;
-                g.rdma_allow.push(source, net);
-            }
-            "--rdma-max-bytes" => g.rdma_max_bytes = Some(count(name, &value()?)?),
-            "--rdma-memory-bytes" => g.rdma_memory_bytes = count(name, &value()?)?,
-            "--rdma-max-requests" => g.rdma_max_requests = count(name, &value()?)?,
-            "--rdma-max-connections" => g.rdma_max_connections = count(name, &value()?)?,
-            "--rdma-max-connections-per-client" => {
-                g.rdma_max_connections_per_client = count(name, &value()?)?
-            }
-            "--rdma-chunk-bytes" => g.rdma_chunk_bytes = Some(count(name, &value()?)?),
-            "--rdma-chunks" => {
-                g.rdma_chunks = count(name, &value()?)?;
-                if g.rdma_chunks < MIN_CHUNKS {
-                    return Err(format!(
-                        "--rdma-chunks {}: at least {MIN_CHUNKS} (a PUT keeps its last chunk \
-                         until the bytes' checksum is checked, an upstream keeps one more until \
-                         it knows the body goes on, and one must be free to go on)",
-                        g.rdma_chunks
-                    ));
-                }
-            }
-            "--shutdown-grace-ms" => g.shutdown_grace = Some(millis(name, &value()?, 0)?),
-            "--http-header-timeout-ms" => g.http.header_timeout = millis(name, &value()?, 1)?,
-            "--http-idle-timeout-ms" => g.http.idle_timeout = millis(name, &value()?, 1)?,
-            "--http-max-connections" => g.http.max_connections = count(name, &value()?)?,
-            "--http-max-connections-per-client" => {
-                g.http.max_connections_per_client = count(name, &value()?)?
-            }
-            "--domain" => g.domains.push(source, domain_name(&value()?)?),
-            "--upstream" => g.upstream.endpoint = Some(endpoint(&value()?)?),
-            "--upstream-region" => g.upstream.region = Some(value()?),
-            "--upstream-profile" => g.upstream.profile = Some(value()?),
-            "--upstream-path-style" => {
-                let path = flag(name, inline.as_deref())?;
-                g.upstream.style(name, path)?;
-            }
-            "--upstream-virtual-hosted-style" => {
-                let path = !flag(name, inline.as_deref())?;
-                g.upstream.style(name, path)?;
-            }
-            "--upstream-timeout-ms" => g.upstream.timeout = Some(millis(name, &value()?, 1)?),
-            "--upstream-multipart-bytes" => {
-                g.upstream.multipart_bytes = Some(count(name, &value()?)?)
-            }
-            "--upstream-part-bytes" => g.upstream.part_bytes = Some(count(name, &value()?)?),
-            "--cache-bytes" => g.upstream.cache_bytes = Some(count(name, &value()?)?),
-            "--cache-max-object-bytes" => {
-                g.upstream.cache_max_object_bytes = Some(count(name, &value()?)?)
-            }
-            "--cache-validate" => {
-                g.upstream.cache_validate = Some(crate::gateway::cache::Validate::parse(&value()?)?)
-            }
-            "--cache-dir" => g.upstream.cache_dir = Some(PathBuf::from(value()?)),
-            "--cache-dir-bytes" => g.upstream.cache_dir_bytes = Some(count(name, &value()?)?),
-            _ => return Err(format!("unknown argument {arg}")),
-        }
-    }
-    Ok(Flow::Go)
+/// Which values the command line gave, for the order of their sources.
+#[derive(Clone, Copy, Debug)]
+struct Sources {
+    /// `--access-key`.
+    access_key: bool,
+    /// `--secret-key` or `--secret-key-file`.
+    secret: bool,
 }
 
 /// The config file as the arguments the command line would give: each key
-/// is an option of [`OPTIONS`] without its dashes.
+/// is an option of [`Given`] without its dashes.
 fn file_args(path: &Path) -> Result<Vec<String>, String> {
     let shown = path.display();
     let text = std::fs::read_to_string(path)
@@ -654,15 +578,16 @@ fn file_args(path: &Path) -> Result<Vec<String>, String> {
     let table: toml::Table = text
         .parse()
         .map_err(|e| format!("the config file {shown} is not TOML: {e}"))?;
+    let options = file_options();
     let mut args = Vec::new();
     for (key, value) in &table {
-        let name = format!("--{key}");
-        let Some(&(_, kind)) = OPTIONS.iter().find(|(option, _)| *option == name) else {
+        let Some(&(_, kind)) = options.iter().find(|(option, _)| option == key) else {
             return Err(format!(
                 "the config file {shown}: unknown key {key:?} (its keys are the options of \
                  --help without their dashes; config, help and version are not among them)"
             ));
         };
+        let name = format!("--{key}");
         // Values are never echoed: one may be a secret key.
         let scalar = |v: &toml::Value| match v {
             toml::Value::String(s) => Ok(s.clone()),
@@ -713,26 +638,49 @@ enum Origin {
 }
 
 /// The command line's value, else the environment's, else the file's.
-fn pick<T>(given: Option<(T, Source)>, env: Option<T>) -> Option<(T, Origin)> {
+fn pick<T>(given: Option<T>, on_command_line: bool, env: Option<T>) -> Option<(T, Origin)> {
     match (given, env) {
-        (Some((v, Source::CommandLine)), _) => Some((v, Origin::CommandLine)),
+        (Some(v), _) if on_command_line => Some((v, Origin::CommandLine)),
         (_, Some(v)) => Some((v, Origin::Environment)),
-        (Some((v, Source::File)), None) => Some((v, Origin::File)),
+        (Some(v), None) => Some((v, Origin::File)),
         (None, None) => None,
     }
+}
+
+/// A secret key as given: the key itself, or the file holding it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Secret {
+    /// `--secret-key`, `secret-key` or `HIPOBJ_SECRET_KEY`.
+    Key(String),
+    /// `--secret-key-file`.
+    File(PathBuf),
 }
 
 /// The settings from what was given, the environment's keys and the
 /// files of secrets; what is unsafe goes to `warnings`.
 fn finish(
     g: Given,
+    from_command_line: Sources,
     env: &dyn Fn(&str) -> Option<String>,
     warnings: &mut Vec<String>,
 ) -> Result<Options, String> {
     let missing = |what: &str| format!("{what} is required");
     let env = |name: &str| env(name).filter(|v| !v.is_empty());
-    let access_key = pick(g.access_key, env(ACCESS_KEY_ENV));
-    let secret = pick(g.secret, env(SECRET_KEY_ENV).map(Secret::Key));
+    let access_key = pick(
+        g.access_key,
+        from_command_line.access_key,
+        env(ACCESS_KEY_ENV),
+    );
+    let given_secret = match (g.secret_key, g.secret_key_file) {
+        (Some(key), _) => Some(Secret::Key(key)),
+        (None, Some(path)) => Some(Secret::File(path)),
+        (None, None) => None,
+    };
+    let secret = pick(
+        given_secret,
+        from_command_line.secret,
+        env(SECRET_KEY_ENV).map(Secret::Key),
+    );
     let secret_key = match secret {
         None => None,
         Some((Secret::Key(key), origin)) => {
@@ -823,18 +771,48 @@ fn finish(
              127.0.0.1 behind a TLS proxy"
         ));
     }
-    let rdma_chunk_bytes = chunk_bytes(g.rdma_chunk_bytes, g.rdma_memory_bytes)?;
+    let rdma_memory_bytes = g.rdma_memory_bytes.unwrap_or(1 << 30);
+    let rdma_chunk_bytes = chunk_bytes(g.rdma_chunk_bytes, rdma_memory_bytes)?;
     let rdma_max_bytes = g.rdma_max_bytes.unwrap_or(DEFAULT_MAX_BYTES);
-    if g.rdma_max_requests > MAX_REQUESTS {
+    let rdma_max_requests = g.rdma_max_requests.unwrap_or(128);
+    if rdma_max_requests > MAX_REQUESTS {
         return Err(format!(
-            "--rdma-max-requests {}: at most {MAX_REQUESTS}",
-            g.rdma_max_requests
+            "--rdma-max-requests {rdma_max_requests}: at most {MAX_REQUESTS}"
         ));
     }
+    let rdma_timeout = g.rdma_timeout_ms.unwrap_or(Duration::from_millis(10_000));
+    let delay_final = g.delay_final_ms.unwrap_or(Duration::ZERO);
     let shutdown_grace = g
-        .shutdown_grace
-        .unwrap_or(g.rdma_timeout + g.delay_final + Duration::from_secs(1));
-    let upstream = g.upstream.settings(&g.region)?;
+        .shutdown_grace_ms
+        .unwrap_or(rdma_timeout + delay_final + Duration::from_secs(1));
+    let region = g.region.unwrap_or_else(|| "us-east-1".to_owned());
+    let path_style = match (
+        g.upstream_path_style,
+        g.upstream_virtual_hosted_style
+            .map(|virtual_hosted| !virtual_hosted),
+    ) {
+        (Some(path), Some(not_virtual)) if path != not_virtual => {
+            return Err(
+                "--upstream-path-style and --upstream-virtual-hosted-style are exclusive".into(),
+            )
+        }
+        (path, not_virtual) => path.or(not_virtual),
+    };
+    let upstream = UpstreamArgs {
+        endpoint: g.upstream,
+        region: g.upstream_region,
+        profile: g.upstream_profile,
+        path_style,
+        timeout: g.upstream_timeout_ms,
+        multipart_bytes: g.upstream_multipart_bytes,
+        part_bytes: g.upstream_part_bytes,
+        cache_bytes: g.cache_bytes,
+        cache_max_object_bytes: g.cache_max_object_bytes,
+        cache_validate: g.cache_validate,
+        cache_dir: g.cache_dir,
+        cache_dir_bytes: g.cache_dir_bytes,
+    }
+    .settings(&region)?;
     let root = match (g.root, &upstream) {
         (Some(_), Some(_)) => {
             return Err(
@@ -846,13 +824,15 @@ fn finish(
         (None, None) => return Err("--root or --upstream is required".into()),
         (root, _) => root,
     };
-    if upstream.is_some() && !g.buckets.items.is_empty() {
+    if upstream.is_some() && !g.bucket.is_empty() {
         return Err(
             "--bucket creates directories of --root; with --upstream, create buckets in the \
              upstream store (or through this server: CreateBucket)"
                 .into(),
         );
     }
+    // The HTTP limits' defaults are the server's own.
+    let http = crate::gateway::HttpLimits::default();
     Ok(Options {
         root,
         upstream,
@@ -860,24 +840,31 @@ fn finish(
         credentials,
         tls,
         metrics_listen: g.metrics_listen,
-        region: g.region,
-        buckets: g.buckets.items,
+        region,
+        buckets: g.bucket,
         device: g.device,
-        no_rdma: g.no_rdma,
-        rdma_timeout: g.rdma_timeout,
-        rdma_connect_timeout: g.rdma_connect_timeout,
-        delay_final: g.delay_final,
-        rdma_allow: g.rdma_allow.items,
+        no_rdma: g.no_rdma.unwrap_or(false),
+        rdma_timeout,
+        rdma_connect_timeout: g.rdma_connect_timeout_ms,
+        delay_final,
+        rdma_allow: g.rdma_allow,
         rdma_max_bytes,
-        rdma_memory_bytes: g.rdma_memory_bytes,
-        rdma_max_requests: g.rdma_max_requests,
-        rdma_max_connections: g.rdma_max_connections,
-        rdma_max_connections_per_client: g.rdma_max_connections_per_client,
+        rdma_memory_bytes,
+        rdma_max_requests,
+        rdma_max_connections: g.rdma_max_connections.unwrap_or(4096),
+        rdma_max_connections_per_client: g.rdma_max_connections_per_client.unwrap_or(1024),
         rdma_chunk_bytes,
-        rdma_chunks: g.rdma_chunks,
+        rdma_chunks: g.rdma_chunks.unwrap_or(4),
         shutdown_grace,
-        http: g.http,
-        domains: g.domains.items,
+        http: crate::gateway::HttpLimits {
+            header_timeout: g.http_header_timeout_ms.unwrap_or(http.header_timeout),
+            idle_timeout: g.http_idle_timeout_ms.unwrap_or(http.idle_timeout),
+            max_connections: g.http_max_connections.unwrap_or(http.max_connections),
+            max_connections_per_client: g
+                .http_max_connections_per_client
+                .unwrap_or(http.max_connections_per_client),
+        },
+        domains: g.domain,
     })
 }
 
@@ -980,49 +967,56 @@ fn address(name: &str, text: &str) -> Result<SocketAddr, String> {
         .map_err(|e| format!("{name} {text}: {e} (expected IP:PORT)"))
 }
 
-/// A flag: given alone, or `=true`/`=false` (as the config file gives it).
-fn flag(name: &str, inline: Option<&str>) -> Result<bool, String> {
-    match inline {
-        None | Some("true") => Ok(true),
-        Some("false") => Ok(false),
-        Some(other) => Err(format!(
+/// A flag's value: given alone (clap hands `true` then), or `=true` or
+/// `=false` (as the config file gives it).
+fn flag(name: &str, value: &str) -> Result<bool, String> {
+    match value {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        other => Err(format!(
             "{name}={other}: a flag takes no value, or true or false"
         )),
     }
 }
 
+/// A `--rdma-allow` network.
+fn network(text: &str) -> Result<ipnet::IpNet, String> {
+    text.parse::<ipnet::IpNet>()
+        .map_err(|e| format!("--rdma-allow {text}: {e} (expected ADDR/PREFIX)"))
+}
+
+/// `--rdma-chunks`: a count of at least [`MIN_CHUNKS`].
+fn chunks(text: &str) -> Result<usize, String> {
+    let chunks = count::<usize>("--rdma-chunks", text)?;
+    if chunks < MIN_CHUNKS {
+        return Err(format!(
+            "--rdma-chunks {chunks}: at least {MIN_CHUNKS} (a PUT keeps its last chunk \
+             until the bytes' checksum is checked, an upstream keeps one more until \
+             it knows the body goes on, and one must be free to go on)"
+        ));
+    }
+    Ok(chunks)
+}
+
 /// The `--upstream` options as given.
-#[derive(Default)]
 struct UpstreamArgs {
     endpoint: Option<String>,
     region: Option<String>,
     profile: Option<String>,
     /// `--upstream-path-style` (true) or `--upstream-virtual-hosted-style`
-    /// (false), and which.
-    path_style: Option<(bool, String)>,
+    /// (false).
+    path_style: Option<bool>,
     timeout: Option<Duration>,
     multipart_bytes: Option<u64>,
     part_bytes: Option<u64>,
     cache_bytes: Option<u64>,
     cache_max_object_bytes: Option<u64>,
-    cache_validate: Option<crate::gateway::cache::Validate>,
+    cache_validate: Option<Validate>,
     cache_dir: Option<PathBuf>,
     cache_dir_bytes: Option<u64>,
 }
 
 impl UpstreamArgs {
-    fn style(&mut self, name: &str, path: bool) -> Result<(), String> {
-        match &self.path_style {
-            Some((other, given)) if *other != path => {
-                Err(format!("{given} and {name} are exclusive"))
-            }
-            _ => {
-                self.path_style = Some((path, name.to_owned()));
-                Ok(())
-            }
-        }
-    }
-
     /// The settings, if `--upstream` was given; its options without it are
     /// refused, as are sizes outside S3's limits.
     fn settings(self, region: &str) -> Result<Option<Settings>, String> {
@@ -1108,9 +1102,7 @@ impl UpstreamArgs {
                 Some(crate::gateway::cache::Settings {
                     bytes,
                     max_object_bytes,
-                    validate: self
-                        .cache_validate
-                        .unwrap_or(crate::gateway::cache::Validate::Always),
+                    validate: self.cache_validate.unwrap_or(Validate::Always),
                     disk,
                 })
             }
@@ -1119,7 +1111,7 @@ impl UpstreamArgs {
             endpoint,
             region: self.region.unwrap_or_else(|| region.to_owned()),
             profile: self.profile,
-            path_style: self.path_style.is_none_or(|(path, _)| path),
+            path_style: self.path_style.unwrap_or(true),
             timeout: self.timeout.unwrap_or(DEFAULT_TIMEOUT),
             multipart_bytes,
             part_bytes,
@@ -1146,17 +1138,6 @@ fn endpoint(text: &str) -> Result<String, String> {
     }
     Ok(text.trim_end_matches('/').to_owned())
 }
-
-/// The most RDMA requests served at once: each may hold a blocking thread,
-/// and tokio's pool takes at most a few thousand.
-const MAX_REQUESTS: usize = 4096;
-
-/// The longest RDMA transfer served unless `--rdma-max-bytes` says:
-/// S3's largest PUT.
-const DEFAULT_MAX_BYTES: u64 = 5 << 30;
-
-/// The default chunk.
-const DEFAULT_CHUNK_BYTES: usize = 8 << 20;
 
 /// A transfer's chunk: `--rdma-chunk-bytes` if given, else 8 MiB or the
 /// largest buffer of which the memory budget holds [`MIN_CHUNKS`], if less
@@ -1213,12 +1194,12 @@ fn millis(name: &str, text: &str, min: u64) -> Result<Duration, String> {
 /// A bucket name that names one directory of the root: S3's characters
 /// (lowercase letters, digits, `.` and `-`), 3 to 63 of them, not `.` or
 /// `..`.
-fn bucket_name(name: String) -> Result<String, String> {
+fn bucket_name(name: &str) -> Result<String, String> {
     let chars_ok = name
         .bytes()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
     if chars_ok && (3..=63).contains(&name.len()) && !name.starts_with('.') {
-        Ok(name)
+        Ok(name.to_owned())
     } else {
         Err(format!("--bucket {name}: not a valid bucket name"))
     }
@@ -1339,7 +1320,36 @@ pub(crate) mod tests {
         }
         let mut dangling = required();
         dangling.push("--region");
-        assert!(parse(&args(&dangling)).is_err());
+        assert_eq!(
+            parse(&args(&dangling)).unwrap_err(),
+            "--region needs a value"
+        );
+        // The sentences clap's errors become: the option and the value at
+        // fault, as the server prints them.
+        let refused = |extra: &[&str]| {
+            let mut list = required();
+            list.extend(extra);
+            parse(&args(&list)).unwrap_err()
+        };
+        assert_eq!(refused(&["--verbose"]), "unknown argument --verbose");
+        assert_eq!(refused(&["stray"]), "unknown argument stray");
+        assert_eq!(
+            refused(&["--rdma-timeout-ms", "0"]),
+            "--rdma-timeout-ms 0: expected a whole number of milliseconds >= 1"
+        );
+        assert_eq!(
+            refused(&["--no-rdma=yes"]),
+            "--no-rdma=yes: a flag takes no value, or true or false"
+        );
+        assert!(
+            refused(&["--listen", "localhost"]).starts_with("--listen localhost: "),
+            "{}",
+            refused(&["--listen", "localhost"])
+        );
+        // An option given twice: the last one counts.
+        let mut twice = required();
+        twice.extend(["--region", "one", "--region", "two"]);
+        assert_eq!(parse(&args(&twice)).unwrap().unwrap().region, "two");
     }
 
     #[test]
@@ -1671,29 +1681,26 @@ pub(crate) mod tests {
         }
     }
 
+    /// clap's own checks of the declaration (names, value counts,
+    /// conflicts), and every option but --help, --version and --config a
+    /// key of the config file, read there as on the command line.
     #[test]
-    fn the_option_table_the_usage_and_the_parser_name_the_same_options() {
-        let in_usage: std::collections::BTreeSet<&str> = USAGE
-            .split(|c: char| c.is_whitespace() || "[]|".contains(c))
-            .filter(|w| w.starts_with("--"))
-            .map(|w| w.split('=').next().unwrap_or(w))
-            .filter(|w| !matches!(*w, "--help" | "--version" | "--config"))
-            .collect();
-        let in_table: std::collections::BTreeSet<&str> =
-            OPTIONS.iter().map(|(name, _)| *name).collect();
-        assert_eq!(in_usage, in_table);
-        for (name, kind) in OPTIONS {
-            let list = match kind {
-                Kind::Flag => args(&[name]),
-                Kind::Value | Kind::Repeated => args(&[name, "x"]),
+    fn every_option_is_declared_well_and_is_a_key_of_the_config_file() {
+        Given::command().debug_assert();
+        let options = file_options();
+        assert!(options.len() > 40, "{options:?}");
+        for (name, kind) in options {
+            let value = match kind {
+                Kind::Flag => "true",
+                Kind::Value | Kind::Repeated => "\"x\"",
             };
-            let said = apply(&mut Given::new(Source::CommandLine), &list).err();
+            let config = Scratch::new("key.toml", &format!("{name} = {value}\n"));
+            let mut list = args(&required());
+            list.extend(args(&["--config", config.arg()]));
+            let said = parse(&list).err().unwrap_or_default();
             assert!(
-                !said
-                    .as_deref()
-                    .unwrap_or("")
-                    .starts_with("unknown argument"),
-                "{name} is in the table but not in the parser"
+                !said.contains("unknown key"),
+                "{name} is an option but not a key: {said}"
             );
         }
     }

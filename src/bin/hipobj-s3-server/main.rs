@@ -16,7 +16,7 @@ fn main() -> ExitCode {
             options
         }
         Ok(cli::Command::Help) => {
-            print!("{}", cli::USAGE);
+            print!("{}", cli::usage());
             return ExitCode::SUCCESS;
         }
         Ok(cli::Command::Version) => {
