@@ -13,14 +13,15 @@ mod http;
 #[path = "common/s3.rs"]
 mod s3server;
 
+use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use hipobj::client::{Client, GpuSelect};
+use hipobj::client::{Buffer, Client, GpuSelect};
 use hipobj::core::Options;
 use hipobj::s3::objects::{
-    self, Object, Path as Via, Plan, Policy, Rdma, TransferError, Unchecked, Verified,
+    self, Moved, Object, Path as Via, Plan, Policy, Rdma, TransferError, Unchecked, Verified,
 };
 use hipobj::s3::{Checksum, Credentials, S3Config, S3Error, S3};
 use hipobj::server::Op;
@@ -98,38 +99,84 @@ fn stored(server: &S3Server, key: &str) -> Vec<u8> {
     std::fs::read(server.root().join(BUCKET).join(key)).unwrap()
 }
 
-#[test]
-fn a_declined_put_and_get_fall_back_to_plain_http_byte_exact() {
+/// An upload's source that reads `data`: each chunk, the bytes at its
+/// offset.
+fn source_of(data: &[u8]) -> impl Fn(u64, &mut [u8]) -> std::io::Result<()> + Sync + '_ {
+    move |offset, out| {
+        let at = usize::try_from(offset).unwrap();
+        out.copy_from_slice(&data[at..at + out.len()]);
+        Ok(())
+    }
+}
+
+/// `objects::get` of `range` of `object` into the start of `buf`, with
+/// the default policy (verified, falling back on a decline): the GET most
+/// tests make.
+fn get_default(
+    client: &Client,
+    object: Object<'_>,
+    range: Range<u64>,
+    buf: &mut Buffer,
+) -> Result<Moved, TransferError> {
+    objects::get(client, object, range, buf, 0, Policy::default())
+}
+
+/// What the tests against the S3 server start from: the server, an S3
+/// client of it with the test keys, and a library client on a fresh fake
+/// world. The fields drop in the order they are declared: the client
+/// before its world, the server last.
+struct Fixture {
+    client: Client,
+    _world: World,
+    s3: S3,
+    server: S3Server,
+}
+
+/// The S3 server, and a library client (serving `gpu`) of a fresh world.
+fn fixture(gpu: GpuSelect) -> Fixture {
     let server = server();
     let s3 = s3(&server, SECRET_KEY);
     let world = World::new();
-    let client = client(&world, GpuSelect::None);
-    let data = pattern(300_000, 7);
-    let mut buf = client.register_host(data.clone()).unwrap();
+    let client = client(&world, gpu);
+    Fixture {
+        client,
+        _world: world,
+        s3,
+        server,
+    }
+}
 
-    let moved = objects::put(
-        &client,
-        obj(&s3, "dir/obj one"),
-        &buf,
-        0..data.len(),
-        Policy::default(),
-    )
-    .unwrap();
+impl Fixture {
+    /// PUTs the whole of `buf` to the server as `key`, as `policy` says.
+    fn put_whole(&self, key: &str, buf: &Buffer, policy: Policy) -> Result<Moved, TransferError> {
+        objects::put(&self.client, obj(&self.s3, key), buf, 0..buf.len(), policy)
+    }
+}
+
+#[test]
+fn a_declined_put_and_get_fall_back_to_plain_http_byte_exact() {
+    let fx = fixture(GpuSelect::None);
+    let data = pattern(300_000, 7);
+    let mut buf = fx.client.register_host(data.clone()).unwrap();
+
+    let moved = fx
+        .put_whole("dir/obj one", &buf, Policy::default())
+        .unwrap();
     assert_eq!(moved.bytes, data.len() as u64);
     assert!(
         matches!(&moved.path, Via::Fallback(why) if why.contains("x-amz-rdma-reply 501")),
         "{moved:?}"
     );
-    assert!(stored(&server, "dir/obj one") == data, "the PUT's bytes");
+    assert!(stored(&fx.server, "dir/obj one") == data, "the PUT's bytes");
     assert_eq!(
-        s3.head_object(BUCKET, "dir/obj one").unwrap(),
+        fx.s3.head_object(BUCKET, "dir/obj one").unwrap(),
         data.len() as u64
     );
 
     buf.as_mut_slice().unwrap().fill(0);
     let moved = objects::get(
-        &client,
-        obj(&s3, "dir/obj one"),
+        &fx.client,
+        obj(&fx.s3, "dir/obj one"),
         1000..201_000,
         &mut buf,
         5,
@@ -144,7 +191,7 @@ fn a_declined_put_and_get_fall_back_to_plain_http_byte_exact() {
     );
     assert!(bytes[..5].iter().chain(&bytes[200_005..]).all(|&b| b == 0));
 
-    let stats = client.stats();
+    let stats = fx.client.stats();
     assert_eq!((stats.fallback, stats.fallback_bytes), (2, 500_000));
     assert_eq!(stats.library.declined, 2, "the library saw both declines");
     assert_eq!(stats.library.direct + stats.library.staged, 0);
@@ -152,20 +199,21 @@ fn a_declined_put_and_get_fall_back_to_plain_http_byte_exact() {
 
 #[test]
 fn without_the_fallback_a_declined_transfer_fails_and_stores_nothing() {
-    let server = server();
-    let s3 = s3(&server, SECRET_KEY);
-    let world = World::new();
-    let client = client(&world, GpuSelect::None);
-    let mut buf = client.register_host(pattern(4096, 1)).unwrap();
-    match objects::put(&client, obj(&s3, "never"), &buf, 0..4096, NO_FALLBACK) {
+    let fx = fixture(GpuSelect::None);
+    let mut buf = fx.client.register_host(pattern(4096, 1)).unwrap();
+    match fx.put_whole("never", &buf, NO_FALLBACK) {
         Err(TransferError::NoFallback(why)) => assert!(why.contains("declined"), "{why}"),
         other => panic!("{other:?}"),
     }
-    assert!(!server.root().join(BUCKET).join("never").exists());
-    std::fs::write(server.root().join(BUCKET).join("there"), pattern(4096, 9)).unwrap();
+    assert!(!fx.server.root().join(BUCKET).join("never").exists());
+    std::fs::write(
+        fx.server.root().join(BUCKET).join("there"),
+        pattern(4096, 9),
+    )
+    .unwrap();
     match objects::get(
-        &client,
-        obj(&s3, "there"),
+        &fx.client,
+        obj(&fx.s3, "there"),
         0..4096,
         &mut buf,
         0,
@@ -178,24 +226,15 @@ fn without_the_fallback_a_declined_transfer_fails_and_stores_nothing() {
         buf.as_slice().unwrap() == pattern(4096, 1),
         "the buffer is unchanged"
     );
-    assert_eq!(client.stats().fallback, 0);
+    assert_eq!(fx.client.stats().fallback, 0);
 }
 
 #[test]
 fn s3_errors_come_back_as_s3_says_them() {
-    let server = server();
-    let world = World::new();
-    let client = client(&world, GpuSelect::None);
-    let mut buf = client.host_buffer(4096).unwrap();
-    let good = s3(&server, SECRET_KEY);
-    match objects::get(
-        &client,
-        obj(&good, "missing"),
-        0..4096,
-        &mut buf,
-        0,
-        Policy::default(),
-    ) {
+    let fx = fixture(GpuSelect::None);
+    let mut buf = fx.client.host_buffer(4096).unwrap();
+    let good = &fx.s3;
+    match get_default(&fx.client, obj(good, "missing"), 0..4096, &mut buf) {
         Err(TransferError::S3(S3Error::Status {
             status: 404, code, ..
         })) => {
@@ -203,12 +242,12 @@ fn s3_errors_come_back_as_s3_says_them() {
         }
         other => panic!("{other:?}"),
     }
-    let bad = s3(&server, "not-the-secret");
+    let bad = s3(&fx.server, "not-the-secret");
     match bad.head_object(BUCKET, "missing") {
         Err(S3Error::Status { status: 403, .. }) => {}
         other => panic!("{other:?}"),
     }
-    match objects::put(&client, obj(&bad, "k"), &buf, 0..10, Policy::default()) {
+    match objects::put(&fx.client, obj(&bad, "k"), &buf, 0..10, Policy::default()) {
         Err(TransferError::S3(S3Error::Status {
             status: 403, code, ..
         })) => {
@@ -216,15 +255,12 @@ fn s3_errors_come_back_as_s3_says_them() {
         }
         other => panic!("{other:?}"),
     }
-    assert!(!server.root().join(BUCKET).join("k").exists());
+    assert!(!fx.server.root().join(BUCKET).join("k").exists());
 }
 
 #[test]
 fn an_upload_above_one_chunk_is_multipart_and_a_download_reassembles_it() {
-    let server = server();
-    let s3 = s3(&server, SECRET_KEY);
-    let world = World::new();
-    let client = client(&world, GpuSelect::Device(0));
+    let fx = fixture(GpuSelect::Device(0));
     let data = pattern((12 << 20) + 12_345, 3);
     let plan = Plan {
         chunk: 5 << 20,
@@ -237,14 +273,10 @@ fn an_upload_above_one_chunk_is_multipart_and_a_download_reassembles_it() {
     let progress = |n: u64| {
         progressed.fetch_add(n, Ordering::Relaxed);
     };
-    let source = |offset: u64, out: &mut [u8]| {
-        let at = usize::try_from(offset).unwrap();
-        out.copy_from_slice(&data[at..at + out.len()]);
-        Ok(())
-    };
+    let source = source_of(&data);
     let summary = objects::upload(
-        Rdma::On(&client),
-        obj(&s3, "big"),
+        Rdma::On(&fx.client),
+        obj(&fx.s3, "big"),
         data.len() as u64,
         &plan,
         &source,
@@ -254,7 +286,7 @@ fn an_upload_above_one_chunk_is_multipart_and_a_download_reassembles_it() {
     assert_eq!(summary.parts, 3);
     assert_eq!((summary.bytes, summary.fallback), (data.len() as u64, 3));
     assert_eq!(progressed.load(Ordering::Relaxed), data.len() as u64);
-    assert!(stored(&server, "big") == data, "three parts, in order");
+    assert!(stored(&fx.server, "big") == data, "three parts, in order");
 
     let got = Mutex::new(vec![0u8; 10 << 20]);
     let sink = |offset: u64, bytes: &[u8]| {
@@ -268,8 +300,8 @@ fn an_upload_above_one_chunk_is_multipart_and_a_download_reassembles_it() {
     };
     let range = 777..777 + (10 << 20);
     let summary = objects::download(
-        Rdma::On(&client),
-        obj(&s3, "big"),
+        Rdma::On(&fx.client),
+        obj(&fx.s3, "big"),
         range.clone(),
         &plan,
         Some(&sink),
@@ -286,10 +318,7 @@ fn an_upload_above_one_chunk_is_multipart_and_a_download_reassembles_it() {
 
 #[test]
 fn an_empty_object_is_a_plain_put_and_a_failed_part_aborts_the_upload() {
-    let server = server();
-    let s3 = s3(&server, SECRET_KEY);
-    let world = World::new();
-    let client = client(&world, GpuSelect::None);
+    let fx = fixture(GpuSelect::None);
     let plan = Plan {
         chunk: 5 << 20,
         streams: 2,
@@ -298,8 +327,8 @@ fn an_empty_object_is_a_plain_put_and_a_failed_part_aborts_the_upload() {
         ..Plan::default()
     };
     let summary = objects::upload(
-        Rdma::On(&client),
-        obj(&s3, "empty"),
+        Rdma::On(&fx.client),
+        obj(&fx.s3, "empty"),
         0,
         &plan,
         &|_, _| Ok(()),
@@ -307,7 +336,7 @@ fn an_empty_object_is_a_plain_put_and_a_failed_part_aborts_the_upload() {
     )
     .unwrap();
     assert_eq!(summary.transfers, 1);
-    assert!(stored(&server, "empty").is_empty());
+    assert!(stored(&fx.server, "empty").is_empty());
 
     let failing = |offset: u64, out: &mut [u8]| {
         if offset > 0 {
@@ -317,8 +346,8 @@ fn an_empty_object_is_a_plain_put_and_a_failed_part_aborts_the_upload() {
         Ok(())
     };
     match objects::upload(
-        Rdma::On(&client),
-        obj(&s3, "half"),
+        Rdma::On(&fx.client),
+        obj(&fx.s3, "half"),
         11 << 20,
         &plan,
         &failing,
@@ -328,7 +357,7 @@ fn an_empty_object_is_a_plain_put_and_a_failed_part_aborts_the_upload() {
         other => panic!("{other:?}"),
     }
     assert!(
-        !server.root().join(BUCKET).join("half").exists(),
+        !fx.server.root().join(BUCKET).join("half").exists(),
         "nothing completed"
     );
     let small = Plan {
@@ -336,7 +365,7 @@ fn an_empty_object_is_a_plain_put_and_a_failed_part_aborts_the_upload() {
         ..plan.clone()
     };
     assert!(matches!(
-        objects::upload(Rdma::On(&client), obj(&s3, "x"), 3 << 20, &small, &failing, &|_| {}),
+        objects::upload(Rdma::On(&fx.client), obj(&fx.s3, "x"), 3 << 20, &small, &failing, &|_| {}),
         Err(TransferError::Io(why)) if why.contains("at least")
     ));
 }
@@ -354,11 +383,7 @@ fn without_the_library_every_chunk_goes_over_plain_http_if_allowed() {
         ..Plan::default()
     };
     let why = "no RDMA device";
-    let source = |offset: u64, out: &mut [u8]| {
-        let at = usize::try_from(offset).unwrap();
-        out.copy_from_slice(&data[at..at + out.len()]);
-        Ok(())
-    };
+    let source = source_of(&data);
     let summary = objects::upload(
         Rdma::Off(why),
         obj(&s3, "plain"),
@@ -447,14 +472,7 @@ fn an_rdma_failure_is_an_error_naming_the_s3_status_and_only_501_falls_back() {
             reply
         });
         let s3 = s3_at(&endpoint);
-        let got = objects::get(
-            &client,
-            obj(&s3, "k"),
-            0..4096,
-            &mut buf,
-            0,
-            Policy::default(),
-        );
+        let got = get_default(&client, obj(&s3, "k"), 0..4096, &mut buf);
         assert_eq!(endpoint.count("GET"), 1, "no plain GET after a {status}");
         let text = format!("{:?}", got.as_ref().map(|m| &m.path));
         match got {
@@ -481,15 +499,7 @@ fn an_rdma_failure_is_an_error_naming_the_s3_status_and_only_501_falls_back() {
         reply
     });
     let s3 = s3_at(&endpoint);
-    let moved = objects::get(
-        &client,
-        obj(&s3, "k"),
-        0..4096,
-        &mut buf,
-        0,
-        Policy::default(),
-    )
-    .unwrap();
+    let moved = get_default(&client, obj(&s3, "k"), 0..4096, &mut buf).unwrap();
     assert!(matches!(moved.path, Via::Fallback(_)), "{moved:?}");
     assert!(buf.as_slice().unwrap().iter().all(|&b| b == 7));
 }
@@ -564,14 +574,7 @@ fn an_rdma_get_answered_with_another_etag_is_a_changed_object() {
     let moved = objects::get(&client, at("\"v2\""), 0..4096, &mut buf, 0, NO_FALLBACK).unwrap();
     assert!(matches!(moved.path, Via::Rdma(_)), "{moved:?}");
     assert!(buf.as_slice().unwrap() == data);
-    match objects::get(
-        &client,
-        at("\"v1\""),
-        0..4096,
-        &mut buf,
-        0,
-        Policy::default(),
-    ) {
+    match get_default(&client, at("\"v1\""), 0..4096, &mut buf) {
         Err(TransferError::Changed {
             expected, found, ..
         }) => assert_eq!(
@@ -589,11 +592,7 @@ fn an_rdma_get_answered_with_another_etag_is_a_changed_object() {
 
 /// Uploads `data` as `object` through `client` as `plan` says.
 fn upload_all(client: &Client, object: Object<'_>, data: &[u8], plan: &Plan) -> objects::Summary {
-    let source = |offset: u64, out: &mut [u8]| {
-        let at = usize::try_from(offset).unwrap();
-        out.copy_from_slice(&data[at..at + out.len()]);
-        Ok(())
-    };
+    let source = source_of(data);
     let len = data.len() as u64;
     objects::upload(Rdma::On(client), object, len, plan, &source, &|_| {}).unwrap()
 }
@@ -632,15 +631,7 @@ fn an_rdma_get_into_host_memory_asks_for_the_server_s_crc_and_checks_the_bytes_a
     let endpoint = rdma_get_endpoint(&world, 60_000, wrote);
     let s3 = s3_at(&endpoint);
     let mut buf = client.host_buffer(60_000).unwrap();
-    let moved = objects::get(
-        &client,
-        obj(&s3, "k"),
-        0..60_000,
-        &mut buf,
-        0,
-        Policy::default(),
-    )
-    .unwrap();
+    let moved = get_default(&client, obj(&s3, "k"), 0..60_000, &mut buf).unwrap();
     assert_eq!(moved.verified, Verified::Yes, "{moved:?}");
     assert!(matches!(moved.path, Via::Rdma(_)), "{moved:?}");
     assert!(buf.as_slice().unwrap() == &data[..60_000]);
@@ -663,14 +654,7 @@ fn a_server_that_sends_its_final_message_without_writing_fails_the_get_with_both
     );
     let s3 = s3_at(&endpoint);
     let mut buf = client.host_buffer(8192).unwrap();
-    let got = objects::get(
-        &client,
-        obj(&s3, "k"),
-        0..8192,
-        &mut buf,
-        0,
-        Policy::default(),
-    );
+    let got = get_default(&client, obj(&s3, "k"), 0..8192, &mut buf);
     match got {
         Err(e @ TransferError::Corrupt { .. }) => {
             let text = e.to_string();
@@ -696,14 +680,7 @@ fn an_rdma_reply_without_the_crc_fails_a_verified_get_naming_the_option_that_tur
     let endpoint = rdma_get_endpoint(&world, 4096, Vec::new());
     let s3 = s3_at(&endpoint);
     let mut buf = client.host_buffer(4096).unwrap();
-    match objects::get(
-        &client,
-        obj(&s3, "k"),
-        0..4096,
-        &mut buf,
-        0,
-        Policy::default(),
-    ) {
+    match get_default(&client, obj(&s3, "k"), 0..4096, &mut buf) {
         Err(e @ TransferError::Unverifiable { .. }) => {
             let text = e.to_string();
             assert!(
@@ -738,15 +715,7 @@ fn a_get_into_gpu_memory_is_neither_asked_for_a_crc_nor_checked() {
     );
     let s3 = s3_at(&endpoint);
     let mut buf = client.device_buffer(4096).unwrap();
-    let moved = objects::get(
-        &client,
-        obj(&s3, "k"),
-        0..4096,
-        &mut buf,
-        0,
-        Policy::default(),
-    )
-    .unwrap();
+    let moved = get_default(&client, obj(&s3, "k"), 0..4096, &mut buf).unwrap();
     assert_eq!(moved.verified, Verified::No(Unchecked::Device));
     let mut back = vec![0u8; 4096];
     buf.read_at(0, &mut back).unwrap();
@@ -807,33 +776,15 @@ fn a_put_from_host_memory_carries_the_crc_of_the_bytes_the_server_reads_and_gpu_
 
 #[test]
 fn the_fallback_sends_the_crc_and_a_whole_object_comes_back_checked_against_it() {
-    let server = server();
-    let s3 = s3(&server, SECRET_KEY);
-    let world = World::new();
-    let client = client(&world, GpuSelect::None);
+    let fx = fixture(GpuSelect::None);
     let data = pattern(200_000, 2);
-    let mut buf = client.register_host(data.clone()).unwrap();
-    let moved = objects::put(
-        &client,
-        obj(&s3, "whole"),
-        &buf,
-        0..data.len(),
-        Policy::default(),
-    )
-    .unwrap();
+    let mut buf = fx.client.register_host(data.clone()).unwrap();
+    let moved = fx.put_whole("whole", &buf, Policy::default()).unwrap();
     assert!(matches!(moved.path, Via::Fallback(_)), "{moved:?}");
     assert_eq!(moved.verified, Verified::Yes);
     buf.as_mut_slice().unwrap().fill(0);
     let whole = 0..data.len() as u64;
-    let moved = objects::get(
-        &client,
-        obj(&s3, "whole"),
-        whole,
-        &mut buf,
-        0,
-        Policy::default(),
-    )
-    .unwrap();
+    let moved = get_default(&fx.client, obj(&fx.s3, "whole"), whole, &mut buf).unwrap();
     assert_eq!(
         moved.verified,
         Verified::Yes,
@@ -841,15 +792,7 @@ fn the_fallback_sends_the_crc_and_a_whole_object_comes_back_checked_against_it()
     );
     assert!(buf.as_slice().unwrap() == data);
     // A range carries no checksum of its bytes: not checked, and said so.
-    let moved = objects::get(
-        &client,
-        obj(&s3, "whole"),
-        10..1000,
-        &mut buf,
-        0,
-        Policy::default(),
-    )
-    .unwrap();
+    let moved = get_default(&fx.client, obj(&fx.s3, "whole"), 10..1000, &mut buf).unwrap();
     assert_eq!(moved.verified, Verified::No(Unchecked::NoChecksum));
 }
 
@@ -875,14 +818,7 @@ fn a_whole_object_whose_body_does_not_match_its_crc_fails_the_get() {
     });
     let s3 = s3_at(&endpoint);
     let mut buf = client.host_buffer(4096).unwrap();
-    match objects::get(
-        &client,
-        obj(&s3, "k"),
-        0..4096,
-        &mut buf,
-        0,
-        Policy::default(),
-    ) {
+    match get_default(&client, obj(&s3, "k"), 0..4096, &mut buf) {
         Err(e @ TransferError::Corrupt { .. }) => {
             let text = e.to_string();
             assert!(

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use hipobj::client::{Client, ClientError, Route, S3Side, Transfer};
+use hipobj::client::{Client, ClientError, Route, S3Side, Ticket, Transfer};
 use hipobj::core::token::parse_header;
 use hipobj::core::Options;
 use hipobj::server::Op;
@@ -122,6 +122,42 @@ fn held(server: &Arc<TestServer>) -> (Held, Hold) {
         },
         Hold { proved, go, wrote },
     )
+}
+
+/// Submits a GET of the object's first `len` bytes into a new host buffer,
+/// which a held server of the world's serves: the ticket, and what the
+/// test keeps of the server.
+fn submit_held(client: &Client, world: &World, len: usize) -> (Ticket, Hold) {
+    let (side, hold) = held(&world.server);
+    let ticket = client
+        .submit(Transfer::get(
+            client.host_buffer(len).unwrap(),
+            0..len,
+            side,
+        ))
+        .unwrap();
+    (ticket, hold)
+}
+
+/// A GET of the object's first `len` bytes into a new host buffer, which
+/// the world's server serves at once.
+fn served_get(client: &Client, world: &World, len: usize) -> Transfer {
+    Transfer::get(
+        client.host_buffer(len).unwrap(),
+        0..len,
+        Serve(world.server.clone(), Op::Get),
+    )
+}
+
+/// An S3 side that counts its calls and answers success without serving:
+/// for a transfer whose request must never be sent.
+struct Never(Arc<AtomicUsize>);
+
+impl S3Side for Never {
+    fn exchange(&mut self, _: &str) -> Result<String, String> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok("200".into())
+    }
 }
 
 /// An S3 request that fails, and one whose server answers success without
@@ -266,14 +302,7 @@ fn a_ticket_is_awaited_through_its_waker() {
     let object = pattern(16 << 10, 77);
     world.server.set_object(&object);
     let client = client(&world, 2);
-    let (side, hold) = held(&world.server);
-    let ticket = client
-        .submit(Transfer::get(
-            client.host_buffer(16 << 10).unwrap(),
-            0..16 << 10,
-            side,
-        ))
-        .unwrap();
+    let (ticket, hold) = submit_held(&client, &world, 16 << 10);
     // The server waits for the first poll to have stored the waker.
     let go = std::thread::spawn(move || {
         hold.proved.recv().unwrap();
@@ -302,12 +331,8 @@ fn tagged_transfers_come_out_of_the_completion_queue_in_the_order_they_end() {
         .unwrap();
     hold.proved.recv().unwrap();
     for tag in 1..=3 {
-        let side = Serve(world.server.clone(), Op::Get);
         client
-            .submit_tagged(
-                Transfer::get(client.host_buffer(8192).unwrap(), 0..8192, side),
-                tag,
-            )
+            .submit_tagged(served_get(&client, &world, 8192), tag)
             .unwrap();
     }
     let mut tags = Vec::new();
@@ -335,23 +360,9 @@ fn tagged_transfers_come_out_of_the_completion_queue_in_the_order_they_end() {
 fn a_queued_ticket_cancelled_ends_at_once_with_its_buffer_and_no_request() {
     let world = World::new();
     let client = client(&world, 1);
-    let (side, hold) = held(&world.server);
-    let mut running = client
-        .submit(Transfer::get(
-            client.host_buffer(4096).unwrap(),
-            0..4096,
-            side,
-        ))
-        .unwrap();
+    let (mut running, hold) = submit_held(&client, &world, 4096);
     hold.proved.recv().unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
-    struct Never(Arc<AtomicUsize>);
-    impl S3Side for Never {
-        fn exchange(&mut self, _: &str) -> Result<String, String> {
-            self.0.fetch_add(1, Ordering::SeqCst);
-            Ok("200".into())
-        }
-    }
     let mut queued = client
         .submit(Transfer::get(
             client.host_buffer(4096).unwrap(),
@@ -384,14 +395,7 @@ fn cancelled_while_the_server_writes(drop_it: bool) {
     world.server.set_object(&pattern(32 << 10, 200));
     let client = client(&world, 2);
     let baseline = client.registered_buffers();
-    let (side, hold) = held(&world.server);
-    let mut ticket = client
-        .submit(Transfer::get(
-            client.host_buffer(32 << 10).unwrap(),
-            0..32 << 10,
-            side,
-        ))
-        .unwrap();
+    let (mut ticket, hold) = submit_held(&client, &world, 32 << 10);
     hold.proved.recv().unwrap();
     if drop_it {
         drop(ticket);
@@ -431,13 +435,7 @@ fn cancelled_while_the_server_writes(drop_it: bool) {
         );
     }
     // The library stays usable: the next transfer goes through.
-    let mut next = client
-        .submit(Transfer::get(
-            client.host_buffer(4096).unwrap(),
-            0..4096,
-            Serve(world.server.clone(), Op::Get),
-        ))
-        .unwrap();
+    let mut next = client.submit(served_get(&client, &world, 4096)).unwrap();
     next.wait(LONG).unwrap().result.unwrap();
 }
 
@@ -456,13 +454,7 @@ fn a_ticket_that_ended_keeps_its_end_when_cancelled() {
     let world = World::new();
     world.server.set_object(&pattern(4096, 9));
     let client = client(&world, 1);
-    let mut ticket = client
-        .submit(Transfer::get(
-            client.host_buffer(4096).unwrap(),
-            0..4096,
-            Serve(world.server.clone(), Op::Get),
-        ))
-        .unwrap();
+    let mut ticket = client.submit(served_get(&client, &world, 4096)).unwrap();
     let until = Instant::now() + Duration::from_secs(20);
     while !ticket.is_done() && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(1));
@@ -528,25 +520,10 @@ fn closing_the_client_ends_every_ticket_and_revokes_the_running_ones() {
     let world = World::new();
     world.server.set_object(&pattern(8192, 12));
     let client = client(&world, 1);
-    let (side, hold) = held(&world.server);
-    let mut running = client
-        .submit(Transfer::get(
-            client.host_buffer(8192).unwrap(),
-            0..8192,
-            side,
-        ))
-        .unwrap();
+    let (mut running, hold) = submit_held(&client, &world, 8192);
     hold.proved.recv().unwrap();
     let mut queued: Vec<_> = (0..3)
-        .map(|_| {
-            client
-                .submit(Transfer::get(
-                    client.host_buffer(8192).unwrap(),
-                    0..8192,
-                    Serve(world.server.clone(), Op::Get),
-                ))
-                .unwrap()
-        })
+        .map(|_| client.submit(served_get(&client, &world, 8192)).unwrap())
         .collect();
     drop(client);
     for ticket in &mut queued {
@@ -591,14 +568,7 @@ fn a_completion_queue_whose_client_is_gone_drops_its_ends_without_leaking() {
         hold.proved.recv().unwrap();
         for tag in 2..5 {
             client
-                .submit_tagged(
-                    Transfer::get(
-                        client.host_buffer(4096).unwrap(),
-                        0..4096,
-                        Serve(world.server.clone(), Op::Get),
-                    ),
-                    tag,
-                )
+                .submit_tagged(served_get(&client, &world, 4096), tag)
                 .unwrap();
         }
         hold
@@ -627,13 +597,6 @@ fn a_bad_range_ends_its_ticket_with_the_reason_and_the_buffer_back() {
     let world = World::new();
     let client = client(&world, 1);
     let calls = Arc::new(AtomicUsize::new(0));
-    struct Never(Arc<AtomicUsize>);
-    impl S3Side for Never {
-        fn exchange(&mut self, _: &str) -> Result<String, String> {
-            self.0.fetch_add(1, Ordering::SeqCst);
-            Ok("200".into())
-        }
-    }
     let buffer = client.host_buffer(4096).unwrap();
     let mut ticket = client
         .submit(Transfer::get(buffer, 4000..5000, Never(calls.clone())))
@@ -654,12 +617,8 @@ fn completions_hands_out_every_end_that_is_in_with_one_call() {
     world.server.set_object(&pattern(4096, 21));
     let client = client(&world, 4);
     for tag in 0..5 {
-        let side = Serve(world.server.clone(), Op::Get);
         client
-            .submit_tagged(
-                Transfer::get(client.host_buffer(4096).unwrap(), 0..4096, side),
-                tag,
-            )
+            .submit_tagged(served_get(&client, &world, 4096), tag)
             .unwrap();
     }
     let until = Instant::now() + Duration::from_secs(20);
@@ -691,23 +650,12 @@ fn a_transfer_submitted_in_a_forked_child_is_handed_back() {
     // One transfer thread, started in the parent by a first transfer: the
     // child inherits the count of it, not the thread.
     let client = client(&world, 1);
-    let buffer = client.host_buffer(4096).unwrap();
-    let mut first = client
-        .submit(Transfer::get(
-            buffer,
-            0..4096,
-            Serve(world.server.clone(), Op::Get),
-        ))
-        .unwrap();
+    let mut first = client.submit(served_get(&client, &world, 4096)).unwrap();
     first.wait(LONG).unwrap().result.unwrap();
-    let spare = || {
-        Transfer::get(
-            client.host_buffer(4096).unwrap(),
-            0..4096,
-            Serve(world.server.clone(), Op::Get),
-        )
-    };
-    let (one, tagged) = (spare(), spare());
+    let (one, tagged) = (
+        served_get(&client, &world, 4096),
+        served_get(&client, &world, 4096),
+    );
     // SAFETY: the child only submits (no lock of another thread's is
     // taken: the client's queue is free, glibc's allocator is fork-safe)
     // and leaves by _exit, running no destructor of the parent's.
