@@ -1,6 +1,6 @@
 //! The command line, and the config file that holds the same options.
 //!
-//! One structure, [`Given`], is every option: its name, its value's form
+//! One structure, `Given`, is every option: its name, its value's form
 //! and check, and its help, declared once for clap (derive), which parses
 //! the command line and prints `--help`. The config file (`--config FILE`,
 //! TOML, read with serde into a table) goes through the same parser: each
@@ -58,7 +58,7 @@ pub fn version() -> String {
     )
 }
 
-/// What `--help` prints: every option of [`Given`], with its help.
+/// What `--help` prints: every option of `Given`, with its help.
 pub fn usage() -> String {
     Given::command().render_help().to_string()
 }
