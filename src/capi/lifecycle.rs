@@ -90,3 +90,22 @@ pub extern "C" fn hipObjShutdown() -> hipObjError_t {
         Ok(())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first source given is the one `hipObjInit` keeps: a later one
+    /// is refused and changes nothing. (The system's platform stands for
+    /// both, so that no other test of this process sees a change.)
+    #[test]
+    fn a_platform_source_is_given_once() {
+        assert!(PLATFORM.get().is_none(), "no source before one is given");
+        assert!(use_platform(platform::system));
+        assert!(
+            !use_platform(platform::system),
+            "a second source is refused"
+        );
+        assert!(PLATFORM.get().is_some());
+    }
+}
